@@ -1,0 +1,35 @@
+# The two commands a newcomer needs: `make demo` and `make test`. Both set up what is missing.
+VENV  := .venv
+BIN   := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO  := var/demo/release
+
+.PHONY: demo test test-fast lint typecheck check clean
+
+$(STAMP): pyproject.toml scripts/bootstrap.sh
+	bash scripts/bootstrap.sh
+
+## demo: build the demo release (cached after the first ~8 min) and publish it to ./var/registry
+demo: $(STAMP)
+	$(BIN)/python -m examples.sentiment.build --out $(DEMO)
+	$(BIN)/registry publish $(DEMO) --name sentiment --skip-existing
+	$(BIN)/registry list
+
+## test: the whole suite (unit + integration, slow tests included)
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+## test-fast: skip the slow tests
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+check: lint typecheck test
+
+clean:
+	rm -rf var .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""Example releases built from real data that PyPI packages ship."""

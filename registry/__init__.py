@@ -1,0 +1,1 @@
+"""The registry: SQLite catalog, content-addressed blob store, audit chain, publish pipeline."""

@@ -1,0 +1,93 @@
+"""The hash-chained, append-only audit log.
+
+Every record carries the previous record's hash and its own, computed over its canonical JSON;
+SQLite triggers reject UPDATE and DELETE. A record is always written in the same transaction as
+the state change it describes, before that change (write-ahead): either both are visible or
+neither is. ``verify`` walks the chain and names the first record that does not fit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+import sqlite_utils
+
+from registry.db import now
+
+GENESIS = "0" * 64
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class Record:
+    seq: int
+    at: str
+    actor: str
+    action: str
+    model: str | None
+    version: int | None
+    sha256: str | None
+    payload: str
+    prev_hash: str
+    hash: str
+
+    def expected_hash(self) -> str:
+        body = [self.seq, self.at, self.actor, self.action, self.model, self.version,
+                self.sha256, self.payload, self.prev_hash]
+        return hashlib.sha256(canonical(body).encode()).hexdigest()
+
+
+def append(conn: sqlite3.Connection, *, actor: str, action: str, model: str | None = None,
+           version: int | None = None, sha256: str | None = None,
+           payload: dict[str, Any] | None = None) -> Record:
+    """Append one record; call inside ``db.transaction`` so it commits with its change."""
+    last = conn.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+    seq, prev = (last[0] + 1, last[1]) if last else (1, GENESIS)
+    unsigned = Record(seq, now(), actor, action, model, version, sha256,
+                      canonical(payload or {}), prev, "")
+    record = Record(**{**unsigned.__dict__, "hash": unsigned.expected_hash()})
+    conn.execute("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                 (record.seq, record.at, record.actor, record.action, record.model,
+                  record.version, record.sha256, record.payload, record.prev_hash, record.hash))
+    return record
+
+
+def records(db: sqlite_utils.Database, model: str | None = None,
+            limit: int | None = None) -> list[Record]:
+    sql, params = "SELECT * FROM audit", []
+    if model is not None:
+        sql, params = sql + " WHERE model = ?", [model]
+    sql += " ORDER BY seq"
+    rows = [Record(**row) for row in db.query(sql, params)]
+    return rows[-limit:] if limit else rows
+
+
+@dataclass(frozen=True)
+class Finding:
+    seq: int
+    reason: str
+
+
+def verify(db: sqlite_utils.Database) -> tuple[int, Finding | None]:
+    """Walk the whole chain; return how many records were checked and the first bad one."""
+    expected_seq, prev = 1, GENESIS
+    checked = 0
+    for row in db.query("SELECT * FROM audit ORDER BY seq"):
+        record = Record(**row)
+        if record.seq != expected_seq:
+            return checked, Finding(record.seq, f"sequence gap: expected record {expected_seq}")
+        if record.prev_hash != prev:
+            return checked, Finding(record.seq, "previous-hash link does not match the record "
+                                                "before it")
+        if record.expected_hash() != record.hash:
+            return checked, Finding(record.seq, "content does not match its hash (altered)")
+        checked += 1
+        expected_seq, prev = record.seq + 1, record.hash
+    return checked, None

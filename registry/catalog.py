@@ -1,0 +1,203 @@
+"""Models, versions, aliases and rollouts in SQLite; every change audited in its transaction."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import sqlite_utils
+
+from registry import audit
+from registry.db import now, transaction
+from registry.errors import InvalidName, NotFound, RegistryError
+from serving.manifest import Manifest, decode, encode, is_valid_name
+
+PRODUCTION = "production"
+CANARY = "canary"
+ALL_NODES = ["*"]
+
+
+def check_name(name: str) -> None:
+    if not is_valid_name(name):
+        raise InvalidName(f"invalid model name {name!r}: use lowercase letters, digits, '.', "
+                          f"'_' and '-', starting with a letter or digit (no '..', no '/')")
+
+
+@dataclass(frozen=True)
+class VersionRow:
+    model: str
+    version: int
+    manifest: Manifest
+    manifest_sha256: str
+    publisher: str
+    created_at: str
+    aliases: list[str]
+
+
+class Catalog:
+    def __init__(self, db: sqlite_utils.Database, actor: str) -> None:
+        self.db = db
+        self.actor = actor
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def models(self) -> list[dict[str, Any]]:
+        return list(self.db.query("""
+            SELECT m.name, m.created_at, COUNT(v.version) AS versions,
+                   MAX(v.version) AS latest,
+                   (SELECT version FROM aliases a WHERE a.model = m.name
+                    AND a.alias = 'production') AS production,
+                   (SELECT version FROM aliases a WHERE a.model = m.name
+                    AND a.alias = 'canary') AS canary
+            FROM models m LEFT JOIN versions v ON v.model = m.name
+            GROUP BY m.name ORDER BY m.name"""))
+
+    def versions(self, model: str) -> list[VersionRow]:
+        self._require_model(model)
+        rows = self.db.query("SELECT * FROM versions WHERE model = ? ORDER BY version", [model])
+        return [self._row(r) for r in rows]
+
+    def resolve(self, model: str, ref: str | None = None) -> VersionRow:
+        """``ref`` is a version number, an alias, or None (production, else the latest)."""
+        self._require_model(model)
+        if ref is None:
+            version = self.alias(model, PRODUCTION) or self._latest(model)
+        elif ref.isdigit():
+            version = int(ref)
+        else:
+            aliased = self.alias(model, ref)
+            if aliased is None:
+                raise NotFound(f"{model} has no alias {ref!r}")
+            version = aliased
+        row = self.db.execute("SELECT * FROM versions WHERE model = ? AND version = ?",
+                              [model, version]).fetchone()
+        if row is None:
+            raise NotFound(f"{model} has no version {version}")
+        cols = [d[0] for d in self.db.execute("SELECT * FROM versions LIMIT 0").description]
+        return self._row(dict(zip(cols, row, strict=True)))
+
+    def alias(self, model: str, alias: str) -> int | None:
+        row = self.db.execute("SELECT version FROM aliases WHERE model = ? AND alias = ?",
+                              [model, alias]).fetchone()
+        return int(row[0]) if row else None
+
+    def latest_source(self, model: str) -> tuple[int, str | None] | None:
+        row = self.db.execute("SELECT version, source_sha256 FROM versions WHERE model = ? "
+                              "ORDER BY version DESC LIMIT 1", [model]).fetchone()
+        return (int(row[0]), row[1]) if row else None
+
+    def rollouts(self, model: str) -> list[dict[str, Any]]:
+        return list(self.db.query("SELECT * FROM rollouts WHERE model = ? ORDER BY id", [model]))
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def create_version(self, manifest: Manifest, blobs: dict[str, tuple[str, int]],
+                       canary: list[str] | None = None) -> int:
+        """Record version N+1 with its blobs, aliases, rollout and audit record, atomically.
+
+        ``manifest.version`` is ignored: the number is assigned under the write lock, so
+        concurrent publishers get consecutive versions.
+        """
+        check_name(manifest.name)
+        with transaction(self.db) as conn:
+            if not conn.execute("SELECT 1 FROM models WHERE name = ?", [manifest.name]).fetchone():
+                conn.execute("INSERT INTO models VALUES (?, ?)", [manifest.name, now()])
+            last = conn.execute("SELECT MAX(version) FROM versions WHERE model = ?",
+                                [manifest.name]).fetchone()[0]
+            final = _with_version(manifest, (last or 0) + 1)
+            body = encode(final)
+            digest = hashlib.sha256(body).hexdigest()
+            alias, targets = (CANARY, canary) if canary else (PRODUCTION, ALL_NODES)
+            audit.append(conn, actor=self.actor, action="publish", model=final.name,
+                         version=final.version, sha256=digest,
+                         payload={"manifest_sha256": digest, "alias": alias, "targets": targets,
+                                  "artifacts": {role: sha for role, (sha, _) in blobs.items()}})
+            for sha, size in blobs.values():
+                conn.execute("INSERT OR IGNORE INTO blobs VALUES (?, ?, ?)", [sha, size, now()])
+            conn.execute("INSERT INTO versions VALUES (?, ?, ?, ?, ?, ?, ?)",
+                         [final.name, final.version, body.decode(), digest, final.source_sha256,
+                          final.publisher, final.published_at])
+            for role, (sha, _) in blobs.items():
+                conn.execute("INSERT INTO artifacts VALUES (?, ?, ?, ?)",
+                             [final.name, final.version, role, sha])
+            self._point(conn, final.name, alias, final.version, targets)
+        return final.version
+
+    def promote(self, model: str, version: int | None = None) -> int:
+        """Move ``production`` to VERSION (default: the canary version); clears the canary."""
+        with transaction(self.db) as conn:
+            self._require_model(model)
+            target = version or self.alias(model, CANARY)
+            if target is None:
+                raise RegistryError(f"{model} has no canary to promote; name a version")
+            self._require_version(model, target)
+            previous = self.alias(model, PRODUCTION)
+            audit.append(conn, actor=self.actor, action="promote", model=model, version=target,
+                         payload={"from": previous, "to": target})
+            self._point(conn, model, PRODUCTION, target, ALL_NODES)
+            conn.execute("DELETE FROM aliases WHERE model = ? AND alias = ?", [model, CANARY])
+        return target
+
+    def rollback(self, model: str, to: int | None = None) -> tuple[int, int]:
+        """Point ``production`` back to TO (default: the newest version below the current)."""
+        with transaction(self.db) as conn:
+            self._require_model(model)
+            current = self.alias(model, PRODUCTION)
+            if current is None:
+                raise RegistryError(f"{model} has no production version to roll back from")
+            if to is None:
+                row = conn.execute("SELECT MAX(version) FROM versions WHERE model = ? AND "
+                                   "version < ?", [model, current]).fetchone()
+                if row[0] is None:
+                    raise RegistryError(f"{model} version {current} is the first version; "
+                                        f"there is nothing to roll back to")
+                to = int(row[0])
+            self._require_version(model, to)
+            if to == current:
+                raise RegistryError(f"{model} production is already version {to}")
+            audit.append(conn, actor=self.actor, action="rollback", model=model, version=to,
+                         payload={"from": current, "to": to})
+            self._point(conn, model, PRODUCTION, to, ALL_NODES)
+        return current, to
+
+    def _point(self, conn: sqlite3.Connection, model: str, alias: str, version: int,
+               targets: list[str]) -> None:
+        conn.execute("INSERT INTO aliases VALUES (?, ?, ?, ?) ON CONFLICT (model, alias) "
+                     "DO UPDATE SET version = excluded.version, updated_at = excluded.updated_at",
+                     [model, alias, version, now()])
+        conn.execute("INSERT INTO rollouts (model, alias, version, targets, created_at) "
+                     "VALUES (?, ?, ?, ?, ?)", [model, alias, version, json.dumps(targets), now()])
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _require_model(self, model: str) -> None:
+        check_name(model)
+        if not self.db.execute("SELECT 1 FROM models WHERE name = ?", [model]).fetchone():
+            raise NotFound(f"no model named {model!r} in the registry")
+
+    def _require_version(self, model: str, version: int) -> None:
+        if not self.db.execute("SELECT 1 FROM versions WHERE model = ? AND version = ?",
+                               [model, version]).fetchone():
+            raise NotFound(f"{model} has no version {version}")
+
+    def _latest(self, model: str) -> int:
+        row = self.db.execute("SELECT MAX(version) FROM versions WHERE model = ?",
+                              [model]).fetchone()
+        if row[0] is None:
+            raise NotFound(f"{model} has no versions")
+        return int(row[0])
+
+    def _row(self, row: dict[str, Any]) -> VersionRow:
+        aliases = [r["alias"] for r in self.db.query(
+            "SELECT alias FROM aliases WHERE model = ? AND version = ? ORDER BY alias",
+            [row["model"], row["version"]])]
+        return VersionRow(row["model"], row["version"], decode(row["manifest"]),
+                          row["manifest_sha256"], row["publisher"], row["created_at"], aliases)
+
+
+def _with_version(manifest: Manifest, version: int) -> Manifest:
+    return msgspec.structs.replace(manifest, version=version)

@@ -1,0 +1,261 @@
+"""The ``registry`` command."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+import msgspec
+from pydantic import ValidationError
+from rich.console import Console
+from rich.markup import escape
+
+from registry import audit, render
+from registry.blobs import BlobStore
+from registry.catalog import Catalog
+from registry.db import connect
+from registry.errors import AuditChainBroken, RegistryError
+from registry.pull import pull
+from registry.settings import RegistrySettings
+from serving.store import ModelStore, StoreError
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+class Context:
+    def __init__(self, settings: RegistrySettings) -> None:
+        self.settings = settings
+        self._catalog: Catalog | None = None
+
+    @property
+    def catalog(self) -> Catalog:
+        if self._catalog is None:
+            self._catalog = Catalog(connect(self.settings.database), self.settings.actor)
+            BlobStore(self.settings.blobs).sweep_temporaries()
+        return self._catalog
+
+
+pass_ctx = click.make_pass_decorator(Context)
+json_flag = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
+
+
+def emit(as_json: bool, data: Any, human: Callable[[], None]) -> None:
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+    else:
+        human()
+
+
+def split_ref(ref: str) -> tuple[str, str | None]:
+    name, _, version = ref.partition("@")
+    return name, version or None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--home", type=click.Path(path_type=Path), default=None,
+              help="Registry folder (database + blobs). "
+                   "[env: REGISTRY_HOME; default ./var/registry]")
+@click.option("--actor", default=None,
+              help="Name recorded in the audit log. [env: REGISTRY_ACTOR; default user@host]")
+@click.pass_context
+def cli(ctx: click.Context, home: Path | None, actor: str | None) -> None:
+    """Tiered model registry: versioned releases, blob store, hash-chained audit log."""
+    flags: dict[str, Any] = {"home": home, "actor": actor}
+    overrides = {key: value for key, value in flags.items() if value is not None}
+    try:
+        ctx.obj = Context(RegistrySettings(**overrides))
+    except ValidationError as exc:
+        raise click.UsageError(f"invalid settings: {exc}") from exc
+
+
+@cli.command("publish")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--name", required=True, help="Model name: [a-z0-9][a-z0-9._-]*.")
+@click.option("--canary", default="", help="Comma-separated node ids: roll out to these only "
+              "(alias 'canary') until `registry promote`.")
+@click.option("--min-fidelity", type=click.FloatRange(0, 1), default=None,
+              help="Minimum INT8-vs-fp32 top-1 agreement. [env: REGISTRY_MIN_FIDELITY; 0.97]")
+@click.option("--tolerance", type=click.FloatRange(0, 1), default=None,
+              help="Accepted cascade accuracy loss vs center-only. [env: REGISTRY_TOLERANCE; "
+                   "0.005]")
+@click.option("--force", is_flag=True, help="Publish even when fidelity is below the floor.")
+@click.option("--skip-existing", is_flag=True,
+              help="Do nothing if the latest version was built from identical source files.")
+@click.option("--tokenizer", type=click.Path(path_type=Path), default=None,
+              help="Single TorchScript file only: tokenizer.json to ship with it.")
+@click.option("--labels", default=None, help="Single TorchScript file only: comma-separated "
+              "label names (default: output indices).")
+@click.option("--calibration", type=click.Path(path_type=Path), default=None,
+              help="Single TorchScript file only: labelled JSON Lines split to calibrate on.")
+@click.option("--max-length", type=click.IntRange(1, 4096), default=128, show_default=True,
+              help="Single TorchScript file only: tokens kept per input.")
+@json_flag
+@pass_ctx
+def publish_cmd(ctx: Context, path: Path, name: str, canary: str, min_fidelity: float | None,
+                tolerance: float | None, force: bool, skip_existing: bool,
+                tokenizer: Path | None, labels: str | None, calibration: Path | None,
+                max_length: int, as_json: bool) -> None:
+    """Build a release from PATH and record it as the next version of NAME.
+
+    PATH is a release folder with a tiered.json (center TorchScript, edge TorchScript or fp32
+    ONNX, tokenizer, labels, labelled calibration split) or a single TorchScript file, which
+    is then both the center and, quantized to INT8, the edge.
+    """
+    # torch and onnxruntime load here only: list/show/audit stay fast without them
+    from registry.publish import PublishOptions, publish
+    from registry.source import load_source
+
+    settings = ctx.settings
+    source = load_source(path, tokenizer=tokenizer,
+                         labels=labels.split(",") if labels else None,
+                         calibration=calibration, max_length=max_length)
+    options = PublishOptions(
+        name=name, force=force, skip_existing=skip_existing,
+        min_fidelity=settings.min_fidelity if min_fidelity is None else min_fidelity,
+        tolerance=settings.tolerance if tolerance is None else tolerance,
+        canary=[n for n in canary.split(",") if n])
+    result = publish(settings, ctx.catalog, source, options, step=_step)
+    emit(as_json, {"created": result.created, "manifest": msgspec.to_builtins(result.manifest),
+                   "edge_fp32_size": result.edge_fp32_size, "seconds": result.seconds},
+         lambda: render.publish_summary(out, result))
+
+
+@contextmanager
+def _step(name: str) -> Iterator[None]:
+    with err.status(f"{name} …"):
+        yield
+    err.print(f"[green]✓[/] {name}")
+
+
+@cli.command("list")
+@json_flag
+@pass_ctx
+def list_cmd(ctx: Context, as_json: bool) -> None:
+    """List models with their latest, production and canary versions."""
+    models = ctx.catalog.models()
+    emit(as_json, models, lambda: render.models_table(out, models))
+
+
+@cli.command("show")
+@click.argument("ref")
+@json_flag
+@pass_ctx
+def show_cmd(ctx: Context, ref: str, as_json: bool) -> None:
+    """Show NAME (all versions) or NAME@VERSION / NAME@ALIAS (its manifest)."""
+    name, version = split_ref(ref)
+    if version is None:
+        rows = ctx.catalog.versions(name)
+        emit(as_json, [render.version_dict(r) for r in rows],
+             lambda: render.versions_table(out, name, rows))
+    else:
+        row = ctx.catalog.resolve(name, version)
+        emit(as_json, render.version_dict(row, full=True), lambda: render.version_detail(out, row))
+
+
+@cli.command("pull")
+@click.argument("ref")
+@click.option("--tier", type=click.Choice(["edge", "center"]), required=True,
+              help="Which artifact to materialize: INT8 ONNX (edge) or TorchScript (center).")
+@click.option("--store", type=click.Path(path_type=Path), required=True,
+              help="Model store folder, e.g. ./var/edge.")
+@click.option("--no-activate", is_flag=True, help="Install without pointing CURRENT at it.")
+@json_flag
+@pass_ctx
+def pull_cmd(ctx: Context, ref: str, tier: str, store: Path, no_activate: bool,
+             as_json: bool) -> None:
+    """Materialize NAME[@VERSION] (default: production) into a tier's model store."""
+    name, version = split_ref(ref)
+    row = ctx.catalog.resolve(name, version)
+    folder = pull(BlobStore(ctx.settings.blobs), row.manifest, "edge" if tier == "edge"
+                  else "center", ModelStore(store), activate=not no_activate)
+    emit(as_json, {"model": name, "version": row.version, "tier": tier, "path": str(folder)},
+         lambda: out.print(f"{name} version {row.version} ({tier}) -> {folder}"))
+
+
+@cli.command("promote")
+@click.argument("name")
+@click.option("--version", type=click.IntRange(min=1), default=None,
+              help="Version to make production (default: the canary).")
+@json_flag
+@pass_ctx
+def promote_cmd(ctx: Context, name: str, version: int | None, as_json: bool) -> None:
+    """Point the production alias at the canary (or VERSION) and roll it out to all nodes."""
+    target = ctx.catalog.promote(name, version)
+    emit(as_json, {"model": name, "production": target},
+         lambda: out.print(f"{name}: production -> version {target}"))
+
+
+@cli.command("rollback")
+@click.argument("name")
+@click.option("--to", "to", type=click.IntRange(min=1), default=None,
+              help="Version to go back to (default: the one before production).")
+@json_flag
+@pass_ctx
+def rollback_cmd(ctx: Context, name: str, to: int | None, as_json: bool) -> None:
+    """Point the production alias back to an earlier version."""
+    previous, target = ctx.catalog.rollback(name, to)
+    emit(as_json, {"model": name, "from": previous, "production": target},
+         lambda: out.print(f"{name}: production version {previous} -> {target}"))
+
+
+@cli.command("audit")
+@click.option("--verify", is_flag=True, help="Walk the hash chain; exit 1 at the first bad "
+              "record.")
+@click.option("--model", default=None, help="Only records about this model.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the last N.")
+@json_flag
+@pass_ctx
+def audit_cmd(ctx: Context, verify: bool, model: str | None, limit: int | None,
+              as_json: bool) -> None:
+    """Show the audit log, or verify its hash chain."""
+    db = ctx.catalog.db
+    if verify:
+        checked, finding = audit.verify(db)
+        data = {"ok": finding is None, "checked": checked,
+                "first_bad": None if finding is None else finding.__dict__}
+        emit(as_json, data, lambda: render.audit_verdict(out, checked, finding))
+        if finding is not None:
+            raise SystemExit(AuditChainBroken.exit_code)
+        return
+    rows = audit.records(db, model=model, limit=limit)
+    emit(as_json, [r.__dict__ for r in rows], lambda: render.audit_table(out, rows))
+
+
+@cli.command("status")
+def status_cmd() -> None:
+    """Per-node rollout state (arrives with model sync)."""
+    _not_yet("status")
+
+
+@cli.command("serve")
+def serve_cmd() -> None:
+    """The gRPC sync server (arrives with model sync)."""
+    _not_yet("serve")
+
+
+def _not_yet(what: str) -> None:
+    err.print(f"registry {what}: not yet implemented (it arrives with model sync)")
+    raise SystemExit(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    try:
+        cli.main(args=argv, prog_name="registry", standalone_mode=False)
+    except click.exceptions.Abort:
+        err.print("aborted")
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except RegistryError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        sys.exit(exc.exit_code)
+    except StoreError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        sys.exit(5)

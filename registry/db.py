@@ -1,0 +1,80 @@
+"""The SQLite database: WAL mode, one writer through ``BEGIN IMMEDIATE``, recorded migrations."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+
+import sqlite_utils
+
+from registry.migrations import MIGRATIONS
+
+BUSY_TIMEOUT_MS = 30_000
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def connect(path: Path) -> sqlite_utils.Database:
+    """Open (creating if needed) the registry database and bring its schema up to date."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # isolation_level=None: transactions are explicit (``transaction``), never implicit.
+    conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("PRAGMA foreign_keys = ON")
+    db = sqlite_utils.Database(conn)
+    migrate(db)
+    return db
+
+
+@contextmanager
+def transaction(db: sqlite_utils.Database) -> Iterator[sqlite3.Connection]:
+    """``BEGIN IMMEDIATE`` … ``COMMIT``: takes the write lock up front, rolls back on error."""
+    conn = db.conn
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield conn
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def applied_migrations(db: sqlite_utils.Database) -> list[int]:
+    if "schema_migrations" not in db.table_names():
+        return []
+    return [row["id"] for row in db.query("SELECT id FROM schema_migrations ORDER BY id")]
+
+
+def migrate(db: sqlite_utils.Database) -> None:
+    db.conn.execute("CREATE TABLE IF NOT EXISTS schema_migrations "
+                    "(id INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at TEXT NOT NULL)")
+    for number, name, sql in MIGRATIONS:
+        with transaction(db) as conn:
+            # Re-checked under the write lock: another process may have just applied it.
+            if conn.execute("SELECT 1 FROM schema_migrations WHERE id = ?", (number,)).fetchone():
+                continue
+            for statement in _statements(sql):
+                conn.execute(statement)
+            conn.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)", (number, name, now()))
+
+
+def _statements(sql: str) -> list[str]:
+    """Split a script on statement boundaries (``executescript`` would commit on its own)."""
+    statements, buffer = [], ""
+    for line in sql.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            statements.append(buffer.strip())
+            buffer = ""
+    return [s for s in statements if s]
+
+
+def integrity_check(db: sqlite_utils.Database) -> str:
+    return str(db.conn.execute("PRAGMA integrity_check").fetchone()[0])

@@ -1,0 +1,39 @@
+"""The registry's exception tree; the CLI maps each to a message and an exit status once."""
+
+from __future__ import annotations
+
+
+class RegistryError(Exception):
+    """Base class: a failure the user can act on. ``exit_code`` is the CLI's exit status."""
+
+    exit_code = 1
+
+
+class InvalidRelease(RegistryError):
+    """The thing to publish is missing, unreadable, or not a valid release."""
+
+    exit_code = 2
+
+
+class InvalidName(RegistryError):
+    exit_code = 2
+
+
+class FidelityTooLow(RegistryError):
+    """INT8 edge predictions disagree with the fp32 edge model more than allowed."""
+
+    exit_code = 3
+
+
+class NotFound(RegistryError):
+    exit_code = 4
+
+
+class AuditChainBroken(RegistryError):
+    exit_code = 1
+
+
+class IntegrityError(RegistryError):
+    """A stored blob or a materialized file does not match its recorded sha256."""
+
+    exit_code = 5

@@ -1,0 +1,72 @@
+"""Ordered schema migrations; each is applied once, in its own transaction, and recorded."""
+
+from __future__ import annotations
+
+MIGRATIONS: list[tuple[int, str, str]] = [
+    (1, "catalog and audit chain", """
+CREATE TABLE models (
+    name TEXT PRIMARY KEY,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE blobs (
+    sha256 TEXT PRIMARY KEY,
+    size INTEGER NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE versions (
+    model TEXT NOT NULL REFERENCES models(name),
+    version INTEGER NOT NULL CHECK (version >= 1),
+    manifest TEXT NOT NULL,
+    manifest_sha256 TEXT NOT NULL,
+    source_sha256 TEXT,
+    publisher TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (model, version)
+);
+CREATE TABLE artifacts (
+    model TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    role TEXT NOT NULL,
+    sha256 TEXT NOT NULL REFERENCES blobs(sha256),
+    PRIMARY KEY (model, version, role),
+    FOREIGN KEY (model, version) REFERENCES versions(model, version)
+);
+CREATE TABLE aliases (
+    model TEXT NOT NULL,
+    alias TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    updated_at TEXT NOT NULL,
+    PRIMARY KEY (model, alias),
+    FOREIGN KEY (model, version) REFERENCES versions(model, version)
+);
+CREATE TABLE rollouts (
+    id INTEGER PRIMARY KEY,
+    model TEXT NOT NULL,
+    alias TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    targets TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    FOREIGN KEY (model, version) REFERENCES versions(model, version)
+);
+CREATE TABLE audit (
+    seq INTEGER PRIMARY KEY,
+    at TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    action TEXT NOT NULL,
+    model TEXT,
+    version INTEGER,
+    sha256 TEXT,
+    payload TEXT NOT NULL,
+    prev_hash TEXT NOT NULL,
+    hash TEXT NOT NULL UNIQUE
+);
+CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
+BEGIN SELECT RAISE(ABORT, 'audit log is append-only'); END;
+CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
+BEGIN SELECT RAISE(ABORT, 'audit log is append-only'); END;
+CREATE TRIGGER versions_immutable BEFORE UPDATE ON versions
+BEGIN SELECT RAISE(ABORT, 'published versions are immutable'); END;
+CREATE TRIGGER versions_no_delete BEFORE DELETE ON versions
+BEGIN SELECT RAISE(ABORT, 'published versions are immutable'); END;
+"""),
+]

@@ -1,0 +1,183 @@
+"""``registry publish``: validate, export, quantize, check fidelity, calibrate, store, record.
+
+Nothing is written to the catalog until every check has passed; the version, its aliases, its
+rollout and its audit record are then committed in one transaction.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from registry.blobs import BlobStore
+from registry.calibrate import agreement, calibrate, default_calibration
+from registry.catalog import Catalog, check_name
+from registry.db import now
+from registry.errors import FidelityTooLow, InvalidRelease, NotFound
+from registry.export import INPUT_NAMES, export_onnx, quantize_int8
+from registry.settings import RegistrySettings
+from registry.source import ReleaseSource
+from registry.validate import (
+    Inputs,
+    generated_inputs,
+    load_torchscript,
+    onnx_session,
+    run_onnx,
+    run_torchscript,
+    text_inputs,
+)
+from serving.manifest import Artifact, Calibration, Fidelity, Manifest, Preprocessing, TensorSpec
+
+Step = Callable[[str], AbstractContextManager[None]]
+
+CENTER_FILE, EDGE_FILE, TOKENIZER_FILE = "model.pt", "model.onnx", "tokenizer.json"
+
+
+@contextmanager
+def quiet_step(_: str) -> Iterator[None]:
+    yield
+
+
+@dataclass(frozen=True)
+class PublishOptions:
+    name: str
+    min_fidelity: float
+    tolerance: float
+    force: bool = False
+    canary: list[str] = field(default_factory=list)
+    skip_existing: bool = False
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    manifest: Manifest
+    created: bool  # False when skip_existing found this source already published
+    edge_fp32_size: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Built:
+    inputs: Inputs
+    center_logits: np.ndarray
+    edge_fp32_logits: np.ndarray
+    edge_int8_logits: np.ndarray
+    edge_fp32_size: int
+    edge_int8: Path
+
+
+def publish(settings: RegistrySettings, catalog: Catalog, source: ReleaseSource,
+            options: PublishOptions, step: Step = quiet_step) -> PublishResult:
+    check_name(options.name)
+    if options.skip_existing:
+        existing = _same_source(catalog, options.name, source.digest)
+        if existing is not None:
+            return PublishResult(existing, created=False)
+    timings: dict[str, float] = {}
+
+    @contextmanager
+    def timed(name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        with step(name):
+            yield
+        timings[name] = time.perf_counter() - start
+
+    with tempfile.TemporaryDirectory(prefix="tiered-publish-") as work:
+        built = _build(source, Path(work), timed)
+        labels = source.labels or [str(i) for i in range(built.center_logits.shape[1])]
+        if len(labels) != built.center_logits.shape[1]:
+            raise InvalidRelease(f"{len(labels)} labels but the models output "
+                                 f"{built.center_logits.shape[1]} classes")
+        fidelity = _fidelity(built, options)
+        with timed("calibrate threshold"):
+            calibration = (calibrate(built.center_logits, built.edge_int8_logits,
+                                     source.calibration.labels, options.tolerance)
+                           if source.calibration else default_calibration())
+        with timed("store and record"):
+            artifacts = _store(BlobStore(settings.blobs), source, built.edge_int8)
+            manifest = _manifest(options.name, source, labels, artifacts, calibration, fidelity,
+                                 catalog.actor)
+            version = catalog.create_version(
+                manifest, {role: (a.sha256, a.size) for role, a in artifacts.items()},
+                canary=options.canary or None)
+    return PublishResult(catalog.resolve(options.name, str(version)).manifest, True,
+                         built.edge_fp32_size, timings)
+
+
+def _same_source(catalog: Catalog, name: str, digest: str) -> Manifest | None:
+    try:
+        latest = catalog.resolve(name, str(catalog.versions(name)[-1].version))
+    except (NotFound, IndexError):
+        return None
+    return latest.manifest if latest.manifest.source_sha256 == digest else None
+
+
+def _build(source: ReleaseSource, work: Path, timed: Step) -> _Built:
+    with timed("validate"):
+        inputs = (text_inputs(source.tokenizer, source.max_length, source.calibration.texts)
+                  if source.calibration and source.tokenizer else generated_inputs())
+        center_logits = run_torchscript(load_torchscript(source.center, "center"), inputs,
+                                        "center")
+        if source.edge_format == "onnx":
+            edge_fp32 = source.edge
+            edge_fp32_logits = run_onnx(onnx_session(edge_fp32, "edge"), inputs, "edge")
+        else:
+            edge_module = load_torchscript(source.edge, "edge")
+            edge_fp32_logits = run_torchscript(edge_module, inputs, "edge")
+        if edge_fp32_logits.shape[1] != center_logits.shape[1]:
+            raise InvalidRelease(f"the edge model outputs {edge_fp32_logits.shape[1]} classes, "
+                                 f"the center model {center_logits.shape[1]}")
+    if source.edge_format == "torchscript":
+        with timed("export edge to ONNX"):
+            edge_fp32 = work / "edge-fp32.onnx"
+            export_onnx(edge_module, edge_fp32)
+    with timed("quantize edge to INT8"):
+        edge_int8 = work / EDGE_FILE
+        quantize_int8(edge_fp32, edge_int8)
+        edge_int8_logits = run_onnx(onnx_session(edge_int8, "edge INT8"), inputs, "edge INT8")
+    return _Built(inputs, center_logits, edge_fp32_logits, edge_int8_logits,
+                  edge_fp32.stat().st_size, edge_int8)
+
+
+def _fidelity(built: _Built, options: PublishOptions) -> Fidelity:
+    value = agreement(built.edge_int8_logits, built.edge_fp32_logits)
+    if value < options.min_fidelity and not options.force:
+        raise FidelityTooLow(f"INT8 edge agrees with the fp32 edge on {value:.1%} of "
+                             f"{built.inputs.rows} {built.inputs.kind} inputs, below the "
+                             f"{options.min_fidelity:.1%} floor (--min-fidelity, or --force)")
+    return Fidelity(top1_agreement=value, rows=built.inputs.rows, minimum=options.min_fidelity,
+                    inputs=built.inputs.kind, forced=value < options.min_fidelity)
+
+
+def _store(blobs: BlobStore, source: ReleaseSource, edge_int8: Path) -> dict[str, Artifact]:
+    center_sha, center_size = blobs.put(source.center)
+    edge_sha, edge_size = blobs.put(edge_int8)
+    artifacts = {
+        "center": Artifact(CENTER_FILE, center_sha, center_size, "torchscript", "fp32"),
+        "edge": Artifact(EDGE_FILE, edge_sha, edge_size, "onnx", "int8-dynamic-per-channel"),
+    }
+    if source.tokenizer is not None:
+        tok_sha, tok_size = blobs.put(source.tokenizer)
+        artifacts["tokenizer"] = Artifact(TOKENIZER_FILE, tok_sha, tok_size, "tokenizer")
+    return artifacts
+
+
+def _manifest(name: str, source: ReleaseSource, labels: list[str],
+              artifacts: dict[str, Artifact], calibration: Calibration, fidelity: Fidelity,
+              publisher: str) -> Manifest:
+    tensor = [TensorSpec(n, "INT64", [-1, -1]) for n in INPUT_NAMES]
+    return Manifest(
+        name=name, version=0, labels=labels, inputs=tensor,
+        outputs=[TensorSpec("logits", "FP32", [-1, len(labels)])],
+        preprocessing=Preprocessing(
+            tokenizer=TOKENIZER_FILE if "tokenizer" in artifacts else None,
+            max_length=source.max_length),
+        center=artifacts["center"], edge=artifacts["edge"], tokenizer=artifacts.get("tokenizer"),
+        calibration=calibration, fidelity=fidelity, publisher=publisher, published_at=now(),
+        source_sha256=source.digest)

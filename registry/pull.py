@@ -1,0 +1,19 @@
+"""``registry pull``: materialize a release into a model store for one tier."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from registry.blobs import BlobStore
+from serving.manifest import Artifact, Manifest
+from serving.store import ModelStore, Tier
+
+
+def pull(blobs: BlobStore, manifest: Manifest, tier: Tier, store: ModelStore,
+         activate: bool = True) -> Path:
+    """Copy the tier's blobs into ``<store>/<model>/<version>/`` (staged, verified, renamed)."""
+
+    def fetch(artifact: Artifact, destination: Path) -> None:
+        blobs.copy_to(artifact.sha256, destination)
+
+    return store.install(manifest, tier, fetch, activate=activate)

@@ -1,0 +1,135 @@
+"""Human-readable tables for the registry CLI (``--json`` bypasses all of this)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from registry.audit import Finding, Record
+from registry.catalog import VersionRow
+from serving.manifest import Manifest
+
+if TYPE_CHECKING:
+    from registry.publish import PublishResult
+
+
+def pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.2f}%"
+
+
+def mib(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB"
+
+
+def version_dict(row: VersionRow, full: bool = False) -> dict[str, Any]:
+    m = row.manifest
+    data: dict[str, Any] = {
+        "model": row.model, "version": row.version, "aliases": row.aliases,
+        "published_at": row.created_at, "publisher": row.publisher,
+        "manifest_sha256": row.manifest_sha256,
+        "threshold": m.calibration.threshold, "escalation_rate": m.calibration.escalation_rate,
+        "fidelity": m.fidelity.top1_agreement}
+    if full:
+        data["manifest"] = msgspec.to_builtins(m)
+    return data
+
+
+def publish_summary(console: Console, result: PublishResult) -> None:
+    m = result.manifest
+    if not result.created:
+        console.print(f"{m.name}: unchanged since version {m.version} (same source files); "
+                      f"nothing published")
+        return
+    console.print(_manifest_table(m, f"published {m.name} version {m.version}",
+                                  result.edge_fp32_size))
+    total = sum(result.seconds.values())
+    console.print(f"took {total:.1f}s: " + ", ".join(f"{k} {v:.1f}s"
+                                                      for k, v in result.seconds.items()))
+
+
+def _manifest_table(m: Manifest, title: str, edge_fp32_size: int = 0) -> Table:
+    c, f = m.calibration, m.fidelity
+    table = Table(title=title, show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    edge = mib(m.edge.size) + (f" (fp32 {mib(edge_fp32_size)}, "
+                               f"{edge_fp32_size / m.edge.size:.1f}x smaller)"
+                               if edge_fp32_size else "")
+    rows = [
+        ("version", str(m.version)), ("labels", ", ".join(m.labels)),
+        ("center (TorchScript fp32)", f"{mib(m.center.size)}  sha256 {m.center.sha256[:12]}"),
+        ("edge (ONNX INT8)", f"{edge}  sha256 {m.edge.sha256[:12]}"),
+        ("INT8 fidelity", f"{pct(f.top1_agreement)} top-1 agreement on {f.rows} {f.inputs} "
+                          f"rows (floor {pct(f.minimum)}{', FORCED' if f.forced else ''})"),
+        ("threshold", f"{c.threshold:.4f} ({c.source})"),
+        ("escalation rate", pct(c.escalation_rate)),
+        ("center accuracy", pct(c.center_accuracy)),
+        ("edge INT8 accuracy", pct(c.edge_accuracy)),
+        ("cascade accuracy", pct(c.cascade_accuracy)),
+        ("publisher", f"{m.publisher} at {m.published_at}"),
+    ]
+    for key, value in rows:
+        table.add_row(key, escape(value))
+    return table
+
+
+def version_detail(console: Console, row: VersionRow) -> None:
+    console.print(_manifest_table(row.manifest, f"{row.model} version {row.version}"
+                                  + (f" [{', '.join(row.aliases)}]" if row.aliases else "")))
+    curve = row.manifest.calibration.curve
+    if curve:
+        table = Table(title="calibration curve (edge confidence < threshold -> center)")
+        for col in ("threshold", "escalated", "cascade accuracy"):
+            table.add_column(col, justify="right")
+        for point in curve[:: max(1, len(curve) // 12)]:
+            table.add_row(f"{point.threshold:.4f}", pct(point.escalation_rate),
+                          pct(point.cascade_accuracy))
+        console.print(table)
+
+
+def models_table(console: Console, models: list[dict[str, Any]]) -> None:
+    if not models:
+        console.print("no models yet: registry publish PATH --name NAME")
+        return
+    table = Table(title="models")
+    for col in ("name", "versions", "latest", "production", "canary", "created"):
+        table.add_column(col)
+    for m in models:
+        table.add_row(m["name"], str(m["versions"]), str(m["latest"]),
+                      str(m["production"] or "-"), str(m["canary"] or "-"), m["created_at"])
+    console.print(table)
+
+
+def versions_table(console: Console, name: str, rows: list[VersionRow]) -> None:
+    table = Table(title=f"{name} versions")
+    for col in ("version", "aliases", "threshold", "escalation", "cascade acc", "fidelity",
+                "published", "publisher"):
+        table.add_column(col)
+    for r in rows:
+        c = r.manifest.calibration
+        table.add_row(str(r.version), ", ".join(r.aliases) or "-", f"{c.threshold:.4f}",
+                      pct(c.escalation_rate), pct(c.cascade_accuracy),
+                      pct(r.manifest.fidelity.top1_agreement), r.created_at, r.publisher)
+    console.print(table)
+
+
+def audit_table(console: Console, rows: list[Record]) -> None:
+    table = Table(title="audit log")
+    for col in ("seq", "at", "actor", "action", "model", "version", "hash"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(str(r.seq), r.at, escape(r.actor), r.action, r.model or "-",
+                      str(r.version or "-"), r.hash[:16])
+    console.print(table)
+
+
+def audit_verdict(console: Console, checked: int, finding: Finding | None) -> None:
+    if finding is None:
+        console.print(f"[green]audit chain intact[/]: {checked} records verified")
+    else:
+        console.print(f"[red]audit chain broken at record {finding.seq}[/]: "
+                      f"{escape(finding.reason)} ({checked} records before it verified)")

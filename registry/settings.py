@@ -1,0 +1,45 @@
+"""The registry's one settings object, read from ``REGISTRY_*`` variables; CLI flags override."""
+
+from __future__ import annotations
+
+import getpass
+import socket
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _default_actor() -> str:
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+class RegistrySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="REGISTRY_", extra="forbid", frozen=True,
+                                      use_attribute_docstrings=True)
+
+    home: Path = Path("./var/registry")
+    """Folder holding ``registry.sqlite3`` and the content-addressed blob store (``blobs/``)."""
+
+    grpc_port: int = Field(default=50051, ge=1, le=65535)
+    """Port of ``registry serve`` (sync and gRPC health)."""
+
+    token: SecretStr | None = None
+    """Bearer token for sync and admin calls; required by ``registry serve``."""
+
+    actor: str = Field(default_factory=_default_actor)
+    """Who the audit log names for changes made from this process (default ``user@host``)."""
+
+    min_fidelity: float = Field(default=0.97, ge=0.0, le=1.0)
+    """Minimum top-1 agreement of the INT8 edge model with its fp32 source to publish."""
+
+    tolerance: float = Field(default=0.005, ge=0.0, le=1.0)
+    """Calibration: accepted loss of cascade accuracy versus center-only (0.005 = 0.5 points)."""
+
+    @property
+    def database(self) -> Path:
+        return self.home / "registry.sqlite3"
+
+    @property
+    def blobs(self) -> Path:
+        return self.home / "blobs"

@@ -1,0 +1,1 @@
+"""What both tiers share: text encoding, the model store, (later) the V2 codec and batcher."""

@@ -1,0 +1,93 @@
+"""The release manifest (``release.json``): the contract between registry, sync and the tiers."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+import msgspec
+
+NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]*")
+MAX_NAME_LENGTH = 128
+
+
+def is_valid_name(name: str) -> bool:
+    """Model names are path components in every store: no slashes, no ``..``, no leading dot."""
+    return (len(name) <= MAX_NAME_LENGTH and NAME_PATTERN.fullmatch(name) is not None
+            and ".." not in name)
+
+
+class TensorSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: str
+    datatype: str  # V2 datatype: INT64, FP32, BYTES, ...
+    shape: list[int]  # -1 for a variable dimension
+
+
+class Artifact(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    file: str  # file name inside the version folder
+    sha256: str
+    size: int
+    format: Literal["torchscript", "onnx", "tokenizer"]
+    precision: str = ""  # fp32, int8-dynamic-per-channel, ...
+
+
+class CurvePoint(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    threshold: float
+    escalation_rate: float
+    cascade_accuracy: float
+
+
+class Calibration(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    source: Literal["labelled", "default"]  # default: no labelled data, documented threshold
+    threshold: float
+    escalation_rate: float | None = None
+    center_accuracy: float | None = None
+    edge_accuracy: float | None = None
+    cascade_accuracy: float | None = None
+    tolerance: float | None = None
+    rows: int = 0
+    curve: list[CurvePoint] = []
+
+
+class Fidelity(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    top1_agreement: float  # INT8 edge vs its fp32 source
+    rows: int
+    minimum: float
+    inputs: Literal["calibration", "generated"]
+    forced: bool = False
+
+
+class Preprocessing(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    tokenizer: str | None  # file name inside the version folder; None: raw tensors only
+    max_length: int
+
+
+class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: str
+    version: int
+    labels: list[str]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    preprocessing: Preprocessing
+    center: Artifact
+    edge: Artifact
+    tokenizer: Artifact | None
+    calibration: Calibration
+    fidelity: Fidelity
+    publisher: str
+    published_at: str
+    source_sha256: str
+    schema: int = 1
+
+    def artifacts(self, tier: Literal["edge", "center"]) -> list[Artifact]:
+        """What a tier needs on disk: its model and, where there is one, the tokenizer."""
+        model = self.edge if tier == "edge" else self.center
+        return [model] + ([self.tokenizer] if self.tokenizer else [])
+
+
+def encode(manifest: Manifest) -> bytes:
+    return msgspec.json.format(msgspec.json.encode(manifest), indent=2) + b"\n"
+
+
+def decode(data: bytes | str) -> Manifest:
+    return msgspec.json.decode(data, type=Manifest)

@@ -1,0 +1,40 @@
+"""Tokenization shared by the publish pipeline, the center and the edge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+
+@dataclass(frozen=True)
+class Encoded:
+    input_ids: np.ndarray  # int64 [batch, seq]
+    attention_mask: np.ndarray  # int64 [batch, seq]
+
+    def feeds(self) -> dict[str, np.ndarray]:
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+
+
+def load_tokenizer(path: Path, max_length: int) -> Tokenizer:
+    """A tokenizer that truncates to ``max_length`` and pads only to the longest input.
+
+    Tokenizer files such as MiniLM's pad every input to a fixed 128 tokens, which makes every
+    batch pay for 128 positions; padding to the longest input of the batch avoids that.
+    """
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.enable_truncation(max_length=max_length)
+    padding = tokenizer.padding or {}
+    tokenizer.enable_padding(pad_id=padding.get("pad_id", 0),
+                             pad_token=padding.get("pad_token", "[PAD]"))
+    return tokenizer
+
+
+def encode(tokenizer: Tokenizer, texts: list[str]) -> Encoded:
+    batch = tokenizer.encode_batch(texts)
+    return Encoded(
+        input_ids=np.asarray([e.ids for e in batch], dtype=np.int64),
+        attention_mask=np.asarray([e.attention_mask for e in batch], dtype=np.int64),
+    )

@@ -1,0 +1,1 @@
+"""gRPC streaming of releases from the registry to every edge and center."""

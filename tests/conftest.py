@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from examples.sentiment.tiny import build_tiny_release
+from registry.catalog import Catalog
+from registry.db import connect
+
+REGISTRY = Path(sys.executable).parent / "registry"
+
+
+@pytest.fixture(scope="session")
+def tiny_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real release folder (tiny center + edge, MiniLM tokenizer, 200 labelled rows)."""
+    return build_tiny_release(tmp_path_factory.mktemp("tiny") / "release")
+
+
+@dataclass
+class Result:
+    code: int
+    stdout: str
+    stderr: str
+
+    def json(self) -> Any:
+        return json.loads(self.stdout)
+
+
+@dataclass
+class RegistryCli:
+    """Runs the installed ``registry`` console script against one REGISTRY_HOME."""
+
+    home: Path
+
+    def __call__(self, *args: str | Path, check: bool = True, timeout: float = 120) -> Result:
+        proc = subprocess.run([str(REGISTRY), *map(str, args)], capture_output=True, text=True,
+                              timeout=timeout, env=self.env())
+        result = Result(proc.returncode, proc.stdout, proc.stderr)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"registry {args} exited {proc.returncode}: {proc.stderr}")
+        return result
+
+    def env(self) -> dict[str, str]:
+        return {"PATH": str(REGISTRY.parent), "REGISTRY_HOME": str(self.home),
+                "REGISTRY_ACTOR": "tester@ci", "COLUMNS": "200", "HOME": str(self.home)}
+
+    def catalog(self) -> Catalog:
+        return Catalog(connect(self.home / "registry.sqlite3"), "tester@ci")
+
+
+@pytest.fixture
+def registry_cli(tmp_path: Path) -> RegistryCli:
+    return RegistryCli(tmp_path / "registry")

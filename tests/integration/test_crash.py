@@ -1,0 +1,70 @@
+"""SIGKILL ``registry publish`` at random moments: the registry must stay consistent."""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from registry import audit
+from registry.blobs import BlobStore
+from registry.db import connect, integrity_check
+from serving.store import file_sha256
+from tests.conftest import REGISTRY, RegistryCli
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+KILLS = 20
+
+
+def check_consistent(home: Path) -> int:
+    """integrity_check ok, audit chain intact, every visible version complete; returns count."""
+    db = connect(home / "registry.sqlite3")
+    try:
+        assert integrity_check(db) == "ok"
+        checked, finding = audit.verify(db)
+        assert finding is None, finding
+        versions = list(db.query("SELECT model, version, manifest_sha256 FROM versions"))
+        published = {(r.model, r.version, r.sha256) for r in audit.records(db)
+                     if r.action == "publish"}
+        assert {(v["model"], v["version"], v["manifest_sha256"]) for v in versions} == published
+        blobs = BlobStore(home / "blobs")
+        for artifact in db.query("SELECT * FROM artifacts"):
+            path = blobs.path(artifact["sha256"])
+            assert path.is_file() and file_sha256(path) == artifact["sha256"]
+        numbers = sorted(v["version"] for v in versions)
+        assert numbers == list(range(1, len(numbers) + 1))  # no holes, no half version
+        assert checked == len(published)
+        return len(numbers)
+    finally:
+        db.conn.close()
+
+
+def test_sigkill_during_publish_leaves_the_registry_consistent(
+        registry_cli: RegistryCli, tiny_release: Path) -> None:
+    started = time.monotonic()
+    registry_cli("publish", tiny_release, "--name", "s")
+    full = time.monotonic() - started
+    rng = random.Random(20261130)
+    outcomes = {"killed": 0, "finished": 0}
+    for _ in range(KILLS):
+        proc = subprocess.Popen([str(REGISTRY), "publish", str(tiny_release), "--name", "s"],
+                                env=registry_cli.env(), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        try:
+            proc.wait(timeout=rng.uniform(0.2, 1.05) * full)
+            outcomes["finished"] += 1
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)
+            outcomes["killed"] += 1
+        check_consistent(registry_cli.home)
+    assert outcomes["killed"] >= KILLS // 2, outcomes
+    before = check_consistent(registry_cli.home)
+    after = registry_cli("publish", tiny_release, "--name", "s", "--json").json()
+    assert after["manifest"]["version"] == before + 1
+    assert check_consistent(registry_cli.home) == before + 1

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from registry.calibrate import DEFAULT_THRESHOLD, calibrate, cascade_curve, default_calibration
+from registry.validate import softmax
+
+
+def _logits(pred: np.ndarray, confidence: np.ndarray) -> np.ndarray:
+    """Two-class logits whose softmax max-probability equals ``confidence``."""
+    margin = np.log(confidence / (1 - confidence))
+    out = np.zeros((len(pred), 2), dtype=np.float32)
+    out[np.arange(len(pred)), pred] = margin
+    return out
+
+
+def test_threshold_escalates_exactly_the_unsure_wrong_rows() -> None:
+    labels = np.array([0, 1] * 50)
+    center = _logits(labels, np.full(100, 0.99))  # the center is always right
+    edge_pred = labels.copy()
+    confidence = np.linspace(0.55, 0.99, 100)
+    edge_pred[:20] = 1 - labels[:20]  # the 20 least confident edge answers are wrong
+    cal = calibrate(center, _logits(edge_pred, confidence), labels.tolist(), tolerance=0.0)
+    assert cal.center_accuracy == 1.0 and cal.edge_accuracy == pytest.approx(0.8)
+    assert cal.escalation_rate == pytest.approx(0.2)
+    assert cal.cascade_accuracy == 1.0
+    conf = softmax(_logits(edge_pred, confidence)).max(1)
+    assert ((conf < cal.threshold) == (np.arange(100) < 20)).all()
+
+
+def test_tolerance_trades_accuracy_for_fewer_escalations() -> None:
+    labels = np.array([0, 1] * 50)
+    center = _logits(labels, np.full(100, 0.99))
+    edge_pred = labels.copy()
+    edge_pred[:20] = 1 - labels[:20]
+    edge = _logits(edge_pred, np.linspace(0.55, 0.99, 100))
+    strict = calibrate(center, edge, labels.tolist(), tolerance=0.0)
+    loose = calibrate(center, edge, labels.tolist(), tolerance=0.05)
+    assert loose.escalation_rate == pytest.approx(0.15)
+    assert loose.cascade_accuracy == pytest.approx(0.95)
+    assert loose.threshold < strict.threshold
+
+
+def test_curve_spans_edge_only_to_center_only() -> None:
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 500)
+    center = rng.normal(size=(500, 2)).astype(np.float32)
+    edge = rng.normal(size=(500, 2)).astype(np.float32)
+    thresholds, rates, acc = cascade_curve(center, edge, labels)
+    assert rates[0] == 0 and rates[-1] == 1
+    assert acc[0] == pytest.approx((edge.argmax(1) == labels).mean())
+    assert acc[-1] == pytest.approx((center.argmax(1) == labels).mean())
+    assert (np.diff(thresholds) > 0).all() and (np.diff(rates) > 0).all()
+    cal = calibrate(center, edge, labels.tolist(), tolerance=0.005)
+    assert cal.curve[0].escalation_rate == 0 and cal.curve[-1].escalation_rate == 1
+    assert cal.cascade_accuracy is not None and cal.center_accuracy is not None
+    assert cal.cascade_accuracy >= cal.center_accuracy - 0.005
+
+
+def test_tied_confidences_are_never_split() -> None:
+    labels = np.array([0, 0, 1, 1])
+    edge = _logits(np.array([1, 0, 1, 0]), np.array([0.7, 0.7, 0.7, 0.7]))
+    center = _logits(labels, np.full(4, 0.9))
+    _, rates, _ = cascade_curve(center, edge, labels)
+    assert rates.tolist() == [0.0, 1.0]
+
+
+def test_default_without_labels() -> None:
+    cal = default_calibration()
+    assert cal.source == "default" and cal.threshold == DEFAULT_THRESHOLD and cal.curve == []

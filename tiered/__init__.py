@@ -1,0 +1,1 @@
+"""The local launcher: runs consul, registry, center, edges and nginx as one stack."""
