@@ -3,7 +3,7 @@
 A row whose edge confidence (max softmax probability) is below the threshold is escalated to
 the center. Sorting rows by confidence, escalating the k least confident gives one point of the
 curve; the chosen threshold is the lowest escalation rate whose cascade accuracy is within
-``tolerance`` of center-only accuracy.
+``tolerance`` of center-only accuracy and stays within it at every higher rate.
 """
 
 from __future__ import annotations
@@ -52,9 +52,12 @@ def calibrate(center_logits: np.ndarray, edge_logits: np.ndarray, labels: list[i
     y = np.asarray(labels)
     thresholds, rates, accuracy = cascade_curve(center_logits, edge_logits, y)
     center_acc = float((center_logits.argmax(1) == y).mean())
-    # accuracy of escalating everything equals center_acc, so a point always qualifies
-    ok = np.flatnonzero(accuracy >= center_acc - tolerance - 1e-12)
-    best = int(ok[np.argmin(rates[ok])])
+    within = accuracy >= center_acc - tolerance - 1e-12
+    # The lowest escalation rate from which the cascade stays within tolerance: a lucky early
+    # point followed by a dip is noise that would not hold on new data. Escalating everything
+    # is center-only accuracy, so the last point always qualifies.
+    stays = np.logical_and.accumulate(within[::-1])[::-1]
+    best = int(np.argmax(stays))
     picks = np.unique(np.searchsorted(rates, np.linspace(0, 1, CURVE_POINTS)).clip(
         0, len(rates) - 1))
     curve = [CurvePoint(round(float(thresholds[i]), 6), round(float(rates[i]), 6),

@@ -73,12 +73,11 @@ class Catalog:
             if aliased is None:
                 raise NotFound(f"{model} has no alias {ref!r}")
             version = aliased
-        row = self.db.execute("SELECT * FROM versions WHERE model = ? AND version = ?",
-                              [model, version]).fetchone()
-        if row is None:
+        rows = list(self.db.query("SELECT * FROM versions WHERE model = ? AND version = ?",
+                                  [model, version]))
+        if not rows:
             raise NotFound(f"{model} has no version {version}")
-        cols = [d[0] for d in self.db.execute("SELECT * FROM versions LIMIT 0").description]
-        return self._row(dict(zip(cols, row, strict=True)))
+        return self._row(rows[0])
 
     def alias(self, model: str, alias: str) -> int | None:
         row = self.db.execute("SELECT version FROM aliases WHERE model = ? AND alias = ?",

@@ -19,7 +19,7 @@ from registry.blobs import BlobStore
 from registry.calibrate import agreement, calibrate, default_calibration
 from registry.catalog import Catalog, check_name
 from registry.db import now
-from registry.errors import FidelityTooLow, InvalidRelease, NotFound
+from registry.errors import FidelityTooLow, InvalidRelease
 from registry.export import INPUT_NAMES, export_onnx, quantize_int8
 from registry.settings import RegistrySettings
 from registry.source import ReleaseSource
@@ -111,11 +111,10 @@ def publish(settings: RegistrySettings, catalog: Catalog, source: ReleaseSource,
 
 
 def _same_source(catalog: Catalog, name: str, digest: str) -> Manifest | None:
-    try:
-        latest = catalog.resolve(name, str(catalog.versions(name)[-1].version))
-    except (NotFound, IndexError):
+    latest = catalog.latest_source(name)
+    if latest is None or latest[1] != digest:
         return None
-    return latest.manifest if latest.manifest.source_sha256 == digest else None
+    return catalog.resolve(name, str(latest[0])).manifest
 
 
 def _build(source: ReleaseSource, work: Path, timed: Step) -> _Built:

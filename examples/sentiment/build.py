@@ -21,6 +21,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+import registry.calibrate
 from examples.sentiment import data, encoder, report
 from examples.sentiment.bert import load_pretrained
 from examples.sentiment.release import write_release
@@ -30,6 +31,7 @@ from serving import torchscript
 from serving.text import load_tokenizer
 
 REPORT = "build.json"
+TRAIN_MARKER = "train.key"  # written last: its presence means the models are complete
 console = Console(highlight=False)
 
 
@@ -44,20 +46,31 @@ class BuildConfig:
     batch_size: int = 32
 
 
-def cache_key(cfg: BuildConfig) -> str:
-    digest = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode())
-    for source in sorted(Path(__file__).parent.glob("*.py")):
-        digest.update(source.read_bytes())
-    digest.update(torch.__version__.encode())
+HERE = Path(__file__).parent
+
+
+def _key(*parts: object, files: tuple[Path, ...]) -> str:
+    digest = hashlib.sha256(json.dumps([str(p) for p in parts]).encode())
+    for path in files:
+        digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
+def train_key(cfg: BuildConfig) -> str:
+    """Changes when anything that shapes the trained weights changes."""
+    return _key(asdict(cfg), torch.__version__,
+                files=tuple(HERE / n for n in ("bert.py", "data.py", "train.py", "release.py")))
+
+
 def build(out: Path, cfg: BuildConfig) -> dict[str, Any]:
-    key = cache_key(cfg)
+    """Train (unless the folder holds models from the same code and settings), then evaluate."""
+    trained = train_key(cfg)
+    report_key = _key(trained, files=(HERE / "build.py", HERE / "report.py",
+                                      Path(registry.calibrate.__file__)))
     cached = out / REPORT
     if cached.is_file():
         previous = json.loads(cached.read_text())
-        if previous.get("cache_key") == key and (out / "tiered.json").is_file():
+        if previous.get("cache_key") == report_key:
             console.print(f"[dim]reusing the release built at {previous['built_at']} in "
                           f"{out} (same code and settings)[/]")
             return dict(previous)
@@ -72,25 +85,37 @@ def build(out: Path, cfg: BuildConfig) -> dict[str, Any]:
             task = progress.add_task(title, total=total)
             return lambda n: progress.advance(task, n)
 
-        n = len(dataset.train)
-        center = fine_tune(load_pretrained(encoder.weights_path(), 6), tokenizer,
-                           dataset.train.texts, dataset.train.labels, seed=cfg.seed,
-                           epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.center_lr,
-                           progress=bar("fine-tune center (6 layers)", n * cfg.epochs))
-        teacher = predict_logits(center, tokenizer, dataset.train.texts, batch_size=128,
-                                 progress=bar("center logits for distillation", n))
-        edge = fine_tune(load_pretrained(encoder.weights_path(), cfg.edge_layers), tokenizer,
-                         dataset.train.texts, dataset.train.labels, seed=cfg.seed,
-                         epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.edge_lr,
-                         teacher=teacher,
-                         progress=bar(f"distill edge ({cfg.edge_layers} layers)", n * cfg.epochs))
-        write_release(out, center, edge, encoder.tokenizer_path(), dataset.val, cfg.max_length)
+        marker = out / TRAIN_MARKER
+        if not (marker.is_file() and marker.read_text().strip() == trained):
+            marker.unlink(missing_ok=True)
+            train(out, cfg, dataset, tokenizer, bar)
+            marker.write_text(trained + "\n")
+        else:
+            console.print(f"[dim]reusing the models trained earlier in {out}[/]")
         figures = evaluate(out, dataset, tokenizer, bar)
-    result = {"cache_key": key, "built_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+    result = {"cache_key": report_key, "built_at": time.strftime("%Y-%m-%d %H:%M:%S"),
               "build_seconds": round(time.perf_counter() - start, 1), "config": asdict(cfg),
               **figures}
     cached.write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def train(out: Path, cfg: BuildConfig, dataset: data.Dataset, tokenizer: Any,
+          bar: Any) -> None:
+    """Fine-tune the center, distil the edge from it, write the release folder."""
+    n = len(dataset.train)
+    center = fine_tune(load_pretrained(encoder.weights_path(), 6), tokenizer,
+                       dataset.train.texts, dataset.train.labels, seed=cfg.seed,
+                       epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.center_lr,
+                       progress=bar("fine-tune center (6 layers)", n * cfg.epochs))
+    teacher = predict_logits(center, tokenizer, dataset.train.texts, batch_size=128,
+                             progress=bar("center logits for distillation", n))
+    edge = fine_tune(load_pretrained(encoder.weights_path(), cfg.edge_layers), tokenizer,
+                     dataset.train.texts, dataset.train.labels, seed=cfg.seed,
+                     epochs=cfg.epochs, batch_size=cfg.batch_size, lr=cfg.edge_lr,
+                     teacher=teacher,
+                     progress=bar(f"distill edge ({cfg.edge_layers} layers)", n * cfg.epochs))
+    write_release(out, center, edge, encoder.tokenizer_path(), dataset.val, cfg.max_length)
 
 
 def evaluate(out: Path, dataset: data.Dataset, tokenizer: Any, bar: Any) -> dict[str, Any]:
@@ -99,7 +124,8 @@ def evaluate(out: Path, dataset: data.Dataset, tokenizer: Any, bar: Any) -> dict
     edge = torchscript.load(out / "edge.pt").eval()
     with tempfile.TemporaryDirectory() as tmp:
         fp32, int8 = Path(tmp) / "edge-fp32.onnx", Path(tmp) / "edge-int8.onnx"
-        export_onnx(edge, fp32)
+        # a module that went through the ONNX exporter misbehaves under inference_mode
+        export_onnx(torchscript.load(out / "edge.pt"), fp32)
         quantize_int8(fp32, int8)
         session = ort.InferenceSession(str(int8), providers=["CPUExecutionProvider"])
         sizes = {"center_bytes": (out / "center.pt").stat().st_size,

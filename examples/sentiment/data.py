@@ -60,7 +60,7 @@ def load_reviews() -> list[tuple[str, int]]:
     return rows
 
 
-def split(rows: list[tuple[str, int]], seed: int, val: int = 1000, test: int = 2000) -> Dataset:
+def split(rows: list[tuple[str, int]], seed: int, val: int = 2000, test: int = 2000) -> Dataset:
     shuffled = rows[:]
     random.Random(seed).shuffle(shuffled)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import subprocess
@@ -68,3 +69,14 @@ def test_sigkill_during_publish_leaves_the_registry_consistent(
     after = registry_cli("publish", tiny_release, "--name", "s", "--json").json()
     assert after["manifest"]["version"] == before + 1
     assert check_consistent(registry_cli.home) == before + 1
+
+
+def test_concurrent_publishers_get_consecutive_versions(
+        registry_cli: RegistryCli, tiny_release: Path) -> None:
+    procs = [subprocess.Popen([str(REGISTRY), "publish", str(tiny_release), "--name", "s",
+                               "--json"], env=registry_cli.env(), stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True) for _ in range(3)]
+    versions = sorted(json.loads(p.communicate(timeout=300)[0])["manifest"]["version"]
+                      for p in procs)
+    assert versions == [1, 2, 3]
+    assert check_consistent(registry_cli.home) == 3

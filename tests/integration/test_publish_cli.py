@@ -226,3 +226,19 @@ def test_audit_verify_names_the_tampered_row(registry_cli: RegistryCli,
     assert "broken at record 2" in result.stdout
     data = registry_cli("audit", "--verify", "--json", check=False).json()
     assert data["ok"] is False and data["first_bad"]["seq"] == 2 and data["checked"] == 1
+
+
+def test_pull_of_a_corrupted_blob_installs_nothing(registry_cli: RegistryCli, tiny_release: Path,
+                                                   tmp_path: Path) -> None:
+    manifest = registry_cli("publish", tiny_release, "--name", "s", "--json").json()["manifest"]
+    blob = registry_cli.home / "blobs" / "sha256" / manifest["edge"]["sha256"][:2] / manifest[
+        "edge"]["sha256"]
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    result = registry_cli("pull", "s", "--tier", "edge", "--store", tmp_path / "edge",
+                          check=False)
+    assert result.code == 5 and "corrupt" in result.stderr
+    store = ModelStore(tmp_path / "edge")
+    assert store.versions("s") == [] and store.current("s") is None
+    assert [p.name for p in (tmp_path / "edge" / "s").iterdir()] == []  # no staging left

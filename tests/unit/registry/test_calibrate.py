@@ -69,3 +69,27 @@ def test_tied_confidences_are_never_split() -> None:
 def test_default_without_labels() -> None:
     cal = default_calibration()
     assert cal.source == "default" and cal.threshold == DEFAULT_THRESHOLD and cal.curve == []
+
+
+def test_a_lucky_early_point_followed_by_a_dip_is_not_chosen() -> None:
+    """Escalating the 2 least confident rows fixes them; the next 3 break cascade accuracy again
+    (the center is wrong there); only from 8 escalated rows on does it stay within tolerance."""
+    n = 20
+    labels = np.zeros(n, dtype=int)
+    confidence = np.linspace(0.51, 0.99, n)
+    edge_pred = np.zeros(n, dtype=int)
+    edge_pred[:2] = 1  # edge wrong on the 2 least confident rows
+    center_pred = np.zeros(n, dtype=int)
+    center_pred[2:5] = 1  # center wrong on the next 3, where the edge is right
+    center_pred[8:11] = 1  # ...and on 3 more further up
+    edge_pred[5:8] = 1
+    edge_pred[11:14] = 1
+    cal = calibrate(_logits(center_pred, np.full(n, 0.9)), _logits(edge_pred, confidence),
+                    labels.tolist(), tolerance=0.0)
+    _, rates, accuracy = cascade_curve(_logits(center_pred, np.full(n, 0.9)),
+                                       _logits(edge_pred, confidence), labels)
+    lucky = np.flatnonzero(accuracy >= cal.center_accuracy)[0]
+    assert rates[lucky] == pytest.approx(2 / n)  # the naive rule would stop here
+    assert cal.escalation_rate is not None and cal.escalation_rate > rates[lucky]
+    later = rates >= cal.escalation_rate
+    assert (accuracy[later] >= cal.center_accuracy).all()
