@@ -4,6 +4,11 @@ A row whose edge confidence (max softmax probability) is below the threshold is 
 the center. Sorting rows by confidence, escalating the k least confident gives one point of the
 curve; the chosen threshold is the lowest escalation rate whose cascade accuracy is within
 ``tolerance`` of center-only accuracy and stays within it at every higher rate.
+
+A calibration split of a few thousand rows is noisy: a gap of half a point between edge and
+center is a handful of rows. So a point also has to be within tolerance in ``confidence``
+(default 90%) of bootstrap resamples of the split, compared pairwise with the center on the same
+resample; ``confidence=0`` gives the plain rule.
 """
 
 from __future__ import annotations
@@ -20,22 +25,45 @@ DEFAULT_THRESHOLD = 0.9
 
 CURVE_POINTS = 51
 
+DEFAULT_CONFIDENCE = 0.9
+"""Share of bootstrap resamples in which the chosen point must be within tolerance."""
+
+RESAMPLES = 400
+
+
+class _Sorted:
+    """Rows ordered by edge confidence, and the distinct escalation counts k (0..n)."""
+
+    def __init__(self, center_logits: np.ndarray, edge_logits: np.ndarray,
+                 labels: np.ndarray) -> None:
+        confidence = softmax(edge_logits).max(axis=1)
+        self.order = np.argsort(confidence, kind="stable")
+        self.conf = confidence[self.order]
+        self.center_ok = (center_logits.argmax(1) == labels)[self.order].astype(np.float64)
+        self.edge_ok = (edge_logits.argmax(1) == labels)[self.order].astype(np.float64)
+        n = len(labels)
+        self.ks = np.array([0] + [k for k in range(1, n) if self.conf[k - 1] < self.conf[k]]
+                           + [n])
+
+    def correct(self, weights: np.ndarray) -> np.ndarray:
+        """Weighted correct answers when escalating the k least confident rows, for each k.
+
+        ``weights`` is ``[..., n]`` (ones for the plain count, resample counts for bootstrap).
+        """
+        zeros = np.zeros((*weights.shape[:-1], 1))
+        center = np.concatenate([zeros, np.cumsum(weights * self.center_ok, -1)], -1)
+        edge = np.concatenate([np.cumsum((weights * self.edge_ok)[..., ::-1], -1)[..., ::-1],
+                               zeros], -1)
+        return np.asarray((center + edge)[..., self.ks])
+
 
 def cascade_curve(center_logits: np.ndarray, edge_logits: np.ndarray,
                   labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Every distinct operating point: thresholds, escalation rates, cascade accuracies."""
-    confidence = softmax(edge_logits).max(axis=1)
-    order = np.argsort(confidence, kind="stable")
-    conf = confidence[order]
-    center_ok = (center_logits.argmax(1) == labels)[order]
-    edge_ok = (edge_logits.argmax(1) == labels)[order]
+    rows = _Sorted(center_logits, edge_logits, labels)
     n = len(labels)
-    # correct(k) = center right on the k escalated rows + edge right on the rest
-    correct = (np.concatenate([[0], np.cumsum(center_ok)])
-               + np.concatenate([np.cumsum(edge_ok[::-1])[::-1], [0]]))
-    ks = [0] + [k for k in range(1, n) if conf[k - 1] < conf[k]] + [n]
-    thresholds = np.array([_threshold(conf, k) for k in ks])
-    return thresholds, np.array(ks) / n, correct[ks] / n
+    thresholds = np.array([_threshold(rows.conf, int(k)) for k in rows.ks])
+    return thresholds, rows.ks / n, rows.correct(np.ones(n)) / n
 
 
 def _threshold(conf: np.ndarray, k: int) -> float:
@@ -47,12 +75,27 @@ def _threshold(conf: np.ndarray, k: int) -> float:
     return float((conf[k - 1] + conf[k]) / 2)
 
 
+def bootstrap_within(rows: _Sorted, tolerance: float, resamples: int,
+                     seed: int = 0) -> np.ndarray:
+    """Per operating point: the share of bootstrap resamples of the calibration split in which
+    the cascade is within ``tolerance`` of center-only (paired: same resample for both)."""
+    n = len(rows.conf)
+    weights = np.random.default_rng(seed).multinomial(n, np.full(n, 1 / n), size=resamples)
+    cascade = rows.correct(weights.astype(np.float64))
+    center = (weights * rows.center_ok).sum(-1, keepdims=True)
+    return np.asarray(((cascade - center) / n >= -tolerance - 1e-12).mean(0))
+
+
 def calibrate(center_logits: np.ndarray, edge_logits: np.ndarray, labels: list[int],
-              tolerance: float) -> Calibration:
+              tolerance: float, confidence: float = DEFAULT_CONFIDENCE,
+              resamples: int = RESAMPLES) -> Calibration:
     y = np.asarray(labels)
     thresholds, rates, accuracy = cascade_curve(center_logits, edge_logits, y)
     center_acc = float((center_logits.argmax(1) == y).mean())
     within = accuracy >= center_acc - tolerance - 1e-12
+    if confidence > 0:
+        rows = _Sorted(center_logits, edge_logits, y)
+        within &= bootstrap_within(rows, tolerance, resamples) >= confidence
     # The lowest escalation rate from which the cascade stays within tolerance: a lucky early
     # point followed by a dip is noise that would not hold on new data. Escalating everything
     # is center-only accuracy, so the last point always qualifies.
@@ -66,7 +109,8 @@ def calibrate(center_logits: np.ndarray, edge_logits: np.ndarray, labels: list[i
         source="labelled", threshold=float(thresholds[best]),
         escalation_rate=float(rates[best]), center_accuracy=center_acc,
         edge_accuracy=float((edge_logits.argmax(1) == y).mean()),
-        cascade_accuracy=float(accuracy[best]), tolerance=tolerance, rows=len(y), curve=curve)
+        cascade_accuracy=float(accuracy[best]), tolerance=tolerance, confidence=confidence,
+        rows=len(y), curve=curve)
 
 
 def default_calibration() -> Calibration:

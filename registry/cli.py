@@ -84,6 +84,9 @@ def cli(ctx: click.Context, home: Path | None, actor: str | None) -> None:
 @click.option("--tolerance", type=click.FloatRange(0, 1), default=None,
               help="Accepted cascade accuracy loss vs center-only. [env: REGISTRY_TOLERANCE; "
                    "0.005]")
+@click.option("--confidence", type=click.FloatRange(0, 1, max_open=True), default=None,
+              help="Share of bootstrap resamples in which the threshold must hold. "
+                   "[env: REGISTRY_CONFIDENCE; 0.9; 0 = plain rule]")
 @click.option("--force", is_flag=True, help="Publish even when fidelity is below the floor.")
 @click.option("--skip-existing", is_flag=True,
               help="Do nothing if the latest version was built from identical source files.")
@@ -98,7 +101,7 @@ def cli(ctx: click.Context, home: Path | None, actor: str | None) -> None:
 @json_flag
 @pass_ctx
 def publish_cmd(ctx: Context, path: Path, name: str, canary: str, min_fidelity: float | None,
-                tolerance: float | None, force: bool, skip_existing: bool,
+                tolerance: float | None, confidence: float | None, force: bool, skip_existing: bool,
                 tokenizer: Path | None, labels: str | None, calibration: Path | None,
                 max_length: int, as_json: bool) -> None:
     """Build a release from PATH and record it as the next version of NAME.
@@ -119,6 +122,7 @@ def publish_cmd(ctx: Context, path: Path, name: str, canary: str, min_fidelity: 
         name=name, force=force, skip_existing=skip_existing,
         min_fidelity=settings.min_fidelity if min_fidelity is None else min_fidelity,
         tolerance=settings.tolerance if tolerance is None else tolerance,
+        confidence=settings.confidence if confidence is None else confidence,
         canary=[n for n in canary.split(",") if n])
     result = publish(settings, ctx.catalog, source, options, step=_step)
     emit(as_json, {"created": result.created, "manifest": msgspec.to_builtins(result.manifest),

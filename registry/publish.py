@@ -49,6 +49,7 @@ class PublishOptions:
     name: str
     min_fidelity: float
     tolerance: float
+    confidence: float
     force: bool = False
     canary: list[str] = field(default_factory=list)
     skip_existing: bool = False
@@ -97,7 +98,8 @@ def publish(settings: RegistrySettings, catalog: Catalog, source: ReleaseSource,
         fidelity = _fidelity(built, options)
         with timed("calibrate threshold"):
             calibration = (calibrate(built.center_logits, built.edge_int8_logits,
-                                     source.calibration.labels, options.tolerance)
+                                     source.calibration.labels, options.tolerance,
+                                     options.confidence)
                            if source.calibration else default_calibration())
         with timed("store and record"):
             artifacts = _store(BlobStore(settings.blobs), source, built.edge_int8)

@@ -36,6 +36,10 @@ class RegistrySettings(BaseSettings):
     tolerance: float = Field(default=0.005, ge=0.0, le=1.0)
     """Calibration: accepted loss of cascade accuracy versus center-only (0.005 = 0.5 points)."""
 
+    confidence: float = Field(default=0.9, ge=0.0, lt=1.0)
+    """Calibration: share of bootstrap resamples of the calibration split in which the chosen
+    threshold must be within tolerance (0 = judge the split as it is)."""
+
     @property
     def database(self) -> Path:
         return self.home / "registry.sqlite3"

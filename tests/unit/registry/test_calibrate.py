@@ -22,6 +22,8 @@ def test_threshold_escalates_exactly_the_unsure_wrong_rows() -> None:
     confidence = np.linspace(0.55, 0.99, 100)
     edge_pred[:20] = 1 - labels[:20]  # the 20 least confident edge answers are wrong
     cal = calibrate(center, _logits(edge_pred, confidence), labels.tolist(), tolerance=0.0)
+    # every resample agrees here: escalating exactly the wrong rows is right in all of them
+    assert cal.confidence == 0.9
     assert cal.center_accuracy == 1.0 and cal.edge_accuracy == pytest.approx(0.8)
     assert cal.escalation_rate == pytest.approx(0.2)
     assert cal.cascade_accuracy == 1.0
@@ -35,8 +37,8 @@ def test_tolerance_trades_accuracy_for_fewer_escalations() -> None:
     edge_pred = labels.copy()
     edge_pred[:20] = 1 - labels[:20]
     edge = _logits(edge_pred, np.linspace(0.55, 0.99, 100))
-    strict = calibrate(center, edge, labels.tolist(), tolerance=0.0)
-    loose = calibrate(center, edge, labels.tolist(), tolerance=0.05)
+    strict = calibrate(center, edge, labels.tolist(), tolerance=0.0, confidence=0)
+    loose = calibrate(center, edge, labels.tolist(), tolerance=0.05, confidence=0)
     assert loose.escalation_rate == pytest.approx(0.15)
     assert loose.cascade_accuracy == pytest.approx(0.95)
     assert loose.threshold < strict.threshold
@@ -85,7 +87,7 @@ def test_a_lucky_early_point_followed_by_a_dip_is_not_chosen() -> None:
     edge_pred[5:8] = 1
     edge_pred[11:14] = 1
     cal = calibrate(_logits(center_pred, np.full(n, 0.9)), _logits(edge_pred, confidence),
-                    labels.tolist(), tolerance=0.0)
+                    labels.tolist(), tolerance=0.0, confidence=0)
     _, rates, accuracy = cascade_curve(_logits(center_pred, np.full(n, 0.9)),
                                        _logits(edge_pred, confidence), labels)
     lucky = np.flatnonzero(accuracy >= cal.center_accuracy)[0]
@@ -93,3 +95,28 @@ def test_a_lucky_early_point_followed_by_a_dip_is_not_chosen() -> None:
     assert cal.escalation_rate is not None and cal.escalation_rate > rates[lucky]
     later = rates >= cal.escalation_rate
     assert (accuracy[later] >= cal.center_accuracy).all()
+
+
+def test_bootstrap_refuses_a_gap_that_is_within_tolerance_only_by_luck() -> None:
+    """Edge 0.4 points below the center on 2000 rows: the plain rule keeps everything on the
+    edge, but the gap is noise-sized, so the bootstrap rule escalates the unsure rows."""
+    rng = np.random.default_rng(1)
+    n = 2000
+    labels = rng.integers(0, 2, n)
+    confidence = rng.uniform(0.5, 1.0, n)
+    # the center is wrong on 360 rows (82%), the edge on 368 (81.6%), mostly its unsure ones
+    center_pred = labels.copy()
+    center_pred[rng.choice(n, 360, replace=False)] ^= 1
+    weight = (1.0 - confidence) ** 2
+    edge_pred = labels.copy()
+    edge_pred[rng.choice(n, 368, replace=False, p=weight / weight.sum())] ^= 1
+    center, edge = _logits(center_pred, np.full(n, 0.9)), _logits(edge_pred, confidence)
+    edge_acc, center_acc = (edge_pred == labels).mean(), (center_pred == labels).mean()
+    assert center_acc - 0.005 <= edge_acc < center_acc  # within tolerance as measured
+    plain = calibrate(center, edge, labels.tolist(), tolerance=0.005, confidence=0)
+    robust = calibrate(center, edge, labels.tolist(), tolerance=0.005, confidence=0.9)
+    assert plain.escalation_rate == 0.0
+    assert robust.escalation_rate is not None and robust.escalation_rate > 0.05
+    assert robust.cascade_accuracy is not None and robust.cascade_accuracy >= center_acc - 0.005
+    again = calibrate(center, edge, labels.tolist(), tolerance=0.005, confidence=0.9)
+    assert again.threshold == robust.threshold  # seeded: the same split gives the same answer
