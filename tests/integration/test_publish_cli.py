@@ -120,7 +120,8 @@ def test_single_torchscript_file(registry_cli: RegistryCli, tiny_release: Path) 
     assert manifest["calibration"] == {"source": "default", "threshold": 0.9,
                                        "escalation_rate": None, "center_accuracy": None,
                                        "edge_accuracy": None, "cascade_accuracy": None,
-                                       "tolerance": None, "rows": 0, "curve": []}
+                                       "tolerance": None, "confidence": None, "rows": 0,
+                                       "curve": []}
     assert manifest["fidelity"]["inputs"] == "generated"
     assert manifest["fidelity"]["rows"] == generated_inputs().rows
     assert manifest["inputs"][0] == {"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]}

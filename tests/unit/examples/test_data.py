@@ -13,7 +13,7 @@ def test_split_is_deterministic_disjoint_and_sized() -> None:
     assert 12_000 < len(rows) < 13_500
     a, b = data.split(rows, seed=7), data.split(rows, seed=7)
     assert a == b
-    assert (len(a.val), len(a.test)) == (2000, 2000) and len(a.train) == len(rows) - 3000
+    assert (len(a.val), len(a.test)) == (2000, 2000) and len(a.train) == len(rows) - 4000
     assert not set(a.train.texts) & set(a.test.texts)
     assert not set(a.val.texts) & set(a.test.texts)
     assert set(a.train.labels) == {0, 1}
