@@ -94,9 +94,10 @@ class Catalog:
 
     # -- writes ----------------------------------------------------------------------------
 
-    def create_version(self, manifest: Manifest, blobs: dict[str, tuple[str, int]],
-                       canary: list[str] | None = None) -> int:
-        """Record version N+1 with its blobs, aliases, rollout and audit record, atomically.
+    def create_version(self, manifest: Manifest, canary: list[str] | None = None) -> int:
+        """Record version N+1 with its artifacts, aliases, rollout and audit record, atomically.
+
+        The artifacts must already be in the blob store.
 
         ``manifest.version`` is ignored: the number is assigned under the write lock, so
         concurrent publishers get consecutive versions.
@@ -114,15 +115,16 @@ class Catalog:
             audit.append(conn, actor=self.actor, action="publish", model=final.name,
                          version=final.version, sha256=digest,
                          payload={"manifest_sha256": digest, "alias": alias, "targets": targets,
-                                  "artifacts": {role: sha for role, (sha, _) in blobs.items()}})
-            for sha, size in blobs.values():
-                conn.execute("INSERT OR IGNORE INTO blobs VALUES (?, ?, ?)", [sha, size, now()])
+                                  "artifacts": {r: a.sha256 for r, a in final.by_role().items()}})
+            for artifact in final.by_role().values():
+                conn.execute("INSERT OR IGNORE INTO blobs VALUES (?, ?, ?)",
+                             [artifact.sha256, artifact.size, now()])
             conn.execute("INSERT INTO versions VALUES (?, ?, ?, ?, ?, ?, ?)",
                          [final.name, final.version, body.decode(), digest, final.source_sha256,
                           final.publisher, final.published_at])
-            for role, (sha, _) in blobs.items():
+            for role, artifact in final.by_role().items():
                 conn.execute("INSERT INTO artifacts VALUES (?, ?, ?, ?)",
-                             [final.name, final.version, role, sha])
+                             [final.name, final.version, role, artifact.sha256])
             self._point(conn, final.name, alias, final.version, targets)
         return final.version
 

@@ -105,9 +105,7 @@ def publish(settings: RegistrySettings, catalog: Catalog, source: ReleaseSource,
             artifacts = _store(BlobStore(settings.blobs), source, built.edge_int8)
             manifest = _manifest(options.name, source, labels, artifacts, calibration, fidelity,
                                  catalog.actor)
-            version = catalog.create_version(
-                manifest, {role: (a.sha256, a.size) for role, a in artifacts.items()},
-                canary=options.canary or None)
+            version = catalog.create_version(manifest, canary=options.canary or None)
     return PublishResult(catalog.resolve(options.name, str(version)).manifest, True,
                          built.edge_fp32_size, timings)
 

@@ -80,6 +80,11 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     source_sha256: str
     schema: int = 1
 
+    def by_role(self) -> dict[str, Artifact]:
+        """Every stored file of the release: center, edge and, where there is one, tokenizer."""
+        roles = {"center": self.center, "edge": self.edge}
+        return roles | ({"tokenizer": self.tokenizer} if self.tokenizer else {})
+
     def artifacts(self, tier: Literal["edge", "center"]) -> list[Artifact]:
         """What a tier needs on disk: its model and, where there is one, the tokenizer."""
         model = self.edge if tier == "edge" else self.center
