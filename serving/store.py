@@ -108,7 +108,7 @@ class ModelStore:
                     fetch(artifact, staging / artifact.file)
                     _check(staging / artifact.file, artifact)
                 _fsync_write(staging / MANIFEST, encode(manifest))
-                if target.exists():  # incomplete or for the other tier: move it aside first
+                if target.exists():  # incomplete, or laid out for the other tier
                     shutil.rmtree(target)
                 os.replace(staging, target)
             finally:
