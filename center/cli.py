@@ -1,15 +1,12 @@
-"""The ``center`` command (a placeholder until its issue lands)."""
+"""The ``center`` command."""
 
 from __future__ import annotations
 
-import click
+from center.service import CenterService
+from center.settings import CenterSettings
+from serving.cli import tier_command
 
-
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-def cli() -> None:
-    """Not yet implemented: see the README's roadmap."""
-    click.echo("center: not yet implemented (see the README's roadmap)", err=True)
-    raise SystemExit(2)
+cli = tier_command("center", CenterSettings, CenterService)
 
 
 def main() -> None:

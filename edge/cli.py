@@ -1,15 +1,12 @@
-"""The ``edge`` command (a placeholder until its issue lands)."""
+"""The ``edge`` command."""
 
 from __future__ import annotations
 
-import click
+from edge.pipeline import EdgeService
+from edge.settings import EdgeSettings
+from serving.cli import tier_command
 
-
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
-def cli() -> None:
-    """Not yet implemented: see the README's roadmap."""
-    click.echo("edge: not yet implemented (see the README's roadmap)", err=True)
-    raise SystemExit(2)
+cli = tier_command("edge", EdgeSettings, EdgeService)
 
 
 def main() -> None:

@@ -38,3 +38,28 @@ def encode(tokenizer: Tokenizer, texts: list[str]) -> Encoded:
         input_ids=np.asarray([e.ids for e in batch], dtype=np.int64),
         attention_mask=np.asarray([e.attention_mask for e in batch], dtype=np.int64),
     )
+
+
+def unpadded(tokenizer: Tokenizer) -> Tokenizer:
+    """A copy that truncates but never pads: rows are padded per batch by the batcher."""
+    copy = Tokenizer.from_str(tokenizer.to_str())
+    copy.no_padding()
+    return copy
+
+
+def token_rows(tokenizer: Tokenizer, texts: list[str]) -> tuple[list[np.ndarray], list[bool]]:
+    """Token ids per text (truncated to the tokenizer's limit) and whether each was truncated."""
+    batch = tokenizer.encode_batch(texts)
+    return ([np.asarray(e.ids, dtype=np.int64) for e in batch],
+            [bool(e.overflowing) for e in batch])
+
+
+def pad(rows: list[np.ndarray], pad_id: int = 0) -> Encoded:
+    """Right-pad rows to the longest one, with the matching attention mask."""
+    longest = max(len(r) for r in rows)
+    ids = np.full((len(rows), longest), pad_id, dtype=np.int64)
+    mask = np.zeros((len(rows), longest), dtype=np.int64)
+    for i, row in enumerate(rows):
+        ids[i, :len(row)] = row
+        mask[i, :len(row)] = 1
+    return Encoded(ids, mask)

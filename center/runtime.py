@@ -1,0 +1,42 @@
+"""TorchScript runtime: eval, ``torch.inference_mode``, device and precision chosen at run time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from serving import torchscript
+from serving.text import Encoded
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def pick_device(setting: str) -> torch.device:
+    if setting == "cuda" or (setting == "auto" and torch.cuda.is_available()):
+        if not torch.cuda.is_available():
+            raise RuntimeError("CENTER_DEVICE=cuda but no CUDA device is available")
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+class TorchScriptRuntime:
+    def __init__(self, path: Path, device: torch.device, precision: str, threads: int) -> None:
+        if threads:
+            torch.set_num_threads(threads)
+        self.device = device
+        # half precision only where it pays (CUDA); CPU fp16 matmuls are slow or missing
+        self.dtype = DTYPES[precision] if device.type == "cuda" else torch.float32
+        module = torchscript.load(path, str(device)).eval()
+        self.module = module.to(self.dtype) if self.dtype != torch.float32 else module
+        self.description = f"TorchScript on {device} ({str(self.dtype).removeprefix('torch.')})"
+
+    def predict(self, batch: Encoded) -> np.ndarray:
+        ids = torch.from_numpy(batch.input_ids).to(self.device, non_blocking=True)
+        mask = torch.from_numpy(batch.attention_mask).to(self.device, non_blocking=True)
+        with torch.inference_mode():
+            logits = self.module(ids, mask)
+        return np.asarray(logits.float().cpu().numpy())
+
+

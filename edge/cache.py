@@ -1,0 +1,36 @@
+"""LRU + TTL response cache: a repeated input costs no inference."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+from cachetools import TTLCache
+
+
+@dataclass(frozen=True)
+class Cached:
+    probabilities: np.ndarray
+    tier: str
+    center_version: str | None
+
+
+class ResponseCache:
+    """Keyed by model, edge version, threshold and the row's token ids (so equal texts and
+    equal tensors share entries). Degraded answers are never stored."""
+
+    def __init__(self, size: int, ttl_s: float) -> None:
+        self._cache: TTLCache[str, Cached] | None = TTLCache(size, ttl_s) if size else None
+
+    @staticmethod
+    def key(model: str, version: int, threshold: float, row: np.ndarray) -> str:
+        digest = hashlib.blake2b(row.tobytes(), digest_size=16).hexdigest()
+        return f"{model}/{version}/{threshold!r}/{digest}"
+
+    def get(self, key: str) -> Cached | None:
+        return self._cache.get(key) if self._cache is not None else None
+
+    def put(self, key: str, value: Cached) -> None:
+        if self._cache is not None and value.tier != "edge-degraded":
+            self._cache[key] = value

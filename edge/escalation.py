@@ -1,0 +1,112 @@
+"""Escalation client: unsure rows to a center in one batched V2 call, failing over cleanly.
+
+Centers are tried in turn, skipping those whose circuit is open. A 503 with Retry-After opens
+that center's circuit for that long (back-pressure: the edge does not hammer it). When no
+center answers, the caller answers from the edge, marked degraded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+import msgspec
+import numpy as np
+
+from edge.breaker import CircuitBreaker
+from serving import v2
+from serving.text import pad
+
+
+class CenterUnavailable(Exception):
+    """No center answered in time; the reason for each center tried is in the message."""
+
+
+@dataclass(frozen=True)
+class CenterAnswer:
+    probabilities: np.ndarray
+    version: str
+    url: str
+
+
+class CenterClient:
+    def __init__(self, urls: list[str], timeout_s: float, failures: int, reset_s: float,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.urls = [u.rstrip("/") for u in urls]
+        self.breakers = {url: CircuitBreaker(failures, reset_s) for url in self.urls}
+        self.http = httpx.AsyncClient(timeout=timeout_s, transport=transport,
+                                      limits=httpx.Limits(max_connections=64))
+        self._turn = 0
+
+    def _order(self) -> list[str]:
+        """Round-robin start so escalations spread over centers."""
+        self._turn = (self._turn + 1) % max(1, len(self.urls))
+        return self.urls[self._turn:] + self.urls[:self._turn]
+
+    async def classify(self, model: str, texts: list[str] | None, rows: list[np.ndarray],
+                       request_id: str | None, labels: int) -> CenterAnswer:
+        body = msgspec.json.encode(_request(texts, rows))
+        headers = {"content-type": "application/json"}
+        if request_id:
+            headers["x-request-id"] = request_id
+        reasons = []
+        for url in self._order():
+            breaker = self.breakers[url]
+            if not breaker.allow():
+                reasons.append(f"{url}: circuit open")
+                continue
+            try:
+                response = await self.http.post(f"{url}/v2/models/{model}/infer", content=body,
+                                                headers=headers)
+            except httpx.HTTPError as exc:
+                breaker.failure()
+                reasons.append(f"{url}: {type(exc).__name__}")
+                continue
+            if response.status_code != 200:
+                _judge(breaker, response)
+                reasons.append(f"{url}: HTTP {response.status_code}")
+                continue
+            try:
+                answer = _answer(response, url, len(rows), labels)
+            except (ValueError, KeyError, msgspec.DecodeError) as exc:
+                breaker.failure()
+                reasons.append(f"{url}: unusable answer ({exc})")
+                continue
+            breaker.success()
+            return answer
+        raise CenterUnavailable("; ".join(reasons) or "no center configured")
+
+    def circuits(self) -> dict[str, str]:
+        return {url: breaker.state for url, breaker in self.breakers.items()}
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+
+def _request(texts: list[str] | None, rows: list[np.ndarray]) -> dict[str, object]:
+    if texts is not None:
+        inputs = [{"name": v2.TEXT, "shape": [len(texts)], "datatype": "BYTES", "data": texts}]
+    else:
+        enc = pad(rows)
+        shape = list(enc.input_ids.shape)
+        inputs = [{"name": v2.IDS, "shape": shape, "datatype": "INT64",
+                   "data": enc.input_ids.ravel().tolist()},
+                  {"name": v2.MASK, "shape": shape, "datatype": "INT64",
+                   "data": enc.attention_mask.ravel().tolist()}]
+    return {"inputs": inputs, "outputs": [{"name": "probabilities"}]}
+
+
+def _judge(breaker: CircuitBreaker, response: httpx.Response) -> None:
+    if response.status_code == 503:
+        retry = response.headers.get("retry-after", "")
+        breaker.failure(cooldown=float(retry) if retry.isdigit() else None)
+    elif response.status_code >= 500:
+        breaker.failure()
+    # a 4xx (say, a model the center does not have yet) says nothing about its health
+
+
+def _answer(response: httpx.Response, url: str, rows: int, labels: int) -> CenterAnswer:
+    data = msgspec.json.decode(response.content)
+    output = next(o for o in data["outputs"] if o["name"] == "probabilities")
+    probabilities = np.asarray(output["data"], dtype=np.float32).reshape(rows, labels)
+    return CenterAnswer(probabilities, str(data.get("model_version", "")), url)

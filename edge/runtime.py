@@ -1,0 +1,24 @@
+"""onnxruntime CPU session for the INT8 edge model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from serving.text import Encoded
+
+
+class OnnxRuntime:
+    def __init__(self, path: Path, threads: int) -> None:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if threads:
+            options.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(str(path), options,
+                                            providers=["CPUExecutionProvider"])
+        self.description = f"onnxruntime {ort.__version__} CPU"
+
+    def predict(self, batch: Encoded) -> np.ndarray:
+        return np.asarray(self.session.run(None, batch.feeds())[0], dtype=np.float32)

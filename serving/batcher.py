@@ -1,0 +1,151 @@
+"""Adaptive batching: a queue plus one future per request, bounded by size and delay.
+
+Requests (each one or more token rows) wait at most ``max_delay`` for company; a batch closes
+when it holds ``max_batch_size`` rows or the oldest request has waited long enough. Rows are
+padded to the longest row of the batch and run in a worker thread, off the event loop. If a
+batch fails, every request in it gets the error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from serving.errors import NotReady, Overloaded
+from serving.text import Encoded, pad
+
+Predict = Callable[[Encoded], np.ndarray]
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    rows: int
+    requests: int
+    queue_seconds: float  # of the oldest request
+    compute_seconds: float
+
+
+Observer = Callable[[BatchStats], None]
+
+
+@dataclass
+class _Pending:
+    rows: list[np.ndarray]
+    future: asyncio.Future[np.ndarray]
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+class Batcher:
+    def __init__(self, predict: Predict, *, max_batch_size: int, max_delay_ms: float,
+                 max_queue_rows: int, observe: Observer | None = None,
+                 executor: ThreadPoolExecutor | None = None) -> None:
+        self.predict = predict
+        self.max_batch_size = max(1, max_batch_size)
+        self.max_delay = max_delay_ms / 1000
+        self.max_queue_rows = max_queue_rows
+        self.observe = observe
+        self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self._arrived = asyncio.Event()
+        self._queued_rows = 0
+        self._executor = executor or ThreadPoolExecutor(1, thread_name_prefix="batcher")
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    @property
+    def queued_rows(self) -> int:
+        return self._queued_rows
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self, grace: float = 10.0) -> None:
+        """Finish what is queued (up to ``grace`` seconds), then stop the worker."""
+        self._closed = True
+        deadline = time.monotonic() + grace
+        while self._queued_rows and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        while not self._queue.empty():
+            pending = self._queue.get_nowait()
+            if not pending.future.done():
+                pending.future.set_exception(NotReady("server shutting down"))
+        self._executor.shutdown(wait=False)
+
+    async def submit(self, rows: list[np.ndarray]) -> np.ndarray:
+        """Logits for ``rows``, in order; raises ``Overloaded`` when the queue is past bound."""
+        if self._closed:
+            raise NotReady("this model version is being unloaded; retry")
+        if self._queued_rows + len(rows) > self.max_queue_rows:
+            raise Overloaded(f"queue holds {self._queued_rows} rows (bound "
+                             f"{self.max_queue_rows}); retry shortly")
+        pending = _Pending(rows, asyncio.get_running_loop().create_future())
+        self._queued_rows += len(rows)
+        self._queue.put_nowait(pending)
+        self._arrived.set()
+        return await pending.future
+
+    async def _collect(self) -> list[_Pending]:
+        batch = [await self._queue.get()]
+        size = len(batch[0].rows)
+        deadline = batch[0].enqueued + self.max_delay
+        while size < self.max_batch_size:
+            if self._queue.empty():
+                # waiting on an event, not on queue.get(): a timed-out get could drop an item
+                self._arrived.clear()
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    break
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), remaining)
+                except TimeoutError:
+                    break
+                continue
+            nxt = self._queue.get_nowait()
+            if size + len(nxt.rows) > self.max_batch_size:
+                self._requeue_front(nxt)  # does not fit: it opens the next batch instead
+                break
+            batch.append(nxt)
+            size += len(nxt.rows)
+        return batch
+
+    def _requeue_front(self, pending: _Pending) -> None:
+        items = [pending]
+        while not self._queue.empty():
+            items.append(self._queue.get_nowait())
+        for item in items:
+            self._queue.put_nowait(item)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._collect()
+            rows = [r for p in batch for r in p.rows]
+            started = time.perf_counter()
+            try:
+                logits = await loop.run_in_executor(self._executor, self.predict, pad(rows))
+            except Exception as exc:  # every waiter learns why its batch failed
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(exc)
+            else:
+                offset = 0
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_result(logits[offset:offset + len(p.rows)])
+                    offset += len(p.rows)
+            finally:
+                self._queued_rows -= len(rows)
+            if self.observe:
+                self.observe(BatchStats(len(rows), len(batch), started - batch[0].enqueued,
+                                        time.perf_counter() - started))

@@ -1,0 +1,75 @@
+"""What both tiers do around the model: rows in, classification outputs out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from serving import v2
+from serving.errors import BadRequest
+from serving.repository import Resident
+from serving.settings import ServingSettings
+from serving.text import token_rows
+
+OUTPUTS = ("label", "probabilities", "confidence", "tier")
+
+
+def limits(resident: Resident, settings: ServingSettings) -> v2.Limits:
+    tokenizer = resident.tokenizer
+    return v2.Limits(max_rows=settings.max_request_rows, max_text_bytes=settings.max_text_bytes,
+                     max_length=resident.manifest.preprocessing.max_length,
+                     vocab_size=tokenizer.get_vocab_size() if tokenizer else None)
+
+
+def rows_of(resident: Resident, parsed: v2.Parsed) -> list[np.ndarray]:
+    """Token rows for the request: tokenized texts (truncated unless refused) or given ids."""
+    if parsed.texts is None:
+        return parsed.token_rows or []
+    if resident.tokenizer is None:
+        raise BadRequest(f"model {resident.manifest.name!r} has no tokenizer: send "
+                         f"{v2.IDS!r} and {v2.MASK!r} INT64 tensors")
+    rows, truncated = token_rows(resident.tokenizer, parsed.texts)
+    if parsed.parameters.get("truncate", True) is False and any(truncated):
+        first = truncated.index(True)
+        raise BadRequest(f"text row {first} is longer than the model's "
+                         f"{resident.manifest.preprocessing.max_length} tokens "
+                         f"(parameters.truncate=false)")
+    return rows
+
+
+def outputs_metadata(resident: Resident) -> list[dict[str, Any]]:
+    labels = len(resident.manifest.labels)
+    return [{"name": "label", "datatype": "BYTES", "shape": [-1]},
+            {"name": "probabilities", "datatype": "FP32", "shape": [-1, labels]},
+            {"name": "confidence", "datatype": "FP32", "shape": [-1]},
+            {"name": "tier", "datatype": "BYTES", "shape": [-1]}]
+
+
+def response(resident: Resident, parsed: v2.Parsed, probabilities: np.ndarray,
+             tiers: list[str], parameters: dict[str, Any]) -> v2.InferResponse:
+    """The V2 response; only the outputs the request asked for, when it asked."""
+    n, labels = probabilities.shape
+    names = resident.manifest.labels
+    tensors = {
+        "label": v2.ResponseOutput("label", [n], "BYTES",
+                                   [names[i] for i in probabilities.argmax(1)]),
+        "probabilities": v2.ResponseOutput("probabilities", [n, labels], "FP32",
+                                           probabilities.astype(float).ravel().tolist()),
+        "confidence": v2.ResponseOutput("confidence", [n], "FP32",
+                                        probabilities.max(1).astype(float).tolist()),
+        "tier": v2.ResponseOutput("tier", [n], "BYTES", tiers),
+    }
+    wanted = parsed.outputs if parsed.outputs is not None else list(OUTPUTS)
+    unknown = [name for name in wanted if name not in tensors]
+    if unknown:
+        raise BadRequest(f"unknown output {unknown[0]!r}: this model returns {list(OUTPUTS)}")
+    return v2.InferResponse(model_name=resident.manifest.name,
+                            model_version=str(resident.version),
+                            outputs=[tensors[name] for name in wanted], id=parsed.id,
+                            parameters=parameters)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return np.asarray(shifted / shifted.sum(axis=1, keepdims=True), dtype=np.float32)

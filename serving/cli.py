@@ -1,0 +1,58 @@
+"""One click command per tier, its flags generated from the tier's settings (env mirrored)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+import uvicorn
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings
+
+from serving.app import Service, create_app
+from serving.logs import configure
+
+SCALARS = {int: int, float: float, str: str, Path: click.Path(path_type=Path)}
+
+
+def _option(name: str, field: Any, prefix: str) -> Callable[[Any], Any]:
+    annotation = field.annotation
+    kind = next((v for k, v in SCALARS.items() if k in getattr(annotation, "__args__", ())
+                 or annotation is k), str)
+    choices = getattr(annotation, "__args__", None)
+    if getattr(annotation, "__origin__", None) is not None and choices and all(
+            isinstance(c, str) for c in choices):
+        kind = click.Choice(choices)
+    env = f"{prefix}{name.upper()}"
+    default = "computed" if field.default_factory else field.default
+    return click.option(f"--{name.replace('_', '-')}", name, type=kind, default=None,
+                        help=f"{(field.description or '').strip()} [env: {env}; default: "
+                             f"{default}]")
+
+
+def tier_command(name: str, settings_cls: type[BaseSettings],
+                 make_service: Callable[[Any], Service]) -> click.Command:
+    prefix = str(settings_cls.model_config.get("env_prefix", ""))
+
+    def run(**flags: Any) -> None:
+        overrides = {key: value for key, value in flags.items() if value is not None}
+        try:
+            settings = settings_cls(**overrides)
+        except ValidationError as exc:
+            raise click.UsageError(f"invalid settings: {exc}") from exc
+        s: Any = settings
+        configure(name, s.log_level, s.log_file, s.log_max_bytes, s.log_backups)
+        app = create_app(make_service(settings))
+        # uvicorn owns SIGINT/SIGTERM: it stops accepting, drains in-flight requests (up to the
+        # grace period), then runs the lifespan shutdown that drains the batchers.
+        uvicorn.run(app, host=s.host, port=s.port, loop="uvloop", http="httptools",
+                    log_config=None, access_log=False, timeout_graceful_shutdown=10)
+
+    command = click.Command(name, callback=run, help=f"Run the {name} tier (Open Inference "
+                            f"Protocol V2 over HTTP).",
+                            context_settings={"help_option_names": ["-h", "--help"]})
+    for field_name, field in settings_cls.model_fields.items():
+        command = _option(field_name, field, prefix)(command)
+    return command

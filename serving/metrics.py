@@ -1,0 +1,52 @@
+"""Prometheus metrics named after the service, labelled by model and version (Triton's set)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from serving.batcher import BatchStats, Observer
+
+LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MV = ["model", "version"]
+
+
+class Metrics:
+    """One registry per process (fresh ones in tests); tiers add their own series to it."""
+
+    def __init__(self, prefix: str, registry: CollectorRegistry | None = None) -> None:
+        self.prefix = prefix
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.request_success = Counter(f"{prefix}_request_success", "Inference requests "
+                                       "answered", MV, registry=r)
+        self.request_failure = Counter(f"{prefix}_request_failure", "Inference requests "
+                                       "failed, by reason", [*MV, "reason"], registry=r)
+        self.request_duration = Histogram(f"{prefix}_request_duration_seconds",
+                                          "End-to-end inference request time", MV,
+                                          buckets=LATENCY, registry=r)
+        self.inference_count = Counter(f"{prefix}_inference_count", "Rows inferred (batch "
+                                       "elements)", MV, registry=r)
+        self.execution_count = Counter(f"{prefix}_execution_count", "Model executions "
+                                       "(batches); inference/execution = mean batch size", MV,
+                                       registry=r)
+        self.queue_duration = Histogram(f"{prefix}_queue_duration_seconds", "Time the oldest "
+                                        "request of a batch waited", MV, buckets=LATENCY,
+                                        registry=r)
+        self.compute_duration = Histogram(f"{prefix}_compute_duration_seconds", "Model "
+                                          "execution time per batch", MV, buckets=LATENCY,
+                                          registry=r)
+        self.batch_size = Histogram(f"{prefix}_batch_size", "Rows per model execution", MV,
+                                    buckets=BATCH, registry=r)
+
+    def observer(self, model: str, version: int) -> Observer:
+        labels = {"model": model, "version": str(version)}
+
+        def observe(stats: BatchStats) -> None:
+            self.inference_count.labels(**labels).inc(stats.rows)
+            self.execution_count.labels(**labels).inc()
+            self.queue_duration.labels(**labels).observe(stats.queue_seconds)
+            self.compute_duration.labels(**labels).observe(stats.compute_seconds)
+            self.batch_size.labels(**labels).observe(stats.rows)
+
+        return observe

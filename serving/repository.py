@@ -1,0 +1,153 @@
+"""Models resident in a serving process, loaded from the model store.
+
+A new version is loaded and warmed in a worker thread while the current one keeps serving; then
+one reference is swapped and versions beyond ``keep`` are drained and dropped. Requests may pin
+a resident version (``/versions/{v}``); the rest go to the default, the store's CURRENT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from serving.batcher import Batcher
+from serving.errors import ModelNotFound, NotReady
+from serving.manifest import Manifest, is_valid_name
+from serving.metrics import Metrics
+from serving.settings import ServingSettings
+from serving.store import ModelStore, StoreError, Tier
+from serving.text import Encoded, load_tokenizer, pad, unpadded
+
+log = logging.getLogger(__name__)
+
+
+class Runtime(Protocol):
+    description: str
+
+    def predict(self, batch: Encoded) -> np.ndarray: ...
+
+
+Loader = Callable[[Manifest, Path], Runtime]
+
+
+@dataclass
+class Resident:
+    manifest: Manifest
+    runtime: Runtime
+    batcher: Batcher
+    tokenizer: Tokenizer | None  # unpadded: rows are padded per batch
+
+    @property
+    def version(self) -> int:
+        return self.manifest.version
+
+
+def warm_up(runtime: Runtime, max_batch_size: int) -> None:
+    """Run the shapes serving will see first, so the first request pays no lazy set-up."""
+    for rows, length in ((1, 8), (min(8, max_batch_size), 32), (max_batch_size, 64)):
+        runtime.predict(pad([np.arange(1, length + 1, dtype=np.int64)] * rows))
+
+
+class Repository:
+    def __init__(self, store: ModelStore, tier: Tier, loader: Loader, settings: ServingSettings,
+                 metrics: Metrics, keep: int = 2) -> None:
+        self.store, self.tier, self.loader = store, tier, loader
+        self.settings, self.metrics, self.keep = settings, metrics, keep
+        self._resident: dict[str, dict[int, Resident]] = {}
+        self._default: dict[str, int] = {}
+        self._lock = asyncio.Lock()
+
+    def models(self) -> list[str]:
+        return sorted(self._default)
+
+    def versions(self, model: str) -> list[int]:
+        return sorted(self._resident.get(model, {}))
+
+    def default_version(self, model: str) -> int | None:
+        return self._default.get(model)
+
+    def get(self, model: str, version: str | None = None) -> Resident:
+        if model not in self._resident:
+            if is_valid_name(model) and self.store.current(model) is not None:
+                raise NotReady(f"model {model!r} is still loading")
+            raise ModelNotFound(f"unknown model {model!r}")
+        if version is None:
+            return self._resident[model][self._default[model]]
+        if not version.isdigit() or int(version) not in self._resident[model]:
+            raise ModelNotFound(f"model {model!r} has no version {version!r} loaded "
+                                f"(loaded: {self.versions(model)})")
+        return self._resident[model][int(version)]
+
+    async def refresh(self) -> None:
+        """Load the store's CURRENT version of every model that is not yet the default."""
+        if not self.store.root.is_dir():
+            return
+        for folder in sorted(self.store.root.iterdir()):
+            if folder.is_dir() and is_valid_name(folder.name):
+                try:
+                    await self.activate(folder.name)
+                except (StoreError, OSError, ValueError, RuntimeError) as exc:
+                    log.error("cannot load %s: %s", folder.name, exc)
+
+    async def activate(self, model: str) -> bool:
+        """Make the store's CURRENT version of ``model`` the default; True if it changed."""
+        version = self.store.current(model)
+        if version is None or self._default.get(model) == version:
+            return False
+        async with self._lock:
+            if self._default.get(model) == version:
+                return False
+            resident = self._resident.get(model, {}).get(version)
+            if resident is None:
+                resident = await asyncio.to_thread(self._load, model, version)
+                resident.batcher.start()
+            self._resident.setdefault(model, {})[version] = resident
+            previous = self._default.get(model)
+            self._default[model] = version
+            log.info("serving %s version %s (%s)", model, version, resident.runtime.description,
+                     extra={"fields": {"model": model, "version": version,
+                                       "previous": previous}})
+            await self._evict(model)
+            return True
+
+    def _load(self, model: str, version: int) -> Resident:
+        manifest = self.store.verify(model, version, self.tier)
+        folder = self.store.version_dir(model, version)
+        runtime = self.loader(manifest, folder)
+        warm_up(runtime, self.settings.max_batch_size)
+        tokenizer = None
+        if manifest.preprocessing.tokenizer:
+            tokenizer = unpadded(load_tokenizer(folder / manifest.preprocessing.tokenizer,
+                                                manifest.preprocessing.max_length))
+        s = self.settings
+        batcher = Batcher(runtime.predict, max_batch_size=s.max_batch_size,
+                          max_delay_ms=s.max_batch_delay_ms, max_queue_rows=s.max_queue_rows,
+                          observe=self.metrics.observer(model, version))
+        return Resident(manifest, runtime, batcher, tokenizer)
+
+    async def _evict(self, model: str) -> None:
+        versions = self._resident[model]
+        keep = {self._default[model], *sorted(versions, reverse=True)[:self.keep]}
+        for version in [v for v in versions if v not in keep]:
+            resident = versions.pop(version)
+            await resident.batcher.stop()  # drains what is queued first
+            log.info("dropped %s version %s", model, version)
+
+    async def watch(self) -> None:
+        while True:
+            await self.refresh()
+            await asyncio.sleep(self.settings.poll_interval_s)
+
+    async def stop(self) -> None:
+        for versions in self._resident.values():
+            for resident in versions.values():
+                await resident.batcher.stop()
+        self._resident.clear()
+        self._default.clear()

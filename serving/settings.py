@@ -1,0 +1,62 @@
+"""Settings every serving tier shares; ``center`` and ``edge`` subclass with their prefix."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ServingSettings(BaseSettings):
+    model_config = SettingsConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    host: str = "127.0.0.1"
+    """Interface to listen on (0.0.0.0 in containers)."""
+
+    port: int = Field(default=8000, ge=0, le=65535)
+    """HTTP port of the V2 API and /metrics (0 = any free port)."""
+
+    store: Path = Path("./var/model-store")
+    """Model store folder (<store>/<model>/<version>/, CURRENT), filled by registry pull."""
+
+    node_id: str = Field(default_factory=socket.gethostname)
+    """Name of this node in logs, metrics and (later) the registry's status."""
+
+    max_batch_size: int = Field(default=32, ge=1, le=4096)
+    """Most rows one model execution takes (Triton's max_batch_size)."""
+
+    max_batch_delay_ms: float = Field(default=5.0, ge=0, le=10_000)
+    """Longest a request waits for company before its batch runs (Triton's
+    max_queue_delay_microseconds, in ms)."""
+
+    max_queue_rows: int = Field(default=2048, ge=1)
+    """Rows allowed to wait; beyond it requests get 503 with Retry-After at once."""
+
+    max_request_rows: int = Field(default=256, ge=1)
+    """Most rows in one inference request."""
+
+    max_text_bytes: int = Field(default=64 * 1024, ge=1)
+    """Longest single text (UTF-8 bytes) accepted before tokenization."""
+
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    """Largest request body; larger ones get 413."""
+
+    threads: int = Field(default=0, ge=0)
+    """Intra-op threads of the model runtime (0 = the runtime's default)."""
+
+    poll_interval_s: float = Field(default=2.0, gt=0)
+    """How often the model store is checked for a new CURRENT version."""
+
+    log_file: Path | None = None
+    """JSON log file (rotated); logs always go to stderr too."""
+
+    log_max_bytes: int = Field(default=10 * 1024 * 1024, ge=1024)
+    """Size at which the log file is rotated."""
+
+    log_backups: int = Field(default=3, ge=0)
+    """Rotated log files kept."""
+
+    log_level: str = "INFO"
+    """Python log level name."""
