@@ -142,8 +142,14 @@ def test_unsure_rows_go_to_the_center_in_one_request(stack: Stack) -> None:
                            source["probabilities"][2 * i:2 * i + 2], atol=1e-5)
     params = mixed.json()["parameters"]
     assert params["escalated"] == expected.count("center") and params["center_version"] == "1"
-    everything = outputs(stack.infer(stack.edge, text_request(TEXTS[:2], threshold=1)))
-    assert everything["tier"] == ["center", "center"]
+    everything = stack.infer(stack.edge, text_request(TEXTS[:2], threshold=1),
+                             headers={"X-Request-ID": "trace-escalated"})
+    assert outputs(everything)["tier"] == ["center", "center"]
+    # the trace id travels edge -> center and shows up in the center's JSON log line
+    center_lines = [json.loads(line) for line in stack.center.log.read_text().splitlines()
+                    if line.startswith("{")]
+    assert any(line["request_id"] == "trace-escalated" and "infer" in line["msg"]
+               for line in center_lines)
 
 
 def test_bad_inputs_get_their_4xx(stack: Stack) -> None:
@@ -208,11 +214,13 @@ def test_metrics_and_cache(stack: Stack) -> None:
 
 def test_center_killed_means_degraded_answers_not_errors(stack: Stack, tmp_path: Path) -> None:
     center = start("center", stack.root / "center", tmp_path)
-    edge = start("edge", stack.root / "edge", tmp_path, "--center-url", center.url,
+    dead = "http://127.0.0.1:9"  # nothing listens there: the edge fails over to the live one
+    edge = start("edge", stack.root / "edge", tmp_path, "--center-url", f"{dead},{center.url}",
                  "--center-timeout-s", "1")
     try:
-        body = text_request(TEXTS[:3], threshold=1)
-        assert outputs(stack.infer(edge, body))["tier"] == ["center"] * 3
+        for attempt in range(3):
+            body = text_request([f"live {attempt} {t}" for t in TEXTS[:3]], threshold=1)
+            assert outputs(stack.infer(edge, body))["tier"] == ["center"] * 3
         center.stop()
         for attempt in range(5):  # the breaker opens after 3 failures; answers stay 200
             response = stack.infer(edge, text_request([f"{attempt} {t}" for t in TEXTS[:3]],
@@ -286,3 +294,21 @@ def test_version_swap_under_load_fails_no_request(stack: Stack) -> None:
     assert failures == []
     meta = httpx.get(stack.edge.url + "/v2/models/tiny", timeout=10).json()
     assert meta["versions"] == ["1", "2"]  # the previous version stays resident
+
+
+def test_sigterm_drains_requests_in_flight(stack: Stack, tmp_path: Path) -> None:
+    center = start("center", stack.root / "center", tmp_path, "--max-batch-delay-ms", "1500",
+                   "--max-batch-size", "64")
+    results: list[httpx.Response] = []
+    try:
+        worker = threading.Thread(target=lambda: results.append(
+            stack.infer(center, text_request(["still answered"]))))
+        worker.start()
+        time.sleep(0.5)  # the request now waits in the batcher
+        center.process.send_signal(15)
+        worker.join(timeout=30)
+        # uvicorn re-raises the signal after its graceful shutdown, hence -15, not 0
+        assert center.process.wait(timeout=30) in (0, -15)
+    finally:
+        center.stop()
+    assert [r.status_code for r in results] == [200]

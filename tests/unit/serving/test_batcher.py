@@ -1,0 +1,112 @@
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from serving.batcher import Batcher, BatchStats
+from serving.errors import NotReady, Overloaded
+from serving.text import Encoded
+
+
+def rows(*lengths: int) -> list[np.ndarray]:
+    return [np.arange(1, n + 1, dtype=np.int64) for n in lengths]
+
+
+class Recorder:
+    """A fake model: logits row i = [sum of ids, number of tokens]; records batch shapes."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.shapes: list[tuple[int, int]] = []
+        self.threads: set[str] = set()
+        self.fail = fail
+
+    def __call__(self, batch: Encoded) -> np.ndarray:
+        self.shapes.append(batch.input_ids.shape)
+        self.threads.add(threading.current_thread().name)
+        if self.fail:
+            raise RuntimeError("model exploded")
+        return np.stack([(batch.input_ids * batch.attention_mask).sum(1),
+                         batch.attention_mask.sum(1)], axis=1).astype(np.float32)
+
+
+def run(coro: object) -> object:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def test_concurrent_requests_share_a_padded_batch_and_get_their_own_rows() -> None:
+    model, stats = Recorder(), []
+
+    async def main() -> list[np.ndarray]:
+        batcher = Batcher(model, max_batch_size=8, max_delay_ms=50, max_queue_rows=100,
+                          observe=stats.append)
+        batcher.start()
+        results = await asyncio.gather(batcher.submit(rows(3)), batcher.submit(rows(5, 2)),
+                                       batcher.submit(rows(1)))
+        await batcher.stop()
+        return results
+
+    a, b, c = run(main())  # type: ignore[misc]
+    assert model.shapes == [(4, 5)]  # one batch, padded to the longest row
+    assert a.tolist() == [[6, 3]] and b.tolist() == [[15, 5], [3, 2]] and c.tolist() == [[1, 1]]
+    assert stats == [BatchStats(4, 3, stats[0].queue_seconds, stats[0].compute_seconds)]
+    assert "MainThread" not in model.threads  # inference runs off the event loop
+
+
+def test_batches_never_exceed_max_size() -> None:
+    model = Recorder()
+
+    async def main() -> None:
+        batcher = Batcher(model, max_batch_size=4, max_delay_ms=20, max_queue_rows=100)
+        batcher.start()
+        await asyncio.gather(*(batcher.submit(rows(2, 2, 2)) for _ in range(4)))
+        await batcher.stop()
+
+    run(main())
+    assert sorted(s[0] for s in model.shapes) == [3, 3, 3, 3]  # 3-row requests never split
+
+
+def test_zero_delay_and_size_one_means_no_batching() -> None:
+    model = Recorder()
+
+    async def main() -> None:
+        batcher = Batcher(model, max_batch_size=1, max_delay_ms=0, max_queue_rows=100)
+        batcher.start()
+        await asyncio.gather(*(batcher.submit(rows(2)) for _ in range(5)))
+        await batcher.stop()
+
+    run(main())
+    assert model.shapes == [(1, 2)] * 5
+
+
+def test_a_failed_batch_fails_every_waiter() -> None:
+    async def main() -> list[object]:
+        batcher = Batcher(Recorder(fail=True), max_batch_size=8, max_delay_ms=30,
+                          max_queue_rows=100)
+        batcher.start()
+        results = await asyncio.gather(batcher.submit(rows(1)), batcher.submit(rows(2)),
+                                       return_exceptions=True)
+        await batcher.stop()
+        return results
+
+    results = run(main())
+    assert [str(r) for r in results] == ["model exploded", "model exploded"]  # type: ignore[attr-defined]
+
+
+def test_queue_bound_answers_overloaded_at_once_and_stop_refuses_new_work() -> None:
+    async def main() -> None:
+        batcher = Batcher(Recorder(), max_batch_size=8, max_delay_ms=200, max_queue_rows=2)
+        batcher.start()
+        first = asyncio.ensure_future(batcher.submit(rows(1, 1)))
+        await asyncio.sleep(0)
+        with pytest.raises(Overloaded) as exc:
+            await batcher.submit(rows(1))
+        assert exc.value.headers == {"Retry-After": "1"}
+        assert (await first).shape == (2, 2)
+        await batcher.stop()
+        with pytest.raises(NotReady):
+            await batcher.submit(rows(1))
+
+    run(main())
