@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from registry.validate import softmax
+from serving.classify import softmax
 from serving.manifest import Calibration, CurvePoint
 
 DEFAULT_THRESHOLD = 0.9

@@ -115,8 +115,3 @@ def _collect(outputs: Iterator[np.ndarray], inputs: Inputs, role: str) -> np.nda
                                  f"{inputs.kind} inputs")
         parts.append(out)
     return np.concatenate(parts)
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return shifted / shifted.sum(axis=1, keepdims=True)
