@@ -4,7 +4,7 @@ BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO  := var/demo/release
 
-.PHONY: demo test test-fast lint typecheck check clean
+.PHONY: demo serve test test-fast lint typecheck check clean
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -14,6 +14,12 @@ demo: $(STAMP)
 	$(BIN)/python -m examples.sentiment.build --out $(DEMO)
 	$(BIN)/registry publish $(DEMO) --name sentiment --skip-existing
 	$(BIN)/registry list
+
+## serve: pull the demo release into var/center and var/edge and run both tiers (Ctrl-C stops)
+serve: demo
+	$(BIN)/registry pull sentiment --tier center --store var/center
+	$(BIN)/registry pull sentiment --tier edge --store var/edge
+	bash scripts/serve.sh
 
 ## test: the whole suite (unit + integration, slow tests included)
 test: $(STAMP)
