@@ -4,7 +4,7 @@ BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO  := var/demo/release
 
-.PHONY: demo serve test test-fast lint typecheck check clean
+.PHONY: demo serve bench test test-fast lint typecheck check clean
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh
 	bash scripts/bootstrap.sh
@@ -20,6 +20,10 @@ serve: demo
 	$(BIN)/registry pull sentiment --tier center --store var/center
 	$(BIN)/registry pull sentiment --tier edge --store var/edge
 	bash scripts/serve.sh
+
+## bench: serving benchmark on the demo release (edge/center under wrk vs raw runtimes; ~2.5 min)
+bench: demo
+	$(BIN)/python bench/tiers.py
 
 ## test: the whole suite (unit + integration, slow tests included)
 test: $(STAMP)

@@ -1,7 +1,9 @@
 """Adaptive batching: a queue plus one future per request, bounded by size and delay.
 
 Requests (each one or more token rows) wait at most ``max_delay`` for company; a batch closes
-when it holds ``max_batch_size`` rows or the oldest request has waited long enough. Rows are
+when it holds ``max_batch_size`` rows, when the oldest request has waited long enough, or when
+it holds as many requests as the previous batch and no more are queued: at low load a lone
+request runs at once. Rows are
 padded to the longest row of the batch and run in a worker thread, off the event loop. If a
 batch fails, every request in it gets the error.
 """
@@ -56,6 +58,7 @@ class Batcher:
         self._executor = executor or ThreadPoolExecutor(1, thread_name_prefix="batcher")
         self._task: asyncio.Task[None] | None = None
         self._closed = False
+        self._expected = self.max_batch_size  # requests in the last batch (none yet: wait)
 
     @property
     def queued_rows(self) -> int:
@@ -98,8 +101,14 @@ class Batcher:
     async def _collect(self) -> list[_Pending]:
         batch = [await self._queue.get()]
         size = len(batch[0].rows)
+        # Wait for company only until the batch holds as many requests as the last one did:
+        # a lone request at low load runs at once, and eight clients in lock-step do not
+        # wait the full delay for a ninth that never comes. Requests that arrived while the
+        # previous batch computed are taken without waiting, so batches still grow with load.
         deadline = batch[0].enqueued + self.max_delay
         while size < self.max_batch_size:
+            if self._queue.empty() and len(batch) >= self._expected:
+                break
             if self._queue.empty():
                 # waiting on an event, not on queue.get(): a timed-out get could drop an item
                 self._arrived.clear()
@@ -130,10 +139,12 @@ class Batcher:
         loop = asyncio.get_running_loop()
         while True:
             batch = await self._collect()
+            self._expected = len(batch)
             rows = [r for p in batch for r in p.rows]
-            started = time.perf_counter()
+            timing: list[float] = []
             try:
-                logits = await loop.run_in_executor(self._executor, self.predict, pad(rows))
+                logits = await loop.run_in_executor(self._executor, self._timed, pad(rows),
+                                                    timing)
             except Exception as exc:  # every waiter learns why its batch failed
                 for p in batch:
                     if not p.future.done():
@@ -146,6 +157,15 @@ class Batcher:
                     offset += len(p.rows)
             finally:
                 self._queued_rows -= len(rows)
-            if self.observe:
+            if self.observe and timing:
+                started, seconds = timing
                 self.observe(BatchStats(len(rows), len(batch), started - batch[0].enqueued,
-                                        time.perf_counter() - started))
+                                        seconds))
+
+    def _timed(self, batch: Encoded, timing: list[float]) -> np.ndarray:
+        """Runs in the worker thread, so compute time excludes the hand-back to the loop."""
+        started = time.perf_counter()
+        try:
+            return self.predict(batch)
+        finally:
+            timing.extend((started, time.perf_counter() - started))

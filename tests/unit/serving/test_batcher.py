@@ -110,3 +110,20 @@ def test_queue_bound_answers_overloaded_at_once_and_stop_refuses_new_work() -> N
             await batcher.submit(rows(1))
 
     run(main())
+
+
+def test_a_lone_request_does_not_wait_for_company() -> None:
+    async def main() -> float:
+        batcher = Batcher(Recorder(), max_batch_size=8, max_delay_ms=300, max_queue_rows=100)
+        batcher.start()
+        await asyncio.gather(batcher.submit(rows(1)), batcher.submit(rows(1)))  # two at once
+        loop = asyncio.get_running_loop()
+        waited = []
+        for _ in range(2):  # the first lone request may still wait once; then none does
+            started = loop.time()
+            await batcher.submit(rows(2))
+            waited.append(loop.time() - started)
+        await batcher.stop()
+        return waited[-1]
+
+    assert run(main()) < 0.15  # far below the 300 ms delay

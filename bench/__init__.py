@@ -1,0 +1,1 @@
+"""Benchmarks (run as scripts, e.g. ``.venv/bin/python bench/serving.py``); not tests."""

@@ -1,0 +1,42 @@
+-- wrk script for bench/serving.py: POST one KServe V2 inference body per request.
+--
+--   wrk -t1 -c32 -d10s -s bench/v2_infer.lua http://127.0.0.1:PORT/v2/models/M/infer -- BODIES
+--
+-- BODIES is a file with one complete JSON request body per line (bench/serving.py writes it);
+-- requests rotate through the lines. done() prints one machine-readable line:
+--   BENCH_RESULT requests=.. duration_us=.. p50_us=.. p99_us=.. mean_us=.. max_us=..
+--   errors_connect=.. errors_read=.. errors_write=.. errors_status=.. errors_timeout=..
+
+local requests = {}
+local counter = 0
+
+function init(args)
+  local path = args[1]
+  if path == nil then
+    error("usage: wrk ... -s v2_infer.lua URL -- BODIES_FILE")
+  end
+  local headers = {["Content-Type"] = "application/json"}
+  for line in io.lines(path) do
+    if #line > 0 then
+      requests[#requests + 1] = wrk.format("POST", nil, headers, line)
+    end
+  end
+  if #requests == 0 then
+    error("no request bodies in " .. path)
+  end
+end
+
+function request()
+  counter = counter + 1
+  return requests[(counter - 1) % #requests + 1]
+end
+
+function done(summary, latency, _)
+  local e = summary.errors
+  io.write(string.format(
+    "BENCH_RESULT requests=%d duration_us=%d p50_us=%d p99_us=%d mean_us=%.1f max_us=%d "
+      .. "errors_connect=%d errors_read=%d errors_write=%d errors_status=%d "
+      .. "errors_timeout=%d\n",
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+    latency.mean, latency.max, e.connect, e.read, e.write, e.status, e.timeout))
+end
