@@ -101,10 +101,10 @@ class EdgeService:
                       tiers: list[str], center_versions: set[str]) -> None:
         """Edge answers for the uncached rows; the unsure ones replaced by the center's."""
         edge = classify.softmax(await resident.batcher.submit([rows[i] for i in misses]))
+        confidence = self.confidence.labels(resident.manifest.name, str(resident.version))
         for j, i in enumerate(misses):
             probabilities[i], tiers[i] = edge[j], "edge"
-            self.confidence.labels(resident.manifest.name, str(resident.version)).observe(
-                float(edge[j].max()))
+            confidence.observe(float(edge[j].max()))
         unsure = [misses[j] for j in gate.unsure(edge, threshold)]
         if not unsure:
             return
