@@ -38,5 +38,3 @@ class TorchScriptRuntime:
         with torch.inference_mode():
             logits = self.module(ids, mask)
         return np.asarray(logits.float().cpu().numpy())
-
-

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
 
 from center.runtime import TorchScriptRuntime, pick_device
 from center.settings import CenterSettings
@@ -22,27 +22,18 @@ class CenterService:
         self.metrics = metrics or Metrics("center")
         device = pick_device(settings.device)
 
-        def load(manifest: Manifest, folder: Any) -> TorchScriptRuntime:
+        def load(manifest: Manifest, folder: Path) -> TorchScriptRuntime:
             return TorchScriptRuntime(folder / manifest.center.file, device, settings.precision,
                                       settings.threads)
 
         self.repository = Repository(ModelStore(settings.store), "center", load, settings,
                                      self.metrics)
 
-    def limits(self, resident: Resident) -> v2.Limits:
-        return classify.limits(resident, self.settings)
-
-    def outputs_metadata(self, resident: Resident) -> list[dict[str, Any]]:
-        return classify.outputs_metadata(resident)
-
     async def infer(self, resident: Resident, parsed: v2.Parsed) -> v2.InferResponse:
         rows = classify.rows_of(resident, parsed)
         probabilities = classify.softmax(await resident.batcher.submit(rows))
         return classify.response(resident, parsed, probabilities, ["center"] * len(rows),
                                  {"center_version": resident.version})
-
-    async def start(self) -> None:
-        return None
 
     async def stop(self) -> None:
         return None

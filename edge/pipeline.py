@@ -54,12 +54,6 @@ class EdgeService:
         self.circuit_open = Gauge("edge_center_circuit_open", "1 while a center's circuit is "
                                   "open", ["center"], registry=r)
 
-    def limits(self, resident: Resident) -> v2.Limits:
-        return classify.limits(resident, self.settings)
-
-    def outputs_metadata(self, resident: Resident) -> list[dict[str, Any]]:
-        return classify.outputs_metadata(resident)
-
     async def infer(self, resident: Resident, parsed: v2.Parsed) -> v2.InferResponse:
         m = resident.manifest
         rows = classify.rows_of(resident, parsed)
@@ -125,9 +119,6 @@ class EdgeService:
         finally:
             for url, state in self.center.circuits().items():
                 self.circuit_open.labels(url).set(1 if state == "open" else 0)
-
-    async def start(self) -> None:
-        return None
 
     async def stop(self) -> None:
         await self.center.close()

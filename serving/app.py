@@ -20,7 +20,7 @@ from litestar.exceptions import HTTPException
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from serving import v2
+from serving import classify, v2
 from serving.errors import ServingError
 from serving.logs import request_id
 from serving.metrics import Metrics
@@ -47,13 +47,7 @@ class Service(Protocol):
     @property
     def settings(self) -> ServingSettings: ...
 
-    def outputs_metadata(self, resident: Resident) -> list[dict[str, Any]]: ...
-
-    def limits(self, resident: Resident) -> v2.Limits: ...
-
     async def infer(self, resident: Resident, parsed: v2.Parsed) -> v2.InferResponse: ...
-
-    async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
 
@@ -135,7 +129,7 @@ def _metadata(service: Service, resident: Resident, model: str) -> dict[str, Any
     inputs += [{"name": t.name, "datatype": t.datatype, "shape": t.shape} for t in m.inputs]
     return {"name": model, "versions": [str(v) for v in service.repository.versions(model)],
             "platform": service.platform, "inputs": inputs,
-            "outputs": service.outputs_metadata(resident),
+            "outputs": classify.outputs_metadata(resident),
             "parameters": {"labels": ",".join(m.labels),
                            "threshold": m.calibration.threshold}}
 
@@ -165,7 +159,7 @@ async def infer(request: Request[Any, Any, Any], model: str,
     labels = {"model": model, "version": str(resident.version)}
     started = time.perf_counter()
     try:
-        parsed = v2.parse(await request.body(), service.limits(resident))
+        parsed = v2.parse(await request.body(), classify.limits(resident, service.settings))
         result = await service.infer(resident, parsed)
     except ServingError as exc:
         service.metrics.request_failure.labels(**labels, reason=type(exc).__name__).inc()
@@ -184,7 +178,6 @@ def metrics(request: Request[Any, Any, Any]) -> Response[Any]:
 def create_app(service: Service) -> Litestar:
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
-        await service.start()
         await service.repository.refresh()
         watcher = asyncio.create_task(service.repository.watch())
         try:

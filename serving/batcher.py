@@ -60,10 +60,6 @@ class Batcher:
         self._closed = False
         self._expected = self.max_batch_size  # requests in the last batch (none yet: wait)
 
-    @property
-    def queued_rows(self) -> int:
-        return self._queued_rows
-
     def start(self) -> None:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())

@@ -70,9 +70,6 @@ class Repository:
     def versions(self, model: str) -> list[int]:
         return sorted(self._resident.get(model, {}))
 
-    def default_version(self, model: str) -> int | None:
-        return self._default.get(model)
-
     def get(self, model: str, version: str | None = None) -> Resident:
         if model not in self._resident:
             if is_valid_name(model) and self.store.current(model) is not None:
