@@ -75,10 +75,12 @@ class EdgeService:
         labels = {"model": m.name, "version": str(resident.version)}
         self.cache_hits.labels(**labels).inc(len(rows) - len(misses))
         if misses:
-            await self._answer(resident, parsed, rows, misses, threshold, probabilities, tiers,
-                               center_versions)
+            answered_by = await self._answer(resident, parsed, rows, misses, threshold,
+                                             probabilities, tiers)
+            if answered_by:
+                center_versions.add(answered_by)
             for i in misses:
-                version = next(iter(center_versions)) if tiers[i] == "center" else None
+                version = answered_by if tiers[i] == "center" else None
                 self.cache.put(keys[i], Cached(probabilities[i].copy(), tiers[i], version))
         for tier in set(tiers):
             self.rows_by_tier.labels(**labels, tier=tier).inc(tiers.count(tier))
@@ -92,8 +94,10 @@ class EdgeService:
 
     async def _answer(self, resident: Resident, parsed: v2.Parsed, rows: list[np.ndarray],
                       misses: list[int], threshold: float, probabilities: np.ndarray,
-                      tiers: list[str], center_versions: set[str]) -> None:
-        """Edge answers for the uncached rows; the unsure ones replaced by the center's."""
+                      tiers: list[str]) -> str | None:
+        """Edge answers for the uncached rows; the unsure ones replaced by the center's.
+
+        Returns the version of the center model that answered, if one did."""
         edge = classify.softmax(await resident.batcher.submit([rows[i] for i in misses]))
         confidence = self.confidence.labels(resident.manifest.name, str(resident.version))
         for j, i in enumerate(misses):
@@ -101,7 +105,7 @@ class EdgeService:
             confidence.observe(float(edge[j].max()))
         unsure = [misses[j] for j in gate.unsure(edge, threshold)]
         if not unsure:
-            return
+            return None
         texts = [parsed.texts[i] for i in unsure] if parsed.texts is not None else None
         try:
             with self.center_seconds.time():
@@ -112,10 +116,11 @@ class EdgeService:
             log.warning("center unavailable, answering %d rows degraded: %s", len(unsure), exc)
             for i in unsure:
                 tiers[i] = "edge-degraded"
+            return None
         else:
             for j, i in enumerate(unsure):
                 probabilities[i], tiers[i] = answer.probabilities[j], "center"
-            center_versions.add(answer.version)
+            return answer.version
         finally:
             for url, state in self.center.circuits().items():
                 self.circuit_open.labels(url).set(1 if state == "open" else 0)
