@@ -50,8 +50,6 @@ import math
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -67,6 +65,8 @@ from typing import Any
 import httpx
 from rich.console import Console
 from rich.table import Table
+
+from tiered.processes import TierProcess, start_tier
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -305,58 +305,14 @@ def load_predict(tier: str, release: Release) -> Callable[[Any], object]:
 
 # --- servers under wrk -----------------------------------------------------------------------
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM by PID (the server drains), SIGKILL if it does not exit within 20 s."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-
-
-def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited {process.returncode}: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"server not ready after {timeout:.0f} s: {log.read_text()[-2000:]}")
-
-
-@dataclass(frozen=True)
-class Handle:
-    url: str
-    pid: int
-
-
 @contextmanager
-def server(tier: str, store: Path, logs: Path, *flags: str) -> Iterator[Handle]:
-    """A running ``edge``/``center`` on a free loopback port."""
-    port = free_port()
-    log = logs / f"{tier}-{port}.log"
-    command = [str(BIN / tier), "--host", "127.0.0.1", "--port", str(port), "--store",
-               str(store), "--node-id", f"bench-{tier}-{port}", *flags]
-    with log.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+def server(tier: str, store: Path, logs: Path, *flags: str) -> Iterator[TierProcess]:
+    """A running ``edge``/``center`` on a free loopback port, stopped by PID afterwards."""
+    process = start_tier(tier, store, logs, *flags, timeout=120)
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_ready(url, process, log, timeout=120)
-        yield Handle(url, process.pid)
+        yield process
     finally:
-        stop(process)
+        process.stop()
 
 
 def check_answers(url: str, bodies: Path) -> None:
@@ -408,7 +364,7 @@ def counters(url: str, tier: str) -> Counters:
                     totals.get(f"{tier}_compute_duration_seconds_sum", 0.0))
 
 
-def measure(plan: Plan, handle: Handle, tier: str, batching: str, concurrency: int) -> Run:
+def measure(plan: Plan, handle: TierProcess, tier: str, batching: str, concurrency: int) -> Run:
     before, cpu = counters(handle.url, tier), Cpu.now(handle.pid)
     load = wrk(plan, handle.url, concurrency, plan.seconds)
     usage = Cpu.now(handle.pid).cores_since(cpu, load.seconds)
