@@ -32,6 +32,8 @@ class CenterService:
     async def infer(self, resident: Resident, parsed: v2.Parsed) -> v2.InferResponse:
         rows = classify.rows_of(resident, parsed)
         probabilities = classify.softmax(await resident.batcher.submit(rows))
+        self.metrics.quality.rows(resident.manifest.name, resident.version,
+                                  [len(r) for r in rows], ["center"] * len(rows))
         return classify.response(resident, parsed, probabilities, ["center"] * len(rows),
                                  {"center_version": resident.version})
 

@@ -82,6 +82,7 @@ class EdgeService:
             for i in misses:
                 version = answered_by if tiers[i] == "center" else None
                 self.cache.put(keys[i], Cached(probabilities[i].copy(), tiers[i], version))
+        self.metrics.quality.rows(m.name, resident.version, [len(r) for r in rows], tiers)
         for tier in set(tiers):
             self.rows_by_tier.labels(**labels, tier=tier).inc(tiers.count(tier))
         parameters: dict[str, Any] = {
@@ -103,6 +104,8 @@ class EdgeService:
         for j, i in enumerate(misses):
             probabilities[i], tiers[i] = edge[j], "edge"
             confidence.observe(float(edge[j].max()))
+        self.metrics.quality.confidence(resident.manifest.name, resident.version,
+                                        edge.max(axis=1).tolist())
         unsure = [misses[j] for j in gate.unsure(edge, threshold)]
         if not unsure:
             return None

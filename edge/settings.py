@@ -20,9 +20,6 @@ class EdgeSettings(ServingSettings):
     store: Path = Path("./var/edge")
     """Model store folder holding the INT8 ONNX artifacts (registry pull --tier edge)."""
 
-    region: str = "local"
-    """Region tag of this edge (routing picks the nearest region first)."""
-
     center_url: str | None = None
     """Center base URL(s), comma-separated, e.g. http://127.0.0.1:8100 (until discovery)."""
 

@@ -28,6 +28,30 @@ def check_name(name: str) -> None:
 
 
 @dataclass(frozen=True)
+class Node:
+    """A subscriber as rollouts see it: canary targets name node ids, ``region:R`` or ``tier:T``."""
+
+    node_id: str
+    tier: str
+    region: str
+
+    def matches(self, targets: list[str]) -> bool:
+        wanted = {"*", self.node_id, f"region:{self.region}", f"tier:{self.tier}"}
+        return any(target in wanted for target in targets)
+
+
+@dataclass(frozen=True)
+class Target:
+    """The release a node should run for one model: the stored manifest, byte for byte."""
+
+    model: str
+    version: int
+    alias: str
+    manifest: bytes
+    manifest_sha256: str
+
+
+@dataclass(frozen=True)
 class VersionRow:
     model: str
     version: int
@@ -91,6 +115,34 @@ class Catalog:
 
     def rollouts(self, model: str) -> list[dict[str, Any]]:
         return list(self.db.query("SELECT * FROM rollouts WHERE model = ? ORDER BY id", [model]))
+
+    def desired(self, node: Node) -> list[Target]:
+        """Per model, what ``node`` should run: the canary if its rollout targets the node,
+        else production. Models with neither for this node are left out."""
+        targets = []
+        for model in [row["name"] for row in self.db.query("SELECT name FROM models")]:
+            version, alias = self.alias(model, PRODUCTION), PRODUCTION
+            canary = self.alias(model, CANARY)
+            if canary is not None and node.matches(self._canary_targets(model, canary)):
+                version, alias = canary, CANARY
+            if version is None:
+                continue
+            row = self.db.execute("SELECT manifest, manifest_sha256 FROM versions WHERE "
+                                  "model = ? AND version = ?", [model, version]).fetchone()
+            targets.append(Target(model, version, alias, row[0].encode(), row[1]))
+        return targets
+
+    def _canary_targets(self, model: str, version: int) -> list[str]:
+        row = self.db.execute("SELECT targets FROM rollouts WHERE model = ? AND alias = ? AND "
+                              "version = ? ORDER BY id DESC LIMIT 1",
+                              [model, CANARY, version]).fetchone()
+        return list(json.loads(row[0])) if row else []
+
+    def artifact_size(self, sha256: str) -> int | None:
+        """Size of a blob that some version references (None: no release ships it)."""
+        row = self.db.execute("SELECT b.size FROM blobs b JOIN artifacts a ON a.sha256 = "
+                              "b.sha256 WHERE b.sha256 = ? LIMIT 1", [sha256]).fetchone()
+        return int(row[0]) if row else None
 
     # -- writes ----------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from registry.blobs import BlobStore
 from registry.catalog import Catalog
 from registry.db import connect
 from registry.errors import AuditChainBroken, RegistryError
+from registry.nodes import NodeBook
 from registry.pull import pull
 from registry.settings import RegistrySettings
 from serving.store import ModelStore, StoreError
@@ -232,20 +233,48 @@ def audit_cmd(ctx: Context, verify: bool, model: str | None, limit: int | None,
 
 
 @cli.command("status")
-def status_cmd() -> None:
-    """Per-node rollout state (arrives with model sync)."""
-    _not_yet("status")
+@json_flag
+@pass_ctx
+def status_cmd(ctx: Context, as_json: bool) -> None:
+    """Per model, every node that subscribed: version, desired version, ack state, last seen,
+    escalation rate and p99 from its last quality report; nodes that lag are named."""
+    rows = NodeBook(ctx.catalog.db).status(ctx.catalog)
+    emit(as_json, rows, lambda: render.status_tables(out, rows))
 
 
 @cli.command("serve")
-def serve_cmd() -> None:
-    """The gRPC sync server (arrives with model sync)."""
-    _not_yet("serve")
+@click.option("--host", default=None, help="Interface to listen on. [env: REGISTRY_HOST; "
+              "default 127.0.0.1]")
+@click.option("--port", type=click.IntRange(0, 65535), default=None,
+              help="gRPC port (sync + health). [env: REGISTRY_GRPC_PORT; default 50051]")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Prometheus /metrics port. [env: REGISTRY_METRICS_PORT; default 8300]")
+@click.option("--tls-cert", type=click.Path(path_type=Path, exists=True), default=None,
+              help="PEM certificate chain (with --tls-key). [env: REGISTRY_TLS_CERT]")
+@click.option("--tls-key", type=click.Path(path_type=Path, exists=True), default=None,
+              help="PEM private key. [env: REGISTRY_TLS_KEY]")
+@pass_ctx
+def serve_cmd(ctx: Context, host: str | None, port: int | None, metrics_port: int | None,
+              tls_cert: Path | None, tls_key: Path | None) -> None:
+    """Serve model sync over gRPC: push releases to every subscribed edge and center, send
+    artifacts (resumable), record acks and quality reports. Needs REGISTRY_TOKEN."""
+    from sync.serve import run  # grpc loads here only
 
-
-def _not_yet(what: str) -> None:
-    err.print(f"registry {what}: not yet implemented (it arrives with model sync)")
-    raise SystemExit(2)
+    flags = {"host": host, "grpc_port": port, "metrics_port": metrics_port,
+             "tls_cert": tls_cert, "tls_key": tls_key}
+    s = ctx.settings
+    current = {name: getattr(s, name) for name in s.model_fields_set}
+    try:
+        settings = RegistrySettings(**{**current, **{k: v for k, v in flags.items()
+                                                     if v is not None}})
+    except ValidationError as exc:
+        raise click.UsageError(f"invalid settings: {exc}") from exc
+    if settings.token is None:
+        raise click.UsageError("registry serve needs a token: set REGISTRY_TOKEN")
+    if (settings.tls_cert is None) != (settings.tls_key is None):
+        raise click.UsageError("TLS needs both --tls-cert and --tls-key")
+    ctx.catalog  # noqa: B018 - creates and migrates the database before serving
+    run(settings)
 
 
 def main(argv: list[str] | None = None) -> None:

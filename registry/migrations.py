@@ -69,4 +69,26 @@ BEGIN SELECT RAISE(ABORT, 'published versions are immutable'); END;
 CREATE TRIGGER versions_no_delete BEFORE DELETE ON versions
 BEGIN SELECT RAISE(ABORT, 'published versions are immutable'); END;
 """),
+    (2, "sync nodes and their per-model state", """
+CREATE TABLE nodes (
+    node_id TEXT PRIMARY KEY,
+    tier TEXT NOT NULL,
+    region TEXT NOT NULL,
+    peer TEXT,
+    connected INTEGER NOT NULL DEFAULT 0,
+    first_seen TEXT NOT NULL,
+    last_seen TEXT NOT NULL
+);
+CREATE TABLE node_models (
+    node_id TEXT NOT NULL REFERENCES nodes(node_id),
+    model TEXT NOT NULL,
+    version INTEGER,
+    state TEXT NOT NULL,
+    reason TEXT,
+    updated_at TEXT NOT NULL,
+    report TEXT,
+    report_at TEXT,
+    PRIMARY KEY (node_id, model)
+);
+"""),
 ]

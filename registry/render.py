@@ -133,3 +133,29 @@ def audit_verdict(console: Console, checked: int, finding: Finding | None) -> No
     else:
         console.print(f"[red]audit chain broken at record {finding.seq}[/]: "
                       f"{escape(finding.reason)} ({checked} records before it verified)")
+
+
+def status_tables(console: Console, rows: list[dict[str, Any]]) -> None:
+    """``registry status``: one table per model, then the nodes that lag their desired version."""
+    if not rows:
+        console.print("no nodes have subscribed yet (edge/center with --registry HOST:PORT)")
+        return
+    for model in sorted({r["model"] for r in rows}):
+        table = Table(title=f"{model}: nodes")
+        for col in ("node", "tier", "region", "version", "desired", "state", "last seen",
+                    "escalation", "p99"):
+            table.add_column(col)
+        for r in (r for r in rows if r["model"] == model):
+            online = "" if r["connected"] else " [dim](offline)[/]"
+            state = {"ACTIVE": "green", "FAILED": "red"}.get(r["state"], "yellow")
+            detail = f" {escape(r['reason'])}" if r["reason"] else ""
+            table.add_row(escape(r["node"]) + online, r["tier"], escape(r["region"]),
+                          str(r["version"] or "-"), str(r["desired"] or "-"),
+                          f"[{state}]{r['state']}[/]{detail}", r["last_seen"],
+                          pct(r["escalation_rate"]) if r["tier"] == "edge" else "-",
+                          "-" if r["p99_ms"] is None else f"{r['p99_ms']:.1f} ms")
+        console.print(table)
+        lagging = [r["node"] for r in rows if r["model"] == model and r["lagging"]]
+        console.print(f"{model}: " + (f"[yellow]lagging[/] {', '.join(map(escape, lagging))}"
+                                      if lagging else "[green]every node runs its desired "
+                                      "version[/]"))

@@ -21,11 +21,33 @@ class RegistrySettings(BaseSettings):
     home: Path = Path("./var/registry")
     """Folder holding ``registry.sqlite3`` and the content-addressed blob store (``blobs/``)."""
 
-    grpc_port: int = Field(default=50051, ge=1, le=65535)
-    """Port of ``registry serve`` (sync and gRPC health)."""
+    host: str = "127.0.0.1"
+    """Interface ``registry serve`` listens on (0.0.0.0 in containers)."""
+
+    grpc_port: int = Field(default=50051, ge=0, le=65535)
+    """Port of ``registry serve`` (sync and gRPC health; 0 = any free port)."""
+
+    metrics_port: int | None = Field(default=8300, ge=0, le=65535)
+    """HTTP port of the registry's Prometheus /metrics (sync and node quality); unset = off."""
 
     token: SecretStr | None = None
     """Bearer token for sync and admin calls; required by ``registry serve``."""
+
+    tls_cert: Path | None = None
+    """PEM certificate chain for ``registry serve`` (with ``tls_key``; unset = plaintext)."""
+
+    tls_key: Path | None = None
+    """PEM private key matching ``tls_cert``."""
+
+    chunk_bytes: int = Field(default=1 << 20, ge=1024, le=3 << 20)
+    """Bytes per Fetch message (below gRPC's 4 MiB default receive limit)."""
+
+    watch_interval_s: float = Field(default=0.2, gt=0, le=5)
+    """How often ``registry serve`` looks for changes committed by other processes
+    (publish, promote, rollback) before pushing them."""
+
+    report_interval_s: float = Field(default=10.0, gt=0)
+    """How often subscribers send quality reports (told to them on connect)."""
 
     actor: str = Field(default_factory=_default_actor)
     """Who the audit log names for changes made from this process (default ``user@host``)."""

@@ -26,6 +26,7 @@ from serving.logs import request_id
 from serving.metrics import Metrics
 from serving.repository import Repository, Resident
 from serving.settings import ServingSettings
+from sync.subscriber import Subscriber
 
 log = logging.getLogger("serving.access")
 HEADER = "x-request-id"
@@ -164,8 +165,10 @@ async def infer(request: Request[Any, Any, Any], model: str,
     except ServingError as exc:
         service.metrics.request_failure.labels(**labels, reason=type(exc).__name__).inc()
         raise
+    seconds = time.perf_counter() - started
     service.metrics.request_success.labels(**labels).inc()
-    service.metrics.request_duration.labels(**labels).observe(time.perf_counter() - started)
+    service.metrics.request_duration.labels(**labels).observe(seconds)
+    service.metrics.quality.request(model, resident.version, seconds)
     return Response(content=v2.encode_response(result), media_type=MediaType.JSON)
 
 
@@ -175,17 +178,31 @@ def metrics(request: Request[Any, Any, Any]) -> Response[Any]:
     return Response(content=body, media_type=CONTENT_TYPE_LATEST)
 
 
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 def create_app(service: Service) -> Litestar:
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
+        # serve what the store holds first (edge autonomy), then subscribe for what is new
         await service.repository.refresh()
         watcher = asyncio.create_task(service.repository.watch())
+        subscriber = None
+        if service.settings.registry:
+            subscriber = Subscriber(service.settings, service.repository,
+                                    service.metrics.quality, service.metrics.registry,
+                                    service.metrics.prefix)
+        syncing = asyncio.create_task(subscriber.run()) if subscriber else None
         try:
             yield
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            if syncing is not None and subscriber is not None:
+                await _cancel(syncing)
+                await subscriber.close()
+            await _cancel(watcher)
             await service.stop()
             await service.repository.stop()
 

@@ -25,7 +25,8 @@ def _option(name: str, field: Any, prefix: str) -> Callable[[Any], Any]:
     if getattr(annotation, "__origin__", None) is not None and choices and all(
             isinstance(c, str) for c in choices):
         kind = click.Choice(choices)
-    env = f"{prefix}{name.upper()}"
+    alias = getattr(field.validation_alias, "choices", None)
+    env = str(alias[-1]) if alias else f"{prefix}{name.upper()}"
     default = "computed" if field.default_factory else field.default
     return click.option(f"--{name.replace('_', '-')}", name, type=kind, default=None,
                         help=f"{(field.description or '').strip()} [env: {env}; default: "

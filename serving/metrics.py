@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from serving.batcher import BatchStats, Observer
+from serving.quality import QualityWindow
 
 LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -17,6 +18,7 @@ class Metrics:
     def __init__(self, prefix: str, registry: CollectorRegistry | None = None) -> None:
         self.prefix = prefix
         self.registry = registry or CollectorRegistry()
+        self.quality = QualityWindow()  # drained into the registry's quality reports
         r = self.registry
         self.request_success = Counter(f"{prefix}_request_success", "Inference requests "
                                        "answered", MV, registry=r)

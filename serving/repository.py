@@ -93,26 +93,36 @@ class Repository:
                 except (StoreError, OSError, ValueError, RuntimeError) as exc:
                     log.error("cannot load %s: %s", folder.name, exc)
 
-    async def activate(self, model: str) -> bool:
-        """Make the store's CURRENT version of ``model`` the default; True if it changed."""
-        version = self.store.current(model)
-        if version is None or self._default.get(model) == version:
+    async def activate(self, model: str, version: int | None = None) -> bool:
+        """Make ``version`` (default: the store's CURRENT) the default; True if it changed.
+
+        With an explicit version the store's CURRENT is moved to it only once it is loaded,
+        warmed and swapped in: a version that fails to load never becomes CURRENT.
+        """
+        if version is None and self._default.get(model) == self.store.current(model):
             return False
         async with self._lock:
-            if self._default.get(model) == version:
+            # re-read under the lock: another activation may have moved CURRENT meanwhile
+            target = self.store.current(model) if version is None else version
+            if target is None or self._default.get(model) == target:
                 return False
-            resident = self._resident.get(model, {}).get(version)
+            resident = self._resident.get(model, {}).get(target)
             if resident is None:
-                resident = await asyncio.to_thread(self._load, model, version)
+                resident = await asyncio.to_thread(self._load, model, target)
                 resident.batcher.start()
-            self._resident.setdefault(model, {})[version] = resident
+            self._resident.setdefault(model, {})[target] = resident
             previous = self._default.get(model)
-            self._default[model] = version
-            log.info("serving %s version %s (%s)", model, version, resident.runtime.description,
-                     extra={"fields": {"model": model, "version": version,
+            self._default[model] = target
+            if version is not None:
+                await asyncio.to_thread(self.store.set_current, model, target)
+            log.info("serving %s version %s (%s)", model, target, resident.runtime.description,
+                     extra={"fields": {"model": model, "version": target,
                                        "previous": previous}})
             await self._evict(model)
             return True
+
+    def default_version(self, model: str) -> int | None:
+        return self._default.get(model)
 
     def _load(self, model: str, version: int) -> Resident:
         manifest = self.store.verify(model, version, self.tier)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -22,7 +22,24 @@ class ServingSettings(BaseSettings):
     """Model store folder (<store>/<model>/<version>/, CURRENT), filled by registry pull."""
 
     node_id: str = Field(default_factory=socket.gethostname)
-    """Name of this node in logs, metrics and (later) the registry's status."""
+    """Name of this node in logs, metrics and the registry's status (unique per node)."""
+
+    region: str = "local"
+    """Region tag of this node (rollouts can target ``region:R``; routing prefers the nearest)."""
+
+    registry: str | None = None
+    """host:port of ``registry serve`` to subscribe to for releases; unset = no sync (the store
+    is filled by ``registry pull``)."""
+
+    registry_token: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("registry_token", "REGISTRY_TOKEN"))
+    """Bearer token for the registry (the same REGISTRY_TOKEN the registry serves with)."""
+
+    registry_ca: Path | None = None
+    """PEM CA certificate to verify the registry's TLS certificate; unset = plaintext."""
+
+    sync_backoff_max_s: float = Field(default=30.0, gt=0)
+    """Longest wait between reconnects or retries of a failed release (exponential, jittered)."""
 
     max_batch_size: int = Field(default=32, ge=1, le=4096)
     """Most rows one model execution takes (Triton's max_batch_size)."""

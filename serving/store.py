@@ -99,7 +99,7 @@ class ModelStore:
     def install(self, manifest: Manifest, tier: Tier, fetch: Fetch, activate: bool = True) -> Path:
         """Stage the tier's files (``fetch`` writes each), verify them, rename into place."""
         target = self.version_dir(manifest.name, manifest.version)
-        if not self._complete(manifest, tier):
+        if not self.complete(manifest, tier):
             target.parent.mkdir(parents=True, exist_ok=True)
             staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
             try:
@@ -117,7 +117,34 @@ class ModelStore:
             self.set_current(manifest.name, manifest.version)
         return target
 
-    def _complete(self, manifest: Manifest, tier: Tier) -> bool:
+    def prune(self, model: str, keep: set[int]) -> list[int]:
+        """Delete the model's version folders not in ``keep`` (never CURRENT); return them."""
+        current = self.current(model)
+        doomed = [v for v in self.versions(model) if v not in keep and v != current]
+        for version in doomed:
+            shutil.rmtree(self.version_dir(model, version))
+        return doomed
+
+    def find(self, sha256: str) -> Path | None:
+        """A file with this sha256 in some installed version (to copy instead of download)."""
+        if not self.root.is_dir():
+            return None
+        for folder in self.root.iterdir():
+            if not (folder.is_dir() and is_valid_name(folder.name)):
+                continue
+            for version in self.versions(folder.name):
+                try:
+                    manifest = self.manifest(folder.name, version)
+                except (StoreError, ValueError):
+                    continue
+                for artifact in manifest.by_role().values():
+                    path = self.version_dir(folder.name, version) / artifact.file
+                    if artifact.sha256 == sha256 and path.is_file():
+                        return path
+        return None
+
+    def complete(self, manifest: Manifest, tier: Tier) -> bool:
+        """Is this exact release installed for the tier, every file verified?"""
         try:
             return self.verify(manifest.name, manifest.version, tier) == manifest
         except (StoreError, OSError, ValueError):

@@ -22,6 +22,12 @@ def tiny_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_release(tmp_path_factory.mktemp("tiny") / "release")
 
 
+@pytest.fixture(scope="session")
+def tiny_release_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Another tiny release (other seed): every artifact but the tokenizer differs."""
+    return build_tiny_release(tmp_path_factory.mktemp("tiny-b") / "release", seed=1)
+
+
 @dataclass
 class Result:
     code: int

@@ -1,5 +1,5 @@
-"""Tier processes on loopback: start ``center``/``edge`` on a free port, wait until ready,
-stop by PID. Used by the tests and the benchmarks (and the launcher to come)."""
+"""Processes on loopback: start ``center``/``edge``/``registry serve`` on a free port, wait
+until ready, stop by PID. Used by the tests and the benchmarks (and the launcher to come)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import httpx
 
 BIN = Path(sys.executable).parent
@@ -23,19 +24,21 @@ def free_port() -> int:
 
 
 @dataclass
-class TierProcess:
-    tier: str
+class Process:
+    name: str
     port: int
     process: subprocess.Popen[bytes]
     log: Path
 
     @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
     def pid(self) -> int:
         return self.process.pid
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, not a shutdown."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
 
     def stop(self) -> None:
         """SIGTERM (the server drains), SIGKILL if it has not exited within 20 s."""
@@ -46,6 +49,63 @@ class TierProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
+
+
+@dataclass
+class TierProcess(Process):
+    @property
+    def tier(self) -> str:
+        return self.name
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass
+class RegistryProcess(Process):
+    metrics_port: int
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+
+def start_registry(home: Path, log_dir: Path, token: str, *flags: str, port: int | None = None,
+                   timeout: float = 30, env: dict[str, str] | None = None) -> RegistryProcess:
+    """Run ``registry serve``; return once its gRPC health check answers SERVING."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc  # grpc only where it is used
+
+    port = port or free_port()
+    metrics_port = free_port()
+    log = log_dir / f"registry-{port}.log"
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [str(BIN / "registry"), "--home", str(home), "serve", "--port", str(port),
+             "--metrics-port", str(metrics_port), *flags],
+            stdout=out, stderr=subprocess.STDOUT,
+            env={"PATH": str(BIN), **(env or {}), "REGISTRY_TOKEN": token})
+    server = RegistryProcess("registry", port, process, log, metrics_port)
+    deadline = time.monotonic() + timeout
+    with grpc.insecure_channel(server.target) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"registry exited {process.returncode}: "
+                                   f"{log.read_text()[-2000:]}")
+            try:
+                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == \
+                        health_pb2.HealthCheckResponse.SERVING:
+                    return server
+            except grpc.RpcError:
+                pass
+            time.sleep(0.1)
+    server.stop()
+    raise RuntimeError(f"registry not ready after {timeout}s: {log.read_text()[-2000:]}")
 
 
 def start_tier(tier: str, store: Path, log_dir: Path, *flags: str, timeout: float = 60,

@@ -1,0 +1,109 @@
+"""What the registry knows about its subscribers: who they are, what each runs, how it does.
+
+Written by ``registry serve`` as nodes say hello, acknowledge releases and report quality; read
+by ``registry status``. Every acknowledgement is an audit record, in the same transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import sqlite_utils
+
+from registry import audit
+from registry.catalog import Catalog, Node
+from registry.db import now, transaction
+
+STATES = ("DOWNLOADING", "ACTIVE", "FAILED")
+
+
+@dataclass(frozen=True)
+class Held:
+    model: str
+    versions: list[int]
+    active: int | None
+
+
+class NodeBook:
+    def __init__(self, db: sqlite_utils.Database) -> None:
+        self.db = db
+
+    def connected(self, node: Node, peer: str, held: list[Held]) -> None:
+        """A node said hello: (re)record it and what it holds; it is online from now."""
+        at = now()
+        with transaction(self.db) as conn:
+            conn.execute("INSERT INTO nodes VALUES (?, ?, ?, ?, 1, ?, ?) ON CONFLICT (node_id) "
+                         "DO UPDATE SET tier = excluded.tier, region = excluded.region, "
+                         "peer = excluded.peer, connected = 1, last_seen = excluded.last_seen",
+                         [node.node_id, node.tier, node.region, peer, at, at])
+            for h in held:
+                state = "ACTIVE" if h.active else "HELD"
+                conn.execute("INSERT INTO node_models (node_id, model, version, state, "
+                             "updated_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (node_id, model) DO "
+                             "UPDATE SET version = excluded.version, state = excluded.state, "
+                             "reason = NULL, updated_at = excluded.updated_at",
+                             [node.node_id, h.model, h.active, state, at])
+
+    def disconnected(self, node_id: str) -> None:
+        with transaction(self.db) as conn:
+            conn.execute("UPDATE nodes SET connected = 0, last_seen = ? WHERE node_id = ?",
+                         [now(), node_id])
+
+    def acknowledged(self, node: Node, model: str, version: int, state: str,
+                     reason: str) -> None:
+        """Record an ack and its audit record together (actor: the node)."""
+        at = now()
+        with transaction(self.db) as conn:
+            audit.append(conn, actor=f"node:{node.node_id}", action="ack", model=model,
+                         version=version, payload={"state": state, "reason": reason,
+                                                   "tier": node.tier, "region": node.region})
+            conn.execute("INSERT OR IGNORE INTO node_models (node_id, model, state, updated_at) "
+                         "VALUES (?, ?, ?, ?)", [node.node_id, model, state, at])
+            if state == "ACTIVE":  # the node now serves it
+                conn.execute("UPDATE node_models SET version = ?, state = ?, reason = NULL, "
+                             "updated_at = ? WHERE node_id = ? AND model = ?",
+                             [version, state, at, node.node_id, model])
+            else:  # still serving whatever it served; the reason names the version in flight
+                detail = f"version {version}" + (f": {reason}" if reason else "")
+                conn.execute("UPDATE node_models SET state = ?, reason = ?, updated_at = ? "
+                             "WHERE node_id = ? AND model = ?",
+                             [state, detail, at, node.node_id, model])
+            conn.execute("UPDATE nodes SET last_seen = ? WHERE node_id = ?", [at, node.node_id])
+
+    def reported(self, node_id: str, model: str, report: dict[str, Any]) -> None:
+        at = now()
+        with transaction(self.db) as conn:
+            conn.execute("UPDATE node_models SET report = ?, report_at = ? WHERE node_id = ? "
+                         "AND model = ?", [json.dumps(report), at, node_id, model])
+            conn.execute("UPDATE nodes SET last_seen = ? WHERE node_id = ?", [at, node_id])
+
+    def status(self, catalog: Catalog) -> list[dict[str, Any]]:
+        """One row per (model, node): what it runs, what it should run, its last report."""
+        rows = []
+        nodes = {r["node_id"]: r for r in self.db.query("SELECT * FROM nodes ORDER BY node_id")}
+        desired: dict[str, dict[str, int]] = {}
+        for node_id, n in nodes.items():
+            node = Node(node_id, n["tier"], n["region"])
+            desired[node_id] = {t.model: t.version for t in catalog.desired(node)}
+        for r in self.db.query("SELECT * FROM node_models ORDER BY model, node_id"):
+            n = nodes[r["node_id"]]
+            report = json.loads(r["report"]) if r["report"] else {}
+            want = desired[r["node_id"]].get(r["model"])
+            rows.append({
+                "model": r["model"], "node": r["node_id"], "tier": n["tier"],
+                "region": n["region"], "connected": bool(n["connected"]),
+                "version": r["version"], "desired": want, "state": r["state"],
+                "reason": r["reason"], "lagging": want is not None and r["version"] != want,
+                "last_seen": n["last_seen"],
+                "escalation_rate": report.get("escalation_rate"),
+                "p99_ms": report.get("p99_ms"), "requests": report.get("requests"),
+                "length_drift": report.get("length_drift"), "report_at": r["report_at"]})
+        return rows
+
+    def denied(self, peer: str, method: str) -> None:
+        """A call with a missing or wrong token: audited, so probing leaves a trace."""
+        with transaction(self.db) as conn:
+            audit.append(conn, actor=f"peer:{peer}", action="auth-denied",
+                         payload={"method": method})

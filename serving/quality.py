@@ -1,0 +1,108 @@
+"""Quality telemetry a node reports to the registry: per model version and report window,
+request count, latency percentiles, escalation share, edge confidence and input lengths.
+
+Input-length drift is the population stability index (PSI) of the window's length histogram
+against everything this node saw for that version before it (0 = same shape; above 0.2 is
+usually read as a real shift).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, math.inf)
+CONFIDENCE_BUCKETS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, math.inf)
+MAX_LATENCIES = 20_000  # per window; enough for a p99, bounded memory
+
+
+def psi(current: np.ndarray, baseline: np.ndarray, floor: float = 1e-4) -> float:
+    if current.sum() == 0 or baseline.sum() == 0:
+        return 0.0
+    p = np.maximum(current / current.sum(), floor)
+    q = np.maximum(baseline / baseline.sum(), floor)
+    return float(np.sum((p - q) * np.log(p / q)))
+
+
+def _counts(values: list[float] | list[int], buckets: tuple[float, ...]) -> np.ndarray:
+    return np.bincount(np.searchsorted(buckets, values, side="left"), minlength=len(buckets))
+
+
+@dataclass
+class _Window:
+    requests: int = 0
+    latencies: list[float] = field(default_factory=list)
+    tiers: dict[str, int] = field(default_factory=dict)
+    tokens: np.ndarray = field(default_factory=lambda: np.zeros(len(TOKEN_BUCKETS), np.int64))
+    token_sum: int = 0
+    confidence: np.ndarray = field(
+        default_factory=lambda: np.zeros(len(CONFIDENCE_BUCKETS), np.int64))
+
+
+class QualityWindow:
+    """Fed by the serving path (any thread), drained by the sync subscriber."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._windows: dict[tuple[str, int], _Window] = {}
+        self._baselines: dict[tuple[str, int], np.ndarray] = {}
+        self._started = time.monotonic()
+
+    def _window(self, model: str, version: int) -> _Window:
+        return self._windows.setdefault((model, version), _Window())
+
+    def request(self, model: str, version: int, seconds: float) -> None:
+        with self._lock:
+            w = self._window(model, version)
+            w.requests += 1
+            if len(w.latencies) < MAX_LATENCIES:
+                w.latencies.append(seconds)
+
+    def rows(self, model: str, version: int, lengths: list[int], tiers: list[str]) -> None:
+        with self._lock:
+            w = self._window(model, version)
+            w.tokens += _counts(lengths, TOKEN_BUCKETS)
+            w.token_sum += sum(lengths)
+            for tier in tiers:
+                w.tiers[tier] = w.tiers.get(tier, 0) + 1
+
+    def confidence(self, model: str, version: int, values: list[float]) -> None:
+        with self._lock:
+            self._window(model, version).confidence += _counts(values, CONFIDENCE_BUCKETS)
+
+    def drain(self) -> list[dict[str, Any]]:
+        """One report per model version seen since the last drain; starts a new window."""
+        with self._lock:
+            windows, self._windows = self._windows, {}
+            now = time.monotonic()
+            span, self._started = now - self._started, now
+        return [self._report(model, version, w, span)
+                for (model, version), w in sorted(windows.items())]
+
+    def _report(self, model: str, version: int, w: _Window, span: float) -> dict[str, Any]:
+        rows = sum(w.tiers.values())
+        baseline = self._baselines.get((model, version))
+        drift = psi(w.tokens, baseline) if baseline is not None else 0.0
+        self._baselines[(model, version)] = w.tokens + (0 if baseline is None else baseline)
+        latencies = np.asarray(w.latencies) * 1000 if w.latencies else np.zeros(1)
+        return {
+            "model": model, "version": version, "window_s": span, "requests": w.requests,
+            "rows": rows,
+            "escalation_rate": w.tiers.get("center", 0) / rows if rows else 0.0,
+            "degraded_rate": w.tiers.get("edge-degraded", 0) / rows if rows else 0.0,
+            "confidence": _buckets(w.confidence, CONFIDENCE_BUCKETS),
+            "mean_tokens": w.token_sum / rows if rows else 0.0,
+            "tokens": _buckets(w.tokens, TOKEN_BUCKETS),
+            "length_drift": drift,
+            "p50_ms": float(np.percentile(latencies, 50)),
+            "p99_ms": float(np.percentile(latencies, 99)),
+        }
+
+
+def _buckets(counts: np.ndarray, bounds: tuple[float, ...]) -> list[dict[str, float]]:
+    return [{"le": float(le), "count": int(c)} for le, c in zip(bounds, counts, strict=True)]

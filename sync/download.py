@@ -1,0 +1,114 @@
+"""Resumable, verified artifact downloads into ``<store>/.downloads/``.
+
+Chunks are appended to ``<sha256>.part``; a broken stream is retried from the file's size, so
+bytes already received are never asked for again. A finished file is checked against its
+sha256 and only then renamed to ``<sha256>``; a mismatch deletes it (the next try starts over).
+An artifact some installed version already has is copied locally instead of downloaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import grpc
+from prometheus_client import CollectorRegistry, Counter
+
+from serving.manifest import Artifact
+from serving.store import ModelStore, file_sha256
+from sync.gen import sync_pb2 as pb
+from sync.gen import sync_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+RESUMES = 5  # broken streams retried (resuming) before the release attempt fails
+CODES_NOT_RETRIED = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT,
+                     grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.OUT_OF_RANGE,
+                     grpc.StatusCode.PERMISSION_DENIED}
+
+
+class TransferError(Exception):
+    """The artifact could not be fetched, or what arrived does not match its sha256."""
+
+
+class DownloadMetrics:
+    def __init__(self, prefix: str, registry: CollectorRegistry) -> None:
+        self.bytes = Counter(f"{prefix}_sync_bytes_received", "Artifact bytes received from "
+                             "the registry", registry=registry)
+        self.local = Counter(f"{prefix}_sync_bytes_reused", "Artifact bytes copied from a "
+                             "version already in the store instead of downloaded",
+                             registry=registry)
+        self.resumed = Counter(f"{prefix}_sync_fetch_resumed", "Fetch calls that resumed a "
+                               "partial download (offset > 0)", registry=registry)
+        self.corrupt = Counter(f"{prefix}_sync_corrupt_downloads", "Downloads discarded because "
+                               "their sha256 did not match", registry=registry)
+
+
+class Downloader:
+    def __init__(self, stub: pb_grpc.SyncStub, metadata: list[tuple[str, str]],
+                 store: ModelStore, metrics: DownloadMetrics) -> None:
+        self.stub, self.metadata, self.store, self.metrics = stub, metadata, store, metrics
+        self.folder = store.root / ".downloads"
+
+    async def get(self, artifact: Artifact) -> Path:
+        """A verified local copy of ``artifact`` (downloaded, resumed or reused)."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        final = self.folder / artifact.sha256
+        if final.is_file() and final.stat().st_size == artifact.size:
+            return final
+        local = self.store.find(artifact.sha256)
+        if local is not None:
+            await asyncio.to_thread(shutil.copyfile, local, final)
+            self.metrics.local.inc(artifact.size)
+            return await self._verified(final, final, artifact)
+        part = self.folder / f"{artifact.sha256}.part"
+        for attempt in range(RESUMES + 1):
+            try:
+                await self._fetch(artifact, part)
+                break
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() in CODES_NOT_RETRIED or attempt == RESUMES:
+                    raise TransferError(f"fetch {artifact.file}: {exc.code().name} "
+                                        f"{exc.details()}") from exc
+                log.info("fetch of %s broke at %d bytes (%s); resuming", artifact.file,
+                         part.stat().st_size if part.exists() else 0, exc.code().name)
+                await asyncio.sleep(min(0.2 * 2 ** attempt, 3))
+        return await self._verified(part, final, artifact)
+
+    async def _fetch(self, artifact: Artifact, part: Path) -> None:
+        offset = part.stat().st_size if part.is_file() else 0
+        if offset > artifact.size:
+            part.unlink()
+            offset = 0
+        if offset:
+            self.metrics.resumed.inc()
+        request = pb.FetchRequest(sha256=artifact.sha256, offset=offset)
+        with part.open("ab") as out:
+            async for chunk in self.stub.Fetch(request, metadata=self.metadata):
+                if chunk.offset != offset or chunk.size != artifact.size:
+                    raise TransferError(f"fetch {artifact.file}: chunk at {chunk.offset} of "
+                                        f"{chunk.size}, expected {offset} of {artifact.size}")
+                out.write(chunk.data)
+                out.flush()  # a chunk is on disk before the next is asked for
+                offset += len(chunk.data)
+                self.metrics.bytes.inc(len(chunk.data))
+            os.fsync(out.fileno())
+        if offset != artifact.size:
+            raise TransferError(f"fetch {artifact.file}: stream ended at {offset} of "
+                                f"{artifact.size} bytes")
+
+    async def _verified(self, path: Path, final: Path, artifact: Artifact) -> Path:
+        digest = await asyncio.to_thread(file_sha256, path)
+        if digest != artifact.sha256:
+            path.unlink(missing_ok=True)
+            self.metrics.corrupt.inc()
+            raise TransferError(f"{artifact.file}: received bytes have sha256 {digest[:12]}…, "
+                                f"expected {artifact.sha256[:12]}…; discarded")
+        os.replace(path, final)
+        return final
+
+    def take(self, artifact: Artifact, destination: Path) -> None:
+        """ModelStore.install's fetch: move the verified download into the staging folder."""
+        os.replace(self.folder / artifact.sha256, destination)

@@ -1,0 +1,149 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AckState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACK_STATE_UNSPECIFIED: _ClassVar[AckState]
+    DOWNLOADING: _ClassVar[AckState]
+    ACTIVE: _ClassVar[AckState]
+    FAILED: _ClassVar[AckState]
+ACK_STATE_UNSPECIFIED: AckState
+DOWNLOADING: AckState
+ACTIVE: AckState
+FAILED: AckState
+
+class Held(_message.Message):
+    __slots__ = ("model", "versions", "active")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    versions: _containers.RepeatedScalarFieldContainer[int]
+    active: int
+    def __init__(self, model: _Optional[str] = ..., versions: _Optional[_Iterable[int]] = ..., active: _Optional[int] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("node_id", "tier", "region", "held")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    tier: str
+    region: str
+    held: _containers.RepeatedCompositeFieldContainer[Held]
+    def __init__(self, node_id: _Optional[str] = ..., tier: _Optional[str] = ..., region: _Optional[str] = ..., held: _Optional[_Iterable[_Union[Held, _Mapping]]] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("model", "version", "state", "reason")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: int
+    state: AckState
+    reason: str
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[AckState, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Bucket(_message.Message):
+    __slots__ = ("le", "count")
+    LE_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    le: float
+    count: int
+    def __init__(self, le: _Optional[float] = ..., count: _Optional[int] = ...) -> None: ...
+
+class QualityReport(_message.Message):
+    __slots__ = ("model", "version", "window_s", "requests", "rows", "escalation_rate", "degraded_rate", "confidence", "mean_tokens", "tokens", "length_drift", "p50_ms", "p99_ms")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    ESCALATION_RATE_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_RATE_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    MEAN_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_DRIFT_FIELD_NUMBER: _ClassVar[int]
+    P50_MS_FIELD_NUMBER: _ClassVar[int]
+    P99_MS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: int
+    window_s: float
+    requests: int
+    rows: int
+    escalation_rate: float
+    degraded_rate: float
+    confidence: _containers.RepeatedCompositeFieldContainer[Bucket]
+    mean_tokens: float
+    tokens: _containers.RepeatedCompositeFieldContainer[Bucket]
+    length_drift: float
+    p50_ms: float
+    p99_ms: float
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., window_s: _Optional[float] = ..., requests: _Optional[int] = ..., rows: _Optional[int] = ..., escalation_rate: _Optional[float] = ..., degraded_rate: _Optional[float] = ..., confidence: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., mean_tokens: _Optional[float] = ..., tokens: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., length_drift: _Optional[float] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ...) -> None: ...
+
+class NodeMessage(_message.Message):
+    __slots__ = ("hello", "ack", "report")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    ack: Ack
+    report: QualityReport
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., report: _Optional[_Union[QualityReport, _Mapping]] = ...) -> None: ...
+
+class Release(_message.Message):
+    __slots__ = ("model", "version", "alias", "manifest", "manifest_sha256")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ALIAS_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: int
+    alias: str
+    manifest: bytes
+    manifest_sha256: str
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., alias: _Optional[str] = ..., manifest: _Optional[bytes] = ..., manifest_sha256: _Optional[str] = ...) -> None: ...
+
+class Welcome(_message.Message):
+    __slots__ = ("registry", "report_interval_s")
+    REGISTRY_FIELD_NUMBER: _ClassVar[int]
+    REPORT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    registry: str
+    report_interval_s: float
+    def __init__(self, registry: _Optional[str] = ..., report_interval_s: _Optional[float] = ...) -> None: ...
+
+class ServerMessage(_message.Message):
+    __slots__ = ("welcome", "release")
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    welcome: Welcome
+    release: Release
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ...) -> None: ...
+
+class FetchRequest(_message.Message):
+    __slots__ = ("sha256", "offset")
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    sha256: str
+    offset: int
+    def __init__(self, sha256: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class Chunk(_message.Message):
+    __slots__ = ("offset", "data", "size")
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    data: bytes
+    size: int
+    def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ..., size: _Optional[int] = ...) -> None: ...

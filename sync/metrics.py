@@ -1,0 +1,51 @@
+"""The registry's Prometheus series: sync traffic and every node's last quality report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+NODE = ["node", "tier", "region", "model", "version"]
+QUALITY = {  # report field -> (series, help, scale)
+    "escalation_rate": ("escalation_rate", "Share of rows escalated to the center", 1.0),
+    "degraded_rate": ("degraded_rate", "Share of rows answered degraded", 1.0),
+    "p50_ms": ("p50_seconds", "Median request latency", 1e-3),
+    "p99_ms": ("p99_seconds", "99th percentile request latency", 1e-3),
+    "mean_tokens": ("mean_tokens", "Mean input length in tokens", 1.0),
+    "length_drift": ("length_drift", "PSI of input lengths vs the node's baseline", 1.0),
+}
+
+
+class SyncMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = r = registry or CollectorRegistry()
+        self.connected = Gauge("registry_sync_nodes_connected", "Nodes with an open Sync "
+                               "stream", registry=r)
+        self.pushes = Counter("registry_sync_releases_pushed", "Releases pushed to nodes",
+                              registry=r)
+        self.acks = Counter("registry_sync_acks", "Acknowledgements received", ["state"],
+                            registry=r)
+        self.bytes_sent = Counter("registry_sync_bytes_sent", "Artifact bytes sent by Fetch",
+                                  registry=r)
+        self.fetches = Counter("registry_sync_fetches", "Fetch calls (resumed: offset > 0)",
+                               ["resumed"], registry=r)
+        self.denied = Counter("registry_auth_failures", "Calls refused for a missing or "
+                              "wrong token", registry=r)
+        self.quality = {key: Gauge(f"registry_node_{name}", text, NODE, registry=r)
+                        for key, (name, text, _) in QUALITY.items()}
+        self.requests = Counter("registry_node_requests", "Requests nodes reported", NODE,
+                                registry=r)
+        self._labels: dict[tuple[str, str], list[str]] = {}
+
+    def report(self, labels: list[str], report: dict[str, Any]) -> None:
+        """Export one node's report; the series of its previous version are dropped."""
+        key = (labels[0], labels[3])
+        previous = self._labels.get(key)
+        if previous is not None and previous != labels:
+            for gauge in self.quality.values():
+                gauge.remove(*previous)
+        self._labels[key] = labels
+        for field, (_, _, scale) in QUALITY.items():
+            self.quality[field].labels(*labels).set(float(report.get(field, 0.0)) * scale)
+        self.requests.labels(*labels).inc(int(report.get("requests", 0)))

@@ -1,0 +1,287 @@
+"""``registry serve``: the gRPC sync service (Sync + Fetch), gRPC health, token auth.
+
+Desired releases are pushed: a watcher notices commits made by other processes (``registry
+publish``/``promote``/``rollback`` write the same SQLite file) through ``PRAGMA data_version``
+and sends each connected node the releases that changed for it. All SQLite work runs on one
+worker thread, off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from registry.blobs import BlobStore
+from registry.catalog import Catalog, Node
+from registry.db import connect
+from registry.nodes import STATES, Held, NodeBook
+from registry.settings import RegistrySettings
+from serving.manifest import is_valid_name
+from sync import auth
+from sync.gen import sync_pb2 as pb
+from sync.gen import sync_pb2_grpc as pb_grpc
+from sync.metrics import SyncMetrics
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
+SERVICE = "tiered.sync.v1.Sync"
+MAX_MESSAGE = 1 << 20  # nodes send small messages only: hello, acks, reports
+KEEPALIVE = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
+             ("grpc.keepalive_permit_without_calls", 1),
+             ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000)]
+
+
+class Database:
+    """The registry database on one thread: sqlite3 connections belong to the thread that
+    opened them, and a write waiting for a publisher's lock must not stall the event loop."""
+
+    def __init__(self, settings: RegistrySettings) -> None:
+        self.settings = settings
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="registry-db")
+        self.catalog: Catalog
+        self.nodes: NodeBook
+
+    async def open(self) -> None:
+        def opened() -> None:
+            db = connect(self.settings.database)
+            self.catalog, self.nodes = Catalog(db, self.settings.actor), NodeBook(db)
+
+        await self.run(opened)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    def data_version(self) -> int:
+        return int(self.catalog.db.execute("PRAGMA data_version").fetchone()[0])
+
+    def close(self) -> None:
+        self._thread.submit(lambda: self.catalog.db.conn.close()).result()
+        self._thread.shutdown()
+
+
+@dataclass
+class Session:
+    node: Node
+    peer: str
+    active: dict[str, int]  # what the node said it serves at hello
+    outbox: asyncio.Queue[pb.ServerMessage | None] = field(default_factory=asyncio.Queue)
+    sent: dict[str, int] = field(default_factory=dict)  # model -> version pushed or held
+
+    def close(self) -> None:
+        self.outbox.put_nowait(None)
+
+
+class SyncService(pb_grpc.SyncServicer):
+    def __init__(self, settings: RegistrySettings, db: Database, metrics: SyncMetrics) -> None:
+        self.settings, self.db, self.metrics = settings, db, metrics
+        self.blobs = BlobStore(settings.blobs)
+        self.sessions: dict[str, Session] = {}
+
+    async def Sync(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
+        first = await context.read()
+        if first is grpc.aio.EOF or first.WhichOneof("kind") != "hello":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be "
+                                "a hello")
+        session = await self._open(first.hello, context)
+        reader = asyncio.create_task(self._read(session, context))
+        try:
+            await context.write(pb.ServerMessage(welcome=pb.Welcome(
+                registry=self.settings.actor,
+                report_interval_s=self.settings.report_interval_s)))
+            await self.push(session)
+            while (message := await session.outbox.get()) is not None:
+                await context.write(message)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            await self._close(session)
+
+    async def _open(self, hello: pb.Hello, context: grpc.aio.ServicerContext) -> Session:
+        if not NODE_ID.fullmatch(hello.node_id):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid node id "
+                                f"{hello.node_id[:64]!r}")
+        if hello.tier not in ("edge", "center"):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "tier must be edge or center")
+        held = [Held(h.model, sorted(h.versions), h.active or None) for h in hello.held
+                if is_valid_name(h.model)]
+        session = Session(Node(hello.node_id, hello.tier, hello.region[:64] or "local"),
+                          context.peer(), {h.model: h.active for h in held if h.active})
+        superseded = self.sessions.get(session.node.node_id)
+        if superseded is not None:  # the node reconnected before its old stream timed out
+            superseded.close()
+        self.sessions[session.node.node_id] = session
+        self.metrics.connected.set(len(self.sessions))
+        await self.db.run(self.db.nodes.connected, session.node, session.peer, held)
+        log.info("node %s (%s, %s) connected from %s holding %s", session.node.node_id,
+                 session.node.tier, session.node.region, session.peer, session.active)
+        return session
+
+    async def _close(self, session: Session) -> None:
+        node_id = session.node.node_id
+        if self.sessions.get(node_id) is session:
+            del self.sessions[node_id]
+            await self.db.run(self.db.nodes.disconnected, node_id)
+            log.info("node %s disconnected", node_id)
+        self.metrics.connected.set(len(self.sessions))
+
+    async def push(self, session: Session) -> None:
+        """Queue every release whose desired version changed for this node since last time."""
+        targets = await self.db.run(self.db.catalog.desired, session.node)
+        for t in targets:
+            if session.sent.get(t.model) == t.version:
+                continue
+            session.sent[t.model] = t.version
+            if session.active.pop(t.model, None) == t.version:
+                continue  # it already serves that version
+            session.outbox.put_nowait(pb.ServerMessage(release=pb.Release(
+                model=t.model, version=t.version, alias=t.alias, manifest=t.manifest,
+                manifest_sha256=t.manifest_sha256)))
+            self.metrics.pushes.inc()
+            log.info("pushing %s version %s (%s) to %s", t.model, t.version, t.alias,
+                     session.node.node_id)
+
+    async def push_all(self) -> None:
+        for session in list(self.sessions.values()):
+            await self.push(session)
+
+    async def _read(self, session: Session, context: grpc.aio.ServicerContext) -> None:
+        try:
+            while (message := await context.read()) is not grpc.aio.EOF:
+                kind = message.WhichOneof("kind")
+                if kind == "ack":
+                    await self._ack(session, message.ack)
+                elif kind == "report":
+                    await self._report(session, message.report)
+        except (grpc.RpcError, asyncio.InvalidStateError, ValueError) as exc:
+            log.info("stream from %s ended: %s", session.node.node_id, exc)
+        finally:
+            session.close()
+
+    async def _ack(self, session: Session, ack: pb.Ack) -> None:
+        state = pb.AckState.Name(ack.state)
+        if state not in STATES or not is_valid_name(ack.model) or ack.version < 1:
+            log.warning("ignoring malformed ack from %s: %s", session.node.node_id, ack)
+            return
+        self.metrics.acks.labels(state).inc()
+        log.info("%s: %s version %s %s%s", session.node.node_id, ack.model, ack.version, state,
+                 f" ({ack.reason})" if ack.reason else "")
+        await self.db.run(self.db.nodes.acknowledged, session.node, ack.model, ack.version,
+                          state, ack.reason[:1000])
+
+    async def _report(self, session: Session, report: pb.QualityReport) -> None:
+        if not is_valid_name(report.model):
+            return
+        data = MessageToDict(report, preserving_proto_field_name=True,
+                             always_print_fields_with_no_presence=True)
+        for key in ("version", "requests", "rows"):  # proto JSON writes 64-bit ints as strings
+            data[key] = int(data[key])
+        n = session.node
+        self.metrics.report([n.node_id, n.tier, n.region, report.model, str(report.version)],
+                            data)
+        await self.db.run(self.db.nodes.reported, n.node_id, report.model, data)
+
+    async def Fetch(self, request: pb.FetchRequest,
+                    context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Chunk]:
+        sha, offset = request.sha256, request.offset
+        if not SHA256.fullmatch(sha):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "sha256 must be 64 lowercase "
+                                "hex digits")
+        size = await self.db.run(self.db.catalog.artifact_size, sha)
+        if size is None or not self.blobs.has(sha):
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no release ships artifact {sha}")
+        assert size is not None
+        if not 0 <= offset <= size:
+            await context.abort(grpc.StatusCode.OUT_OF_RANGE, f"offset {offset} is outside the "
+                                f"artifact (0..{size})")
+        self.metrics.fetches.labels("true" if offset else "false").inc()
+        with self.blobs.path(sha).open("rb") as blob:
+            blob.seek(offset)
+            while offset < size:
+                data = await asyncio.to_thread(blob.read, min(self.settings.chunk_bytes,
+                                                              size - offset))
+                if not data:
+                    break
+                yield pb.Chunk(offset=offset, data=data, size=size)
+                offset += len(data)
+                self.metrics.bytes_sent.inc(len(data))
+
+
+class SyncServer:
+    """Explicit start/stop; the entry point (``registry serve``) owns the signals."""
+
+    def __init__(self, settings: RegistrySettings, metrics: SyncMetrics | None = None) -> None:
+        if settings.token is None:
+            raise ValueError("registry serve needs a token: set REGISTRY_TOKEN")
+        self.settings = settings
+        self.metrics = metrics or SyncMetrics()
+        self.db = Database(settings)
+        self.service = SyncService(settings, self.db, self.metrics)
+        self.health = health.aio.HealthServicer()
+        self.port = 0
+        self._server: grpc.aio.Server | None = None
+        self._watcher: asyncio.Task[None] | None = None
+
+    async def start(self) -> int:
+        await self.db.open()
+        token = self.settings.token.get_secret_value() if self.settings.token else ""
+        server = grpc.aio.server(
+            interceptors=[auth.TokenInterceptor(token, self._denied)],
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE), *KEEPALIVE])
+        pb_grpc.add_SyncServicer_to_server(self.service, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        address = f"{self.settings.host}:{self.settings.grpc_port}"
+        s = self.settings
+        if s.tls_cert is not None and s.tls_key is not None:
+            self.port = server.add_secure_port(address, auth.server_credentials(s.tls_cert,
+                                                                                s.tls_key))
+        else:
+            self.port = server.add_insecure_port(address)
+        await server.start()
+        self._server = server
+        for name in ("", SERVICE):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._watcher = asyncio.create_task(self._watch())
+        return self.port
+
+    async def _denied(self, method: str, peer: str) -> None:
+        self.metrics.denied.inc()
+        log.warning("refused %s from %s: missing or wrong token", method, peer)
+        await self.db.run(self.db.nodes.denied, peer, method)
+
+    async def _watch(self) -> None:
+        seen = await self.db.run(self.db.data_version)
+        while True:
+            await asyncio.sleep(self.settings.watch_interval_s)
+            try:
+                version = await self.db.run(self.db.data_version)
+                if version != seen:
+                    seen = version
+                    await self.service.push_all()
+            except Exception:  # a bad moment must not end pushing for good
+                log.exception("pushing changes failed; retrying")
+
+    async def stop(self, grace: float = 5.0) -> None:
+        for name in ("", SERVICE):
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watcher
+        for session in list(self.service.sessions.values()):
+            session.close()
+        if self._server is not None:
+            await self._server.stop(grace)
+        self.db.close()

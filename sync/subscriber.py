@@ -1,0 +1,224 @@
+"""The node side of model sync, run by ``edge`` and ``center`` when a registry is configured.
+
+One Sync stream to the registry: hello (what the store holds, what is served), then releases
+pushed by the registry. Per model, a worker converges on the newest desired release: fetch the
+tier's artifacts (resumable, verified), install them into the store, load + warm + swap
+(``Repository.activate``), keep the active and the previous version on disk, ack ``ACTIVE``.
+On failure it acks ``FAILED``, keeps serving what it served, and retries with backoff. A lost
+stream is re-opened with exponential backoff and jitter; meanwhile the node serves its store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import random
+from dataclasses import dataclass
+
+import grpc
+from prometheus_client import CollectorRegistry, Gauge
+
+from serving.manifest import Manifest, decode
+from serving.quality import QualityWindow
+from serving.repository import Repository
+from serving.settings import ServingSettings
+from sync import auth
+from sync.download import Downloader, DownloadMetrics
+from sync.gen import sync_pb2 as pb
+from sync.gen import sync_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+CLIENT_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
+                  ("grpc.keepalive_permit_without_calls", 1)]
+
+
+class Backoff:
+    """Exponential backoff with full jitter: a fleet that lost the registry does not come back
+    in lockstep."""
+
+    def __init__(self, maximum: float, base: float = 0.5) -> None:
+        self.maximum, self.base, self.failures = maximum, base, 0
+
+    def next(self) -> float:
+        delay = random.uniform(0, min(self.maximum, self.base * 2 ** self.failures))
+        self.failures += 1
+        return delay
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+@dataclass
+class Wanted:
+    manifest: Manifest
+    changed: asyncio.Event
+
+
+class Subscriber:
+    def __init__(self, settings: ServingSettings, repository: Repository,
+                 quality: QualityWindow, registry: CollectorRegistry, prefix: str) -> None:
+        if settings.registry is None:
+            raise ValueError("no registry configured")
+        self.settings, self.repository, self.quality = settings, repository, quality
+        self.store, self.tier = repository.store, repository.tier
+        token = settings.registry_token.get_secret_value() if settings.registry_token else None
+        self.metadata = auth.metadata(token)
+        self.channel = auth.channel(settings.registry, settings.registry_ca, CLIENT_OPTIONS)
+        self.stub = pb_grpc.SyncStub(self.channel)
+        self.downloads = Downloader(self.stub, self.metadata, self.store,
+                                    DownloadMetrics(prefix, registry))
+        self.connected = Gauge(f"{prefix}_sync_connected", "1 while the Sync stream to the "
+                               "registry is open", registry=registry)
+        self._wanted: dict[str, Wanted] = {}
+        self._workers: dict[str, asyncio.Task[None]] = {}
+        self._call: grpc.aio.StreamStreamCall | None = None
+        self._send_lock = asyncio.Lock()
+
+    async def run(self) -> None:
+        """Stay subscribed until cancelled."""
+        backoff = Backoff(self.settings.sync_backoff_max_s)
+        while True:
+            try:
+                await self._session(backoff)
+            except (grpc.aio.AioRpcError, grpc.aio.UsageError, OSError) as exc:
+                detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+                log.warning("registry %s: %s", self.settings.registry, detail)
+            finally:
+                self._call = None
+                self.connected.set(0)
+            await asyncio.sleep(backoff.next())
+
+    async def _session(self, backoff: Backoff) -> None:
+        call = self.stub.Sync(metadata=self.metadata)
+        await call.write(pb.NodeMessage(hello=self._hello()))
+        welcome = await call.read()
+        if welcome is grpc.aio.EOF:
+            return
+        self._call = call
+        self.connected.set(1)
+        backoff.reset()
+        log.info("subscribed to registry %s", self.settings.registry)
+        reporter = asyncio.create_task(self._report(welcome.welcome.report_interval_s or 10.0))
+        try:
+            while (message := await call.read()) is not grpc.aio.EOF:
+                if message.WhichOneof("kind") == "release":
+                    self._desire(message.release)
+        finally:
+            reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reporter
+
+    def _hello(self) -> pb.Hello:
+        held = []
+        root = self.store.root
+        for folder in sorted(root.iterdir()) if root.is_dir() else []:
+            versions = self.store.versions(folder.name) if folder.name[0] != "." else []
+            if versions:
+                active = self.repository.default_version(folder.name) or 0
+                held.append(pb.Held(model=folder.name, versions=versions, active=active))
+        s = self.settings
+        return pb.Hello(node_id=s.node_id, tier=self.tier, region=s.region, held=held)
+
+    def _desire(self, release: pb.Release) -> None:
+        if hashlib.sha256(release.manifest).hexdigest() != release.manifest_sha256:
+            log.error("release %s v%s: manifest does not match its sha256; ignored",
+                      release.model, release.version)
+            return
+        try:
+            manifest = decode(release.manifest)
+        except ValueError as exc:
+            log.error("release %s v%s: unreadable manifest (%s); ignored", release.model,
+                      release.version, exc)
+            return
+        if (manifest.name, manifest.version) != (release.model, release.version):
+            log.error("release %s v%s carries the manifest of %s v%s; ignored", release.model,
+                      release.version, manifest.name, manifest.version)
+            return
+        wanted = self._wanted.get(manifest.name)
+        if wanted is None:
+            wanted = self._wanted[manifest.name] = Wanted(manifest, asyncio.Event())
+        wanted.manifest = manifest
+        wanted.changed.set()
+        worker = self._workers.get(manifest.name)
+        if worker is None or worker.done():
+            self._workers[manifest.name] = asyncio.create_task(self._converge(manifest.name))
+
+    async def _converge(self, model: str) -> None:
+        """Apply the newest wanted release of ``model``; retry failures with backoff."""
+        wanted = self._wanted[model]
+        backoff = Backoff(self.settings.sync_backoff_max_s, base=1.0)
+        while True:
+            wanted.changed.clear()
+            manifest = wanted.manifest
+            try:
+                await self._apply(manifest)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # any failure: report it, keep serving, try again later
+                log.error("%s version %s failed: %s", model, manifest.version, exc)
+                await self._ack(manifest, pb.FAILED, f"{type(exc).__name__}: {exc}")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wanted.changed.wait(), backoff.next())
+                continue
+            if not wanted.changed.is_set():
+                return
+
+    async def _apply(self, manifest: Manifest) -> None:
+        model, version = manifest.name, manifest.version
+        previous = self.repository.default_version(model)
+        if previous != version:
+            if not await asyncio.to_thread(self.store.complete, manifest, self.tier):
+                await self._ack(manifest, pb.DOWNLOADING)
+                for artifact in manifest.artifacts(self.tier):
+                    await self.downloads.get(artifact)
+                await asyncio.to_thread(self.store.install, manifest, self.tier,
+                                        self.downloads.take, False)
+            await self.repository.activate(model, version)
+        keep = {version} | ({previous} if previous else set())
+        removed = await asyncio.to_thread(self.store.prune, model, keep)
+        if removed:
+            log.info("removed %s versions %s from the store", model, removed)
+        await self._ack(manifest, pb.ACTIVE)
+
+    async def _ack(self, manifest: Manifest, state: pb.AckState,
+                   reason: str = "") -> None:
+        await self._send(pb.NodeMessage(ack=pb.Ack(model=manifest.name,
+                                                   version=manifest.version, state=state,
+                                                   reason=reason[:1000])))
+
+    async def _send(self, message: pb.NodeMessage) -> None:
+        """Best effort: while disconnected the message is dropped; the next hello tells the
+        registry what the node holds and serves."""
+        call = self._call
+        if call is None:
+            return
+        async with self._send_lock:
+            with contextlib.suppress(grpc.aio.AioRpcError, grpc.aio.UsageError,
+                                     asyncio.InvalidStateError):
+                await call.write(message)
+
+    async def _report(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            for report in self.quality.drain():
+                await self._send(pb.NodeMessage(report=_report_message(report)))
+
+    async def close(self) -> None:
+        for worker in self._workers.values():
+            worker.cancel()
+        for worker in self._workers.values():
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker
+        await self.channel.close()
+
+
+def _report_message(report: dict[str, object]) -> pb.QualityReport:
+    message = pb.QualityReport()
+    for key, value in report.items():
+        if key in ("confidence", "tokens"):
+            getattr(message, key).extend(pb.Bucket(**b) for b in value)  # type: ignore[attr-defined]
+        else:
+            setattr(message, key, value)
+    return message

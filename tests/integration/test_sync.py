@@ -1,0 +1,355 @@
+"""Model sync end to end: a real ``registry serve``, one center and two edges on loopback.
+
+The tests share one fleet and run in file order, each starting from where the previous one
+left the registry (the version numbers in the comments).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from registry.blobs import BlobStore
+from sync.gen import sync_pb2 as pb
+from sync.gen import sync_pb2_grpc as pb_grpc
+from tests.conftest import RegistryCli
+from tests.faults import CutProxy
+from tests.servers import Server, start
+from tiered.processes import RegistryProcess, start_registry
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+TOKEN = "test-token-0123456789"
+CHUNK = 64 * 1024
+REGISTRY_ENV = {"REGISTRY_REPORT_INTERVAL_S": "0.5", "REGISTRY_CHUNK_BYTES": str(CHUNK)}
+SYNC_FLAGS = ("--registry-token", TOKEN, "--sync-backoff-max-s", "1")
+BODY = json.dumps({"inputs": [{"name": "text", "shape": [3], "datatype": "BYTES",
+                               "data": ["a great film", "dull", "not bad at all"]}]})
+
+
+@dataclass
+class Fleet:
+    root: Path
+    cli: RegistryCli
+    registry: RegistryProcess
+    center: Server
+    edges: list[Server]
+    extra: list[Server] = field(default_factory=list)
+
+    @property
+    def nodes(self) -> list[Server]:
+        return [self.center, *self.edges]
+
+    def start_node(self, tier: str, store: Path, *flags: str,
+                   registry: str | None = None) -> Server:
+        server = start(tier, store, self.root, "--registry", registry or self.registry.target,
+                       *SYNC_FLAGS, *flags)
+        self.extra.append(server)
+        return server
+
+    def restart_registry(self) -> None:
+        self.registry.stop()
+        self.registry = start_registry(self.cli.home, self.root, TOKEN, port=self.registry.port,
+                                       env=REGISTRY_ENV)
+
+
+def node_id(server: Server) -> str:
+    return f"{server.tier}-{server.port}"
+
+
+def served(server: Server) -> int | None:
+    """The version a node serves by default (None: nothing loaded yet)."""
+    try:
+        response = httpx.get(f"{server.url}/v2/models/tiny/ready", timeout=5)
+    except httpx.HTTPError:
+        return None
+    return int(response.json()["version"]) if response.status_code == 200 else None
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 60, what: str = "") -> float:
+    """Poll until ``condition()``; return the seconds it took."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if condition():
+            return time.monotonic() - started
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
+
+
+def all_serve(servers: list[Server], version: int) -> Callable[[], bool]:
+    return lambda: all(served(s) == version for s in servers)
+
+
+def status(cli: RegistryCli) -> dict[str, dict[str, Any]]:
+    return {row["node"]: row for row in cli("status", "--json").json()}
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """Sum of a Prometheus series' samples whose labels include ``labels``."""
+    total = 0.0
+    for line in httpx.get(url, timeout=5).text.splitlines():
+        match = re.fullmatch(rf"{name}(?:{{(.*)}})? (\S+)", line)
+        if match and all(f'{k}="{v}"' in (match.group(1) or "") for k, v in labels.items()):
+            total += float(match.group(2))
+    return total
+
+
+def node_metric(server: Server, name: str) -> float:
+    return metric(f"{server.url}/metrics", f"{server.tier}_{name}_total")
+
+
+def edge_artifact_bytes(cli: RegistryCli, version: int) -> int:
+    manifest = cli("show", f"tiny@{version}", "--json").json()["manifest"]
+    return int(manifest["edge"]["size"] + manifest["tokenizer"]["size"])
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Iterator[Fleet]:
+    root = tmp_path_factory.mktemp("fleet")
+    cli = RegistryCli(root / "registry")
+    cli("publish", tiny_release, "--name", "tiny")  # version 1
+    registry = start_registry(cli.home, root, TOKEN, env=REGISTRY_ENV)
+    fleet = Fleet(root, cli, registry, None, [])  # type: ignore[arg-type]
+    try:
+        # empty stores: each node becomes ready only once sync has installed version 1
+        fleet.center = start("center", root / "center", root, "--registry", registry.target,
+                             *SYNC_FLAGS)
+        for region in ("eu", "us"):
+            fleet.edges.append(start("edge", root / f"edge-{region}", root, "--registry",
+                                     registry.target, "--region", region, "--center-url",
+                                     fleet.center.url, *SYNC_FLAGS))
+        yield fleet
+    finally:
+        for server in [*fleet.extra, *fleet.edges, *([fleet.center] if fleet.center else [])]:
+            server.stop()
+        fleet.registry.stop()
+
+
+def test_nodes_subscribe_and_install_from_empty_stores(fleet: Fleet) -> None:
+    assert all(served(s) == 1 for s in fleet.nodes)
+    rows = status(fleet.cli)
+    for server in fleet.nodes:
+        row = rows[node_id(server)]
+        assert (row["tier"], row["version"], row["state"], row["connected"]) == \
+            (server.tier, 1, "ACTIVE", True)
+    assert rows[node_id(fleet.edges[0])]["region"] == "eu"
+    assert metric(fleet.registry.metrics_url, "registry_sync_nodes_connected") == 3
+    # each node fetched only its tier's artifact: edges the INT8 ONNX, the center TorchScript
+    manifest = fleet.cli("show", "tiny@1", "--json").json()["manifest"]
+    for store, tier in (("edge-eu", "edge"), ("center", "center")):
+        files = sorted(p.name for p in (fleet.root / store / "tiny" / "1").iterdir())
+        assert files == sorted([manifest[tier]["file"], "release.json", "tokenizer.json"])
+
+
+def test_publish_reaches_every_node_and_each_ack_is_audited(fleet: Fleet,
+                                                            tiny_release_b: Path) -> None:
+    fleet.cli("publish", tiny_release_b, "--name", "tiny")  # version 2: new artifacts
+    wait_for(all_serve(fleet.nodes, 2), what="every node on version 2")
+    answer = httpx.post(f"{fleet.edges[0].url}/v2/models/tiny/infer", content=BODY, timeout=10)
+    assert answer.json()["model_version"] == "2"
+    acks = [r for r in fleet.cli("audit", "--model", "tiny", "--json").json()
+            if r["action"] == "ack" and r["version"] == 2]
+    states = {(r["actor"], json.loads(r["payload"])["state"]) for r in acks}
+    for server in fleet.nodes:
+        assert (f"node:{node_id(server)}", "DOWNLOADING") in states
+        assert (f"node:{node_id(server)}", "ACTIVE") in states
+    fleet.cli("audit", "--verify")
+
+
+def test_stores_keep_the_active_and_previous_version_and_reuse_local_bytes(
+        fleet: Fleet, tiny_release: Path) -> None:
+    edge = fleet.edges[0]
+    received = node_metric(edge, "sync_bytes_received")
+    fleet.cli("publish", tiny_release, "--name", "tiny")  # version 3: version 1's files
+    wait_for(all_serve(fleet.nodes, 3), what="every node on version 3")
+    assert fleet.cli("status", "--json").json()
+    for store in ("center", "edge-eu", "edge-us"):
+        assert sorted(p.name for p in (fleet.root / store / "tiny").iterdir()) == \
+            ["2", "3", "CURRENT"]
+    # version 1's files were still on disk when 3 arrived: copied, not downloaded again
+    assert node_metric(edge, "sync_bytes_received") == received
+    assert node_metric(edge, "sync_bytes_reused") >= edge_artifact_bytes(fleet.cli, 3)
+
+
+def test_canary_reaches_only_its_node_until_promoted(fleet: Fleet, tiny_release_b: Path) -> None:
+    canary, other = fleet.edges
+    fleet.cli("publish", tiny_release_b, "--name", "tiny", "--canary", node_id(canary))  # v4
+    wait_for(lambda: served(canary) == 4, what="the canary on version 4")
+    time.sleep(1.5)  # well past the push delay: the others must not have moved
+    assert served(other) == 3 and served(fleet.center) == 3
+    rows = status(fleet.cli)
+    assert rows[node_id(other)]["desired"] == 3 and not rows[node_id(other)]["lagging"]
+    assert rows[node_id(canary)]["desired"] == 4
+    fleet.cli("promote", "tiny")
+    wait_for(all_serve(fleet.nodes, 4), what="every node on version 4 after promote")
+
+
+def test_corrupted_artifact_is_never_activated_and_is_retried(fleet: Fleet) -> None:
+    # production is version 4; a new edge starts with version 1 pulled into its store
+    store = fleet.root / "edge-corrupt"
+    fleet.cli("pull", "tiny@1", "--tier", "edge", "--store", store)
+    manifest = fleet.cli("show", "tiny@4", "--json").json()["manifest"]
+    blob = BlobStore(fleet.cli.home / "blobs").path(manifest["edge"]["sha256"])
+    original = blob.read_bytes()
+    damaged = bytearray(original)
+    damaged[len(damaged) // 2] ^= 0xFF  # one flipped bit-pattern, same size: only sha256 sees it
+    blob.write_bytes(bytes(damaged))
+    try:
+        edge = fleet.start_node("edge", store)
+        wait_for(lambda: node_metric(edge, "sync_corrupt_downloads") >= 2, 30,
+                 "two corrupt downloads (the first try and a retry)")
+        assert served(edge) == 1  # still serving what it had
+        assert not (store / "tiny" / "4").exists()
+        row = status(fleet.cli)[node_id(edge)]
+        assert row["state"] == "FAILED" and "sha256" in row["reason"]
+        assert row["version"] == 1 and row["lagging"]
+    finally:
+        blob.write_bytes(original)
+    wait_for(lambda: served(edge) == 4, 30, "the retry after the blob was repaired")
+    assert status(fleet.cli)[node_id(edge)]["state"] == "ACTIVE"
+
+
+def test_a_cut_stream_resumes_from_its_offset(fleet: Fleet) -> None:
+    proxy = CutProxy(fleet.registry.port)
+    try:
+        size = edge_artifact_bytes(fleet.cli, 4)
+        sent_before = metric(fleet.registry.metrics_url, "registry_sync_bytes_sent_total")
+        proxy.cut_after(size // 2)
+        edge = fleet.start_node("edge", fleet.root / "edge-cut",
+                                registry=f"127.0.0.1:{proxy.port}")
+        assert served(edge) == 4 and proxy.cuts == 1
+        assert node_metric(edge, "sync_fetch_resumed") >= 1
+        received = node_metric(edge, "sync_bytes_received")
+        assert size <= received <= size + CHUNK  # re-received at most one chunk
+        sent = metric(fleet.registry.metrics_url, "registry_sync_bytes_sent_total") - sent_before
+        print(f"artifact {size} B, registry sent {sent:.0f} B ({sent - size:.0f} re-sent), "
+              f"node received {received:.0f} B")
+        assert metric(fleet.registry.metrics_url, "registry_sync_fetches_total",
+                      resumed="true") >= 1
+        edge.stop()  # its proxy goes away with this test
+    finally:
+        proxy.close()
+
+
+def test_rollback_propagates_from_local_stores(fleet: Fleet) -> None:
+    received = [node_metric(s, "sync_bytes_received") for s in fleet.nodes]
+    fleet.cli("rollback", "tiny")  # production 4 -> 3; 3 is still on every disk
+    wait_for(all_serve(fleet.nodes, 3), what="every node back on version 3")
+    assert [node_metric(s, "sync_bytes_received") for s in fleet.nodes] == received
+
+
+def test_swap_under_continuous_load_fails_no_request(fleet: Fleet, tiny_release: Path) -> None:
+    edge = fleet.edges[1]
+    results: list[tuple[int, str]] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        with httpx.Client(timeout=30) as http:
+            while not stop.is_set():
+                r = http.post(f"{edge.url}/v2/models/tiny/infer", content=BODY)
+                results.append((r.status_code, r.json().get("model_version", r.text)))
+
+    workers = [threading.Thread(target=client) for _ in range(4)]
+    for w in workers:
+        w.start()
+    try:
+        time.sleep(0.5)
+        fleet.cli("publish", tiny_release, "--name", "tiny")  # version 5
+        wait_for(lambda: served(edge) == 5, what="the edge on version 5")
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
+    assert [r for r in results if r[0] != 200] == []
+    assert {"3", "5"} <= {version for _, version in results}
+
+
+def test_registry_down_at_start_then_catch_up(fleet: Fleet) -> None:
+    store = fleet.root / "edge-autonomous"
+    fleet.cli("pull", "tiny@1", "--tier", "edge", "--store", store)
+    fleet.registry.stop()
+    edge = fleet.start_node("edge", store)  # the registry is down: serves its store
+    assert served(edge) == 1
+    answer = httpx.post(f"{edge.url}/v2/models/tiny/infer", content=BODY, timeout=10)
+    assert answer.status_code == 200 and answer.json()["model_version"] == "1"
+    fleet.restart_registry()
+    wait_for(all_serve([*fleet.nodes, edge], 5), what="every node, new edge too, on 5")
+
+
+def test_quality_reports_reach_status_and_metrics(fleet: Fleet) -> None:
+    edge = fleet.edges[0]
+    for _ in range(20):
+        httpx.post(f"{edge.url}/v2/models/tiny/infer", content=BODY, timeout=10)
+
+    def reported() -> bool:  # by this registry process (its metrics start empty)
+        return metric(fleet.registry.metrics_url, "registry_node_requests_total",
+                      node=node_id(edge)) > 0
+
+    wait_for(reported, 15, "a quality report from the edge")
+    assert metric(fleet.registry.metrics_url, "registry_node_p99_seconds",
+                  node=node_id(edge)) > 0
+    row = status(fleet.cli)[node_id(edge)]
+    assert 0 <= row["escalation_rate"] <= 1 and row["p99_ms"] > 0 and row["requests"] > 0
+    table = fleet.cli("status").stdout
+    assert node_id(edge) in table and "(offline)" in table  # the cut-stream edge was stopped
+    assert re.search(r"lagging .*edge-", table)
+
+
+def _stub(fleet: Fleet) -> tuple[grpc.Channel, pb_grpc.SyncStub]:
+    channel = grpc.insecure_channel(fleet.registry.target)
+    return channel, pb_grpc.SyncStub(channel)
+
+
+def test_wrong_token_is_refused_and_audited(fleet: Fleet) -> None:
+    channel, stub = _stub(fleet)
+    with channel:
+        request = pb.FetchRequest(sha256="0" * 64)
+        for metadata in ([("authorization", "Bearer wrong")], []):
+            with pytest.raises(grpc.RpcError) as refused:
+                list(stub.Fetch(request, metadata=metadata, timeout=5))
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        hello = pb.NodeMessage(hello=pb.Hello(node_id="intruder", tier="edge"))
+        with pytest.raises(grpc.RpcError) as refused:
+            list(stub.Sync(iter([hello]), metadata=[("authorization", "Bearer nope")],
+                           timeout=5))
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        health = health_pb2_grpc.HealthStub(channel)  # open: Consul's checks send no token
+        assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == \
+            health_pb2.HealthCheckResponse.SERVING
+    denied = [r for r in fleet.cli("audit", "--json").json() if r["action"] == "auth-denied"]
+    assert len(denied) >= 3 and "intruder" not in status(fleet.cli)
+    assert metric(fleet.registry.metrics_url, "registry_auth_failures_total") >= 3
+
+
+def test_fetch_rejects_bad_requests_cleanly(fleet: Fleet) -> None:
+    manifest = fleet.cli("show", "tiny@1", "--json").json()["manifest"]
+    sha, size = manifest["edge"]["sha256"], manifest["edge"]["size"]
+    channel, stub = _stub(fleet)
+    auth = [("authorization", f"Bearer {TOKEN}")]
+    cases = [(pb.FetchRequest(sha256="not-a-digest"), grpc.StatusCode.INVALID_ARGUMENT),
+             (pb.FetchRequest(sha256="ab" * 32), grpc.StatusCode.NOT_FOUND),
+             (pb.FetchRequest(sha256=sha, offset=size + 1), grpc.StatusCode.OUT_OF_RANGE),
+             (pb.FetchRequest(sha256=sha, offset=-1), grpc.StatusCode.OUT_OF_RANGE)]
+    with channel:
+        for request, code in cases:
+            with pytest.raises(grpc.RpcError) as failed:
+                list(stub.Fetch(request, metadata=auth, timeout=5))
+            assert failed.value.code() == code, request
+        tail = list(stub.Fetch(pb.FetchRequest(sha256=sha, offset=size - 10), metadata=auth,
+                               timeout=5))
+        assert [(c.offset, len(c.data), c.size) for c in tail] == [(size - 10, 10, size)]
+        bad_hello = pb.NodeMessage(hello=pb.Hello(node_id="../etc", tier="edge"))
+        with pytest.raises(grpc.RpcError) as failed:
+            list(stub.Sync(iter([bad_hello]), metadata=auth, timeout=5))
+        assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
