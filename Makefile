@@ -15,10 +15,8 @@ demo: $(STAMP)
 	$(BIN)/registry publish $(DEMO) --name sentiment --skip-existing
 	$(BIN)/registry list
 
-## serve: pull the demo release into var/center and var/edge and run both tiers (Ctrl-C stops)
+## serve: run registry serve, the center and an edge; sync installs the demo release (Ctrl-C stops)
 serve: demo
-	$(BIN)/registry pull sentiment --tier center --store var/center
-	$(BIN)/registry pull sentiment --tier edge --store var/edge
 	bash scripts/serve.sh
 
 ## bench: serving benchmark on the demo release (edge/center under wrk vs raw runtimes; ~2.5 min)

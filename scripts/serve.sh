@@ -1,13 +1,26 @@
 #!/usr/bin/env bash
-# Run the demo center (:8100) and one edge (:8200) in the foreground; Ctrl-C stops both.
+# Run `registry serve` (:50051, metrics :8300), the demo center (:8100) and one edge (:8200) in
+# the foreground; both tiers subscribe to the registry and install what it rolls out.
+# Ctrl-C stops all three.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
-$BIN/center --store var/center --port "${CENTER_PORT:-8100}" &
+export REGISTRY_TOKEN="${REGISTRY_TOKEN:-$($BIN/python -c 'import secrets; print(secrets.token_hex(16))')}"
+GRPC="${REGISTRY_GRPC_PORT:-50051}"
+$BIN/registry serve --port "$GRPC" &
+registry=$!
+$BIN/center --store var/center --port "${CENTER_PORT:-8100}" --registry "127.0.0.1:$GRPC" \
+    --node-id center-1 &
 center=$!
-$BIN/edge --store var/edge --port "${EDGE_PORT:-8200}" \
-    --center-url "${EDGE_CENTER_URL:-http://127.0.0.1:${CENTER_PORT:-8100}}" &
+$BIN/edge --store var/edge --port "${EDGE_PORT:-8200}" --registry "127.0.0.1:$GRPC" \
+    --node-id edge-1 --center-url "${EDGE_CENTER_URL:-http://127.0.0.1:${CENTER_PORT:-8100}}" &
 edge=$!
-trap 'kill $edge $center 2>/dev/null; wait' INT TERM EXIT
-echo "center: http://127.0.0.1:${CENTER_PORT:-8100}  edge: http://127.0.0.1:${EDGE_PORT:-8200}" >&2
-wait -n $center $edge
+trap 'kill $edge $center $registry 2>/dev/null; wait' INT TERM EXIT
+cat >&2 <<EOM
+registry: 127.0.0.1:$GRPC (gRPC sync; metrics http://127.0.0.1:${REGISTRY_METRICS_PORT:-8300}/metrics)
+center:   http://127.0.0.1:${CENTER_PORT:-8100}
+edge:     http://127.0.0.1:${EDGE_PORT:-8200}
+rollout:  .venv/bin/registry publish var/demo/release --name sentiment   (another terminal)
+status:   .venv/bin/registry status
+EOM
+wait -n $registry $center $edge

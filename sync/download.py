@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import shutil
+import time
 from pathlib import Path
 
 import grpc
@@ -23,6 +24,7 @@ from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
+STALE_SECONDS = 24 * 3600
 RESUMES = 5  # broken streams retried (resuming) before the release attempt fails
 CODES_NOT_RETRIED = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT,
                      grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.OUT_OF_RANGE,
@@ -108,6 +110,17 @@ class Downloader:
                                 f"expected {artifact.sha256[:12]}…; discarded")
         os.replace(path, final)
         return final
+
+    def sweep(self, max_age_s: float = STALE_SECONDS) -> int:
+        """Delete downloads nobody finished for a day (a partial file younger than that is
+        kept: a restarted node resumes it)."""
+        if not self.folder.is_dir():
+            return 0
+        stale = [p for p in self.folder.iterdir()
+                 if p.is_file() and time.time() - p.stat().st_mtime > max_age_s]
+        for path in stale:
+            path.unlink(missing_ok=True)
+        return len(stale)
 
     def take(self, artifact: Artifact, destination: Path) -> None:
         """ModelStore.install's fetch: move the verified download into the staging folder."""

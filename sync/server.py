@@ -167,6 +167,8 @@ class SyncService(pb_grpc.SyncServicer):
                     await self._report(session, message.report)
         except (grpc.RpcError, asyncio.InvalidStateError, ValueError) as exc:
             log.info("stream from %s ended: %s", session.node.node_id, exc)
+        except Exception:  # e.g. the database: end this stream, the node reconnects
+            log.exception("handling a message from %s failed", session.node.node_id)
         finally:
             session.close()
 

@@ -15,12 +15,13 @@ import contextlib
 import hashlib
 import logging
 import random
+import re
 from dataclasses import dataclass
 
 import grpc
 from prometheus_client import CollectorRegistry, Gauge
 
-from serving.manifest import Manifest, decode
+from serving.manifest import Manifest, decode, is_valid_name
 from serving.quality import QualityWindow
 from serving.repository import Repository
 from serving.settings import ServingSettings
@@ -30,6 +31,7 @@ from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
+SHA256 = re.compile(r"[0-9a-f]{64}")
 CLIENT_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
                   ("grpc.keepalive_permit_without_calls", 1)]
 
@@ -78,6 +80,7 @@ class Subscriber:
 
     async def run(self) -> None:
         """Stay subscribed until cancelled."""
+        await asyncio.to_thread(self.downloads.sweep)
         backoff = Backoff(self.settings.sync_backoff_max_s)
         while True:
             try:
@@ -114,7 +117,7 @@ class Subscriber:
         held = []
         root = self.store.root
         for folder in sorted(root.iterdir()) if root.is_dir() else []:
-            versions = self.store.versions(folder.name) if folder.name[0] != "." else []
+            versions = self.store.versions(folder.name) if is_valid_name(folder.name) else []
             if versions:
                 active = self.repository.default_version(folder.name) or 0
                 held.append(pb.Held(model=folder.name, versions=versions, active=active))
@@ -131,6 +134,10 @@ class Subscriber:
         except ValueError as exc:
             log.error("release %s v%s: unreadable manifest (%s); ignored", release.model,
                       release.version, exc)
+            return
+        if any(not SHA256.fullmatch(a.sha256) for a in manifest.by_role().values()):
+            log.error("release %s v%s: an artifact digest is not a sha256; ignored",
+                      release.model, release.version)
             return
         if (manifest.name, manifest.version) != (release.model, release.version):
             log.error("release %s v%s carries the manifest of %s v%s; ignored", release.model,
@@ -175,6 +182,8 @@ class Subscriber:
                     await self.downloads.get(artifact)
                 await asyncio.to_thread(self.store.install, manifest, self.tier,
                                         self.downloads.take, False)
+            if self._wanted[model].manifest is not manifest:
+                return  # superseded while downloading (e.g. a rollback): never swap it in
             await self.repository.activate(model, version)
         keep = {version} | ({previous} if previous else set())
         removed = await asyncio.to_thread(self.store.prune, model, keep)

@@ -76,8 +76,10 @@ class RegistryProcess(Process):
 
 
 def start_registry(home: Path, log_dir: Path, token: str, *flags: str, port: int | None = None,
-                   timeout: float = 30, env: dict[str, str] | None = None) -> RegistryProcess:
-    """Run ``registry serve``; return once its gRPC health check answers SERVING."""
+                   timeout: float = 30, env: dict[str, str] | None = None,
+                   ca: Path | None = None) -> RegistryProcess:
+    """Run ``registry serve``; return once its gRPC health check answers SERVING (over TLS
+    verified against ``ca`` when given)."""
     from grpc_health.v1 import health_pb2, health_pb2_grpc  # grpc only where it is used
 
     port = port or free_port()
@@ -91,7 +93,9 @@ def start_registry(home: Path, log_dir: Path, token: str, *flags: str, port: int
             env={"PATH": str(BIN), **(env or {}), "REGISTRY_TOKEN": token})
     server = RegistryProcess("registry", port, process, log, metrics_port)
     deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(server.target) as channel:
+    channel = (grpc.secure_channel(server.target, grpc.ssl_channel_credentials(ca.read_bytes()))
+               if ca else grpc.insecure_channel(server.target))
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if process.poll() is not None:

@@ -353,3 +353,50 @@ def test_fetch_rejects_bad_requests_cleanly(fleet: Fleet) -> None:
         with pytest.raises(grpc.RpcError) as failed:
             list(stub.Sync(iter([bad_hello]), metadata=auth, timeout=5))
         assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def self_signed(folder: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key, PEM files."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tiered-registry")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = folder / "registry.crt", folder / "registry.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def test_tls_registry_serves_nodes_that_trust_its_certificate(fleet: Fleet) -> None:
+    cert, key = self_signed(fleet.root)
+    secure = start_registry(fleet.cli.home, fleet.root, TOKEN, "--tls-cert", str(cert),
+                            "--tls-key", str(key), ca=cert)
+    try:
+        production = fleet.cli("list", "--json").json()[0]["production"]
+        edge = fleet.start_node("edge", fleet.root / "edge-tls", "--registry-ca", str(cert),
+                                registry=secure.target)
+        assert served(edge) == production
+        with grpc.insecure_channel(secure.target) as plaintext:
+            with pytest.raises(grpc.RpcError) as refused:
+                health_pb2_grpc.HealthStub(plaintext).Check(health_pb2.HealthCheckRequest(),
+                                                            timeout=3)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        secure.stop()

@@ -76,3 +76,21 @@ def test_unsafe_names_are_refused(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="unsafe"):
         store.install(evil, "edge", write_good)
     assert not (tmp_path.parent / "escape.onnx").exists()
+
+
+def test_prune_keeps_what_is_asked_and_never_current(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path)
+    for version in (1, 2, 3, 4):
+        store.install(manifest(version), "edge", write_good, activate=version == 2)
+    assert store.prune("sentiment", keep={4}) == [1, 3]  # 2 is CURRENT: kept whatever keep says
+    assert store.versions("sentiment") == [2, 4] and store.current("sentiment") == 2
+
+
+def test_find_locates_an_installed_file_by_sha256(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path)
+    assert store.find(manifest().edge.sha256) is None
+    store.install(manifest(1), "edge", write_good)
+    found = store.find(manifest().edge.sha256)
+    assert found is not None and hashlib.sha256(found.read_bytes()).hexdigest() == \
+        manifest().edge.sha256
+    assert store.find("f" * 64) is None

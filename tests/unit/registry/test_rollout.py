@@ -1,0 +1,119 @@
+"""Who should run what: production, canaries by node, region or tier; node state and acks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from registry import audit
+from registry.catalog import Catalog, Node
+from registry.db import connect
+from registry.nodes import Held, NodeBook
+from serving.manifest import (
+    Artifact,
+    Calibration,
+    Fidelity,
+    Manifest,
+    Preprocessing,
+    TensorSpec,
+)
+
+EU_EDGE = Node("edge-1", "edge", "eu")
+US_EDGE = Node("edge-2", "edge", "us")
+CENTER = Node("center-1", "center", "eu")
+
+
+def manifest(name: str = "m", seed: int = 0) -> Manifest:
+    def artifact(file: str, fmt: str) -> Artifact:
+        return Artifact(file, f"{seed:02d}{fmt[:2]}".ljust(64, "0"), 10, fmt)  # type: ignore[arg-type]
+
+    return Manifest(name=name, version=0, labels=["neg", "pos"],
+                    inputs=[TensorSpec("input_ids", "INT64", [-1, -1])],
+                    outputs=[TensorSpec("logits", "FP32", [-1, 2])],
+                    preprocessing=Preprocessing(None, 32), center=artifact("c.pt", "torchscript"),
+                    edge=artifact("e.onnx", "onnx"), tokenizer=None,
+                    calibration=Calibration("default", 0.7), fidelity=Fidelity(1.0, 1, 0.97,
+                                                                                "generated"),
+                    publisher="t", published_at="now", source_sha256=str(seed))
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> Catalog:
+    return Catalog(connect(tmp_path / "r.sqlite3"), "tester")
+
+
+def desired(catalog: Catalog, node: Node) -> dict[str, tuple[int, str]]:
+    return {t.model: (t.version, t.alias) for t in catalog.desired(node)}
+
+
+def test_production_goes_everywhere_and_the_manifest_travels_byte_for_byte(
+        catalog: Catalog) -> None:
+    assert desired(catalog, EU_EDGE) == {}
+    catalog.create_version(manifest())
+    (target,) = catalog.desired(EU_EDGE)
+    row = catalog.resolve("m", "1")
+    assert (target.version, target.alias, target.manifest_sha256) == \
+        (1, "production", row.manifest_sha256)
+    assert json.loads(target.manifest)["version"] == 1
+    assert desired(catalog, CENTER) == {"m": (1, "production")}
+
+
+@pytest.mark.parametrize("targets, chosen", [
+    (["edge-1"], {"edge-1"}),
+    (["region:us"], {"edge-2"}),
+    (["tier:center"], {"center-1"}),
+    (["edge-1", "tier:center"], {"edge-1", "center-1"}),
+    (["nobody"], set()),
+])
+def test_a_canary_reaches_only_the_nodes_it_names(catalog: Catalog, targets: list[str],
+                                                  chosen: set[str]) -> None:
+    catalog.create_version(manifest())
+    catalog.create_version(manifest(seed=1), canary=targets)
+    for node in (EU_EDGE, US_EDGE, CENTER):
+        expected = (2, "canary") if node.node_id in chosen else (1, "production")
+        assert desired(catalog, node)["m"] == expected, node
+    catalog.promote("m")
+    assert {desired(catalog, n)["m"] for n in (EU_EDGE, US_EDGE, CENTER)} == {(2, "production")}
+    catalog.rollback("m")
+    assert {desired(catalog, n)["m"] for n in (EU_EDGE, US_EDGE, CENTER)} == {(1, "production")}
+
+
+def test_a_canary_first_release_has_nothing_for_the_other_nodes(catalog: Catalog) -> None:
+    catalog.create_version(manifest(), canary=["edge-1"])
+    assert desired(catalog, EU_EDGE) == {"m": (1, "canary")}
+    assert desired(catalog, US_EDGE) == {}
+
+
+def test_acks_are_audited_and_status_names_the_laggards(catalog: Catalog) -> None:
+    book = NodeBook(catalog.db)
+    catalog.create_version(manifest())
+    book.connected(EU_EDGE, "ipv4:127.0.0.1:1", [Held("m", [1], 1)])
+    book.connected(US_EDGE, "ipv4:127.0.0.1:2", [])
+    catalog.create_version(manifest(seed=1))
+    book.acknowledged(EU_EDGE, "m", 2, "DOWNLOADING", "")
+    book.acknowledged(US_EDGE, "m", 2, "FAILED", "sha256 mismatch")
+    rows = {r["node"]: r for r in book.status(catalog)}
+    assert (rows["edge-1"]["version"], rows["edge-1"]["state"], rows["edge-1"]["lagging"]) == \
+        (1, "DOWNLOADING", True)
+    assert rows["edge-2"]["reason"] == "version 2: sha256 mismatch"
+    book.acknowledged(EU_EDGE, "m", 2, "ACTIVE", "")
+    book.disconnected("edge-2")
+    rows = {r["node"]: r for r in book.status(catalog)}
+    assert (rows["edge-1"]["version"], rows["edge-1"]["lagging"]) == (2, False)
+    assert rows["edge-2"]["connected"] is False
+    acks = [(r.actor, r.version, json.loads(r.payload)["state"])
+            for r in audit.records(catalog.db) if r.action == "ack"]
+    assert acks == [("node:edge-1", 2, "DOWNLOADING"), ("node:edge-2", 2, "FAILED"),
+                    ("node:edge-1", 2, "ACTIVE")]
+    assert audit.verify(catalog.db)[1] is None
+
+
+def test_reports_are_kept_per_node_and_model(catalog: Catalog) -> None:
+    book = NodeBook(catalog.db)
+    catalog.create_version(manifest())
+    book.connected(EU_EDGE, "p", [Held("m", [1], 1)])
+    book.reported("edge-1", "m", {"escalation_rate": 0.25, "p99_ms": 12.5, "requests": 40})
+    (row,) = book.status(catalog)
+    assert (row["escalation_rate"], row["p99_ms"], row["requests"]) == (0.25, 12.5, 40)
