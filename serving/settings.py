@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Any
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -21,8 +22,9 @@ class ServingSettings(BaseSettings):
     store: Path = Path("./var/model-store")
     """Model store folder (<store>/<model>/<version>/, CURRENT), filled by registry pull."""
 
-    node_id: str = Field(default_factory=socket.gethostname)
-    """Name of this node in logs, metrics and the registry's status (unique per node)."""
+    node_id: str = ""
+    """Name of this node in logs, responses and the registry's status; must be unique per
+    node (default: <host name>-<port>, so two tiers on one host differ)."""
 
     region: str = "local"
     """Region tag of this node (rollouts can target ``region:R``; routing prefers the nearest)."""
@@ -77,3 +79,11 @@ class ServingSettings(BaseSettings):
 
     log_level: str = "INFO"
     """Python log level name."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_node_id(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("node_id"):
+            port = data.get("port", cls.model_fields["port"].default)
+            data = {**data, "node_id": f"{socket.gethostname()}-{port}"}
+        return data

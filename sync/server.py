@@ -120,7 +120,10 @@ class SyncService(pb_grpc.SyncServicer):
         session = Session(Node(hello.node_id, hello.tier, hello.region[:64] or "local"),
                           context.peer(), {h.model: h.active for h in held if h.active})
         superseded = self.sessions.get(session.node.node_id)
-        if superseded is not None:  # the node reconnected before its old stream timed out
+        if superseded is not None:  # a reconnect before the old stream timed out, or a clash
+            log.warning("node %s connected again from %s; closing its stream from %s (two "
+                        "nodes sharing one id would keep taking turns)", hello.node_id,
+                        session.peer, superseded.peer)
             superseded.close()
         self.sessions[session.node.node_id] = session
         self.metrics.connected.set(len(self.sessions))
