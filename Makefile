@@ -19,9 +19,11 @@ demo: $(STAMP)
 serve: demo
 	bash scripts/serve.sh
 
-## bench: serving benchmark on the demo release (edge/center under wrk vs raw runtimes; ~2.5 min)
+## bench: serving benchmark (edge/center under wrk vs raw runtimes; ~2.5 min), then the model
+## sync benchmark (propagation, bytes, fan-out to 50 subscribers, p99 during a swap; ~1.5 min)
 bench: demo
 	$(BIN)/python bench/tiers.py
+	$(BIN)/python bench/rollout.py
 
 ## test: the whole suite (unit + integration, slow tests included)
 test: $(STAMP)

@@ -14,6 +14,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import BinaryIO
 
 import grpc
 from prometheus_client import CollectorRegistry, Counter
@@ -87,16 +88,17 @@ class Downloader:
         if offset:
             self.metrics.resumed.inc()
         request = pb.FetchRequest(sha256=artifact.sha256, offset=offset)
+        # written off the event loop (it also serves inference requests), each chunk flushed
+        # to the file before the next is read, so a resume never skips bytes
         with part.open("ab") as out:
             async for chunk in self.stub.Fetch(request, metadata=self.metadata):
                 if chunk.offset != offset or chunk.size != artifact.size:
                     raise TransferError(f"fetch {artifact.file}: chunk at {chunk.offset} of "
                                         f"{chunk.size}, expected {offset} of {artifact.size}")
-                out.write(chunk.data)
-                out.flush()  # a chunk is on disk before the next is asked for
+                await asyncio.to_thread(_append, out, chunk.data)
                 offset += len(chunk.data)
                 self.metrics.bytes.inc(len(chunk.data))
-            os.fsync(out.fileno())
+            await asyncio.to_thread(os.fsync, out.fileno())
         if offset != artifact.size:
             raise TransferError(f"fetch {artifact.file}: stream ended at {offset} of "
                                 f"{artifact.size} bytes")
@@ -125,3 +127,8 @@ class Downloader:
     def take(self, artifact: Artifact, destination: Path) -> None:
         """ModelStore.install's fetch: move the verified download into the staging folder."""
         os.replace(self.folder / artifact.sha256, destination)
+
+
+def _append(out: BinaryIO, data: bytes) -> None:
+    out.write(data)
+    out.flush()

@@ -22,7 +22,7 @@ from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from registry.blobs import BlobStore
-from registry.catalog import Catalog, Node
+from registry.catalog import Catalog, Node, Target
 from registry.db import connect
 from registry.nodes import STATES, Held, NodeBook
 from registry.settings import RegistrySettings
@@ -142,7 +142,19 @@ class SyncService(pb_grpc.SyncServicer):
 
     async def push(self, session: Session) -> None:
         """Queue every release whose desired version changed for this node since last time."""
-        targets = await self.db.run(self.db.catalog.desired, session.node)
+        self._queue(session, await self.db.run(self.db.catalog.desired, session.node))
+
+    async def push_all(self) -> None:
+        """After a change: every node's desired releases in one database call, then queued."""
+        sessions = list(self.sessions.values())
+
+        def desired_for_all() -> list[list[Target]]:
+            return [self.db.catalog.desired(s.node) for s in sessions]
+
+        for session, targets in zip(sessions, await self.db.run(desired_for_all), strict=True):
+            self._queue(session, targets)
+
+    def _queue(self, session: Session, targets: list[Target]) -> None:
         for t in targets:
             if session.sent.get(t.model) == t.version:
                 continue
@@ -155,10 +167,6 @@ class SyncService(pb_grpc.SyncServicer):
             self.metrics.pushes.inc()
             log.info("pushing %s version %s (%s) to %s", t.model, t.version, t.alias,
                      session.node.node_id)
-
-    async def push_all(self) -> None:
-        for session in list(self.sessions.values()):
-            await self.push(session)
 
     async def _read(self, session: Session, context: grpc.aio.ServicerContext) -> None:
         try:
@@ -273,8 +281,8 @@ class SyncServer:
             try:
                 version = await self.db.run(self.db.data_version)
                 if version != seen:
-                    seen = version
                     await self.service.push_all()
+                    seen = version  # only once pushed: a failed push is tried again
             except Exception:  # a bad moment must not end pushing for good
                 log.exception("pushing changes failed; retrying")
 
