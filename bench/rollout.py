@@ -953,9 +953,8 @@ def report(info: dict[str, str], results: Results) -> None:
                   f"{s.steady.load.rps:.1f} vs {s.swap.load.rps:.1f}")
     r = f.rounds[-1]
     console.print(f"  [cyan]info[/]  fan-out: the registry pushed to the {f.subscribers} "
-                  f"subscribers over {fmt_s(r.push_last_s - r.push_first_s)} s (one at a "
-                  f"time, a database query each, while the first ones' downloads already "
-                  f"run); {r.mib_per_s:.0f} MiB/s in aggregate")
+                  f"subscribers over {fmt_s(r.push_last_s - r.push_first_s)} s (first to "
+                  f"last push, from its log); {r.mib_per_s:.0f} MiB/s in aggregate")
     busy = max([p.other_cores for p in rollouts] + [x.other_cores for x in f.rounds]
                + [s.steady.other_cores, s.swap.other_cores])
     if busy > BUSY_OTHERS:
