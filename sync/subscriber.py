@@ -88,6 +88,8 @@ class Subscriber:
             except (grpc.aio.AioRpcError, grpc.aio.UsageError, OSError) as exc:
                 detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
                 log.warning("registry %s: %s", self.settings.registry, detail)
+            except Exception:  # never stop syncing for good: log it and reconnect
+                log.exception("sync session with %s failed", self.settings.registry)
             finally:
                 self._call = None
                 self.connected.set(0)
