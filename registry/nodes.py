@@ -46,6 +46,11 @@ class NodeBook:
                              "reason = NULL, updated_at = excluded.updated_at",
                              [node.node_id, h.model, h.active, state, at])
 
+    def all_disconnected(self) -> None:
+        """At ``registry serve`` start: no stream is open yet, whatever a killed server left."""
+        with transaction(self.db) as conn:
+            conn.execute("UPDATE nodes SET connected = 0 WHERE connected = 1")
+
     def disconnected(self, node_id: str) -> None:
         with transaction(self.db) as conn:
             conn.execute("UPDATE nodes SET connected = 0, last_seen = ? WHERE node_id = ?",

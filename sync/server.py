@@ -249,6 +249,7 @@ class SyncServer:
 
     async def start(self) -> int:
         await self.db.open()
+        await self.db.run(self.db.nodes.all_disconnected)
         token = self.settings.token.get_secret_value() if self.settings.token else ""
         server = grpc.aio.server(
             interceptors=[auth.TokenInterceptor(token, self._denied)],

@@ -103,6 +103,8 @@ def test_acks_are_audited_and_status_names_the_laggards(catalog: Catalog) -> Non
     rows = {r["node"]: r for r in book.status(catalog)}
     assert (rows["edge-1"]["version"], rows["edge-1"]["lagging"]) == (2, False)
     assert rows["edge-2"]["connected"] is False
+    book.all_disconnected()  # what a restarted registry serve does first
+    assert not any(r["connected"] for r in book.status(catalog))
     acks = [(r.actor, r.version, json.loads(r.payload)["state"])
             for r in audit.records(catalog.db) if r.action == "ack"]
     assert acks == [("node:edge-1", 2, "DOWNLOADING"), ("node:edge-2", 2, "FAILED"),
