@@ -6,7 +6,7 @@ DEMO  := var/demo/release
 
 .PHONY: demo serve bench test test-fast lint typecheck check clean
 
-$(STAMP): pyproject.toml scripts/bootstrap.sh
+$(STAMP): pyproject.toml scripts/bootstrap.sh scripts/install_tools.sh
 	bash scripts/bootstrap.sh
 
 ## demo: build the demo release (cached after the first ~8 min) and publish it to ./var/registry

@@ -537,7 +537,8 @@ def make_sim(index: int, root: Path, target: str) -> Sim:
     store.root.mkdir(parents=True)
     channel = auth.channel(target, None, SIM_OPTIONS)
     metrics = CollectorRegistry()
-    downloader = Downloader(pb_grpc.SyncStub(channel), auth.metadata(TOKEN), store,
+    stub = pb_grpc.SyncStub(channel)
+    downloader = Downloader(lambda: stub, auth.metadata(TOKEN), store,
                             DownloadMetrics("sim", metrics))
     return Sim(index, store, metrics, channel, downloader)
 

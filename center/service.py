@@ -7,6 +7,7 @@ from pathlib import Path
 from center.runtime import TorchScriptRuntime, pick_device
 from center.settings import CenterSettings
 from serving import classify, v2
+from serving.discovery import OnChange
 from serving.manifest import Manifest
 from serving.metrics import Metrics
 from serving.repository import Repository, Resident
@@ -36,6 +37,9 @@ class CenterService:
                                   [len(r) for r in rows], ["center"] * len(rows))
         return classify.response(resident, parsed, probabilities, ["center"] * len(rows),
                                  {"center_version": resident.version})
+
+    def watches(self) -> dict[str, OnChange]:
+        return {}
 
     async def stop(self) -> None:
         return None

@@ -33,15 +33,24 @@ class CenterClient:
     def __init__(self, urls: list[str], timeout_s: float, failures: int, reset_s: float,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.urls = [u.rstrip("/") for u in urls]
+        self._failures, self._reset_s = failures, reset_s
         self.breakers = {url: CircuitBreaker(failures, reset_s) for url in self.urls}
         self.http = httpx.AsyncClient(timeout=timeout_s, transport=transport,
                                       limits=httpx.Limits(max_connections=64))
         self._turn = 0
 
+    def set_urls(self, urls: list[str]) -> None:
+        """Follow discovery: keep the breakers of centers that stay, forget the others."""
+        self.urls = [u.rstrip("/") for u in urls]
+        self.breakers = {url: self.breakers.get(url) or CircuitBreaker(self._failures,
+                                                                       self._reset_s)
+                         for url in self.urls}
+
     def _order(self) -> list[str]:
         """Round-robin start so escalations spread over centers."""
-        self._turn = (self._turn + 1) % max(1, len(self.urls))
-        return self.urls[self._turn:] + self.urls[:self._turn]
+        urls = self.urls
+        self._turn = (self._turn + 1) % max(1, len(urls))
+        return urls[self._turn:] + urls[:self._turn]
 
     async def classify(self, model: str, texts: list[str] | None, rows: list[np.ndarray],
                        request_id: str | None, labels: int) -> CenterAnswer:
@@ -50,8 +59,9 @@ class CenterClient:
         if request_id:
             headers["x-request-id"] = request_id
         reasons = []
+        breakers = self.breakers  # set_urls replaces the dict: this call keeps a coherent view
         for url in self._order():
-            breaker = self.breakers[url]
+            breaker = breakers[url]
             if not breaker.allow():
                 reasons.append(f"{url}: circuit open")
                 continue

@@ -15,6 +15,7 @@ from edge.escalation import CenterClient, CenterUnavailable
 from edge.runtime import OnnxRuntime
 from edge.settings import EdgeSettings
 from serving import classify, v2
+from serving.discovery import SERVICES, Instance, OnChange
 from serving.logs import request_id
 from serving.manifest import Manifest
 from serving.metrics import MV, Metrics
@@ -33,9 +34,9 @@ class EdgeService:
         self.settings = settings
         self.metrics = metrics or Metrics("edge")
         self.cache = ResponseCache(settings.cache_size, settings.cache_ttl_s)
-        urls = [u for u in (settings.center_url or "").split(",") if u.strip()]
-        self.center = CenterClient(urls, settings.center_timeout_s, settings.breaker_failures,
-                                   settings.breaker_reset_s)
+        self.static_centers = [u for u in (settings.center_url or "").split(",") if u.strip()]
+        self.center = CenterClient(self.static_centers, settings.center_timeout_s,
+                                   settings.breaker_failures, settings.breaker_reset_s)
 
         def load(manifest: Manifest, folder: Path) -> OnnxRuntime:
             return OnnxRuntime(folder / manifest.edge.file, settings.threads)
@@ -127,6 +128,13 @@ class EdgeService:
         finally:
             for url, state in self.center.circuits().items():
                 self.circuit_open.labels(url).set(1 if state == "open" else 0)
+
+    def watches(self) -> dict[str, OnChange]:
+        return {SERVICES["center"]: self._centers}
+
+    def _centers(self, instances: list[Instance]) -> None:
+        """Escalate to the centers Consul says are passing; the static list when none is."""
+        self.center.set_urls([i.url for i in instances] or self.static_centers)
 
     async def stop(self) -> None:
         await self.center.close()

@@ -6,7 +6,7 @@ import getpass
 import socket
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -39,6 +39,18 @@ class RegistrySettings(BaseSettings):
     tls_key: Path | None = None
     """PEM private key matching ``tls_cert``."""
 
+    consul_http_addr: str | None = Field(
+        default=None, validation_alias=AliasChoices("consul_http_addr", "CONSUL_HTTP_ADDR"))
+    """Consul agent (host:port) ``registry serve`` registers with (gRPC health check);
+    unset = no Consul."""
+
+    consul_http_token: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("consul_http_token", "CONSUL_HTTP_TOKEN"))
+    """Consul ACL token."""
+
+    advertise: str | None = None
+    """Address registered in Consul (default: host, or the host name on 0.0.0.0)."""
+
     chunk_bytes: int = Field(default=1 << 20, ge=1024, le=3 << 20)
     """Bytes per Fetch message (below gRPC's 4 MiB default receive limit)."""
 
@@ -69,3 +81,9 @@ class RegistrySettings(BaseSettings):
     @property
     def blobs(self) -> Path:
         return self.home / "blobs"
+
+    @property
+    def advertised(self) -> str:
+        if self.advertise:
+            return self.advertise
+        return socket.gethostname() if self.host in ("0.0.0.0", "::", "") else self.host

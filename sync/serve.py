@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 
@@ -10,6 +11,7 @@ import uvloop
 from prometheus_client import start_http_server
 
 from registry.settings import RegistrySettings
+from serving import discovery
 from serving.logs import configure
 from sync.metrics import SyncMetrics
 from sync.server import SyncServer
@@ -30,15 +32,36 @@ async def serve(settings: RegistrySettings) -> None:
              f", metrics on :{http.server_port}" if http else "",
              extra={"fields": {"grpc_port": port, "metrics_port":
                                http.server_port if http else None}})
+    registration = _registration(settings, port)
+    registering = asyncio.create_task(registration.run()) if registration else None
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopping.set)
     await stopping.wait()
     log.info("stopping")
+    if registration is not None and registering is not None:
+        await registration.deregister()
+        registering.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await registering
+        await registration.consul.close()
     await server.stop(grace=5)
     if http is not None:
         http.shutdown()
+
+
+def _registration(settings: RegistrySettings, port: int) -> discovery.Registration | None:
+    if not settings.consul_http_addr:
+        return None
+    token = settings.consul_http_token
+    client = discovery.client(settings.consul_http_addr,
+                              token.get_secret_value() if token else None)
+    target = f"{settings.advertised}:{port}"
+    return discovery.Registration(
+        client, discovery.SERVICES["registry"], f"registry-{settings.advertised}-{port}",
+        settings.advertised, port, discovery.grpc_check(target), tags=["registry"],
+        meta=lambda: {"tier": "registry", "metrics_port": str(settings.metrics_port or "")})
 
 
 def run(settings: RegistrySettings) -> None:

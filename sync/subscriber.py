@@ -16,6 +16,7 @@ import hashlib
 import logging
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -26,7 +27,7 @@ from serving.quality import QualityWindow
 from serving.repository import Repository
 from serving.settings import ServingSettings
 from sync import auth
-from sync.download import Downloader, DownloadMetrics
+from sync.download import Downloader, DownloadMetrics, TransferError
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 
@@ -60,16 +61,18 @@ class Wanted:
 
 class Subscriber:
     def __init__(self, settings: ServingSettings, repository: Repository,
-                 quality: QualityWindow, registry: CollectorRegistry, prefix: str) -> None:
-        if settings.registry is None:
-            raise ValueError("no registry configured")
+                 quality: QualityWindow, registry: CollectorRegistry, prefix: str,
+                 target: Callable[[], str | None]) -> None:
+        """``target`` names the registry (host:port) to use now: the static setting, or what
+        Consul lists; None while there is none."""
         self.settings, self.repository, self.quality = settings, repository, quality
-        self.store, self.tier = repository.store, repository.tier
+        self.store, self.tier, self.target = repository.store, repository.tier, target
         token = settings.registry_token.get_secret_value() if settings.registry_token else None
         self.metadata = auth.metadata(token)
-        self.channel = auth.channel(settings.registry, settings.registry_ca, CLIENT_OPTIONS)
-        self.stub = pb_grpc.SyncStub(self.channel)
-        self.downloads = Downloader(self.stub, self.metadata, self.store,
+        self.channel: grpc.aio.Channel | None = None
+        self.stub: pb_grpc.SyncStub | None = None
+        self._channel_target: str | None = None
+        self.downloads = Downloader(self._stub, self.metadata, self.store,
                                     DownloadMetrics(prefix, registry))
         self.connected = Gauge(f"{prefix}_sync_connected", "1 while the Sync stream to the "
                                "registry is open", registry=registry)
@@ -83,20 +86,40 @@ class Subscriber:
         await asyncio.to_thread(self.downloads.sweep)
         backoff = Backoff(self.settings.sync_backoff_max_s)
         while True:
+            target = self.target()
+            if target is None:  # Consul lists no passing registry (yet)
+                await asyncio.sleep(backoff.next())
+                continue
+            await self._use(target)
             try:
                 await self._session(backoff)
             except (grpc.aio.AioRpcError, grpc.aio.UsageError, OSError) as exc:
                 detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-                log.warning("registry %s: %s", self.settings.registry, detail)
+                log.warning("registry %s: %s", target, detail)
             except Exception:  # never stop syncing for good: log it and reconnect
-                log.exception("sync session with %s failed", self.settings.registry)
+                log.exception("sync session with %s failed", target)
             finally:
                 self._call = None
                 self.connected.set(0)
             await asyncio.sleep(backoff.next())
 
+    def _stub(self) -> pb_grpc.SyncStub:
+        if self.stub is None:
+            raise TransferError("no registry to fetch from yet")
+        return self.stub
+
+    async def _use(self, target: str) -> None:
+        """Point the channel at ``target`` (a new one when discovery moved the registry)."""
+        if target == self._channel_target:
+            return
+        previous = self.channel
+        self.channel = auth.channel(target, self.settings.registry_ca, CLIENT_OPTIONS)
+        self.stub, self._channel_target = pb_grpc.SyncStub(self.channel), target
+        if previous is not None:
+            await previous.close()
+
     async def _session(self, backoff: Backoff) -> None:
-        call = self.stub.Sync(metadata=self.metadata)
+        call = self._stub().Sync(metadata=self.metadata)
         await call.write(pb.NodeMessage(hello=self._hello()))
         welcome = await call.read()
         if welcome is grpc.aio.EOF:
@@ -104,7 +127,7 @@ class Subscriber:
         self._call = call
         self.connected.set(1)
         backoff.reset()
-        log.info("subscribed to registry %s", self.settings.registry)
+        log.info("subscribed to registry %s", self._channel_target)
         reporter = asyncio.create_task(self._report(welcome.welcome.report_interval_s or 10.0))
         try:
             while (message := await call.read()) is not grpc.aio.EOF:
@@ -222,7 +245,8 @@ class Subscriber:
         for worker in self._workers.values():
             with contextlib.suppress(asyncio.CancelledError):
                 await worker
-        await self.channel.close()
+        if self.channel is not None:
+            await self.channel.close()
 
 
 def _report_message(report: dict[str, object]) -> pb.QualityReport:

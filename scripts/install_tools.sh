@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Install the two non-Python parts of the stack when missing (idempotent, no system apt source
+# is changed):
+#   consul — Debian bookworm has none; bullseye's consul 1.8.7 package carries the binary and
+#            its web UI. The .deb is fetched with a private one-line source list and unpacked;
+#            only usr/bin/consul is kept, as .venv/bin/consul.
+#   nginx  — nginx-light from Debian (apt-get; root or password-less sudo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+mkdir -p "$BIN"
+
+sudo_if_needed() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo -n "$@"; fi; }
+
+if [ ! -x "$BIN/consul" ]; then
+    if command -v consul >/dev/null 2>&1; then
+        ln -sf "$(command -v consul)" "$BIN/consul"
+    else
+        echo "install_tools: fetching consul from Debian bullseye" >&2
+        work=$(mktemp -d)
+        trap 'rm -rf "$work"' EXIT
+        uri=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null \
+              || true)
+        uri=${uri:-http://deb.debian.org/debian}
+        echo "deb $uri bullseye main" > "$work/sources.list"
+        mkdir -p "$work/lists/partial"
+        opts=(-o "Dir::Etc::SourceList=$work/sources.list" -o "Dir::Etc::SourceParts=/dev/null"
+              -o "Dir::State::Lists=$work/lists" -o "APT::Get::List-Cleanup=0"
+              -o "APT::Sandbox::User=root")
+        apt-get "${opts[@]}" update -qq
+        (cd "$work" && apt-get "${opts[@]}" download consul -qq)
+        dpkg -x "$work"/consul_*.deb "$work/root"
+        install -m 0755 "$work/root/usr/bin/consul" "$BIN/consul"
+    fi
+fi
+
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+    echo "install_tools: installing nginx-light from Debian" >&2
+    sudo_if_needed apt-get update -qq
+    sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null
+fi
+"$BIN/consul" version | head -1 >&2
