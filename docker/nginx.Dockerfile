@@ -1,0 +1,34 @@
+# The entry point: nginx (Debian's nginx-light) in front of the healthy edges, run as a child of
+# the upstream renderer `python -m nginx.render`, which writes nginx.conf from the template in
+# the `nginx` package, watches Consul, rewrites the upstream list and reloads nginx.
+#
+#   docker compose build nginx          (or: docker build -f docker/nginx.Dockerfile -t tiered/nginx .)
+#
+# The renderer imports only the stdlib and `consul` (py-consul): no torch, no onnxruntime, so the
+# project is installed --no-deps next to py-consul and its dependencies.
+FROM python:3.11-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nginx-light \
+    && rm -rf /var/lib/apt/lists/*
+
+# [asyncio] brings aiohttp, in case the renderer watches Consul with the asyncio client.
+RUN pip install "py-consul[asyncio]>=1.5"
+
+COPY . /src
+RUN pip install --no-deps /src && rm -rf /src && python -c "import nginx.render"
+
+# nginx runs unprivileged (-p PREFIX, temp paths under it); the two folders below are where it
+# looks before reading its configuration (error log, default temp paths).
+RUN useradd --system --create-home --uid 10001 tiered \
+    && mkdir -p /var/lib/tiered/nginx \
+    && chown -R tiered /var/lib/tiered /var/log/nginx /var/lib/nginx
+USER tiered
+WORKDIR /home/tiered
+
+EXPOSE 8080
+CMD ["python", "-m", "nginx.render", "--prefix", "/var/lib/tiered/nginx", \
+     "--listen", "0.0.0.0:8080", "--consul", "consul:8500", "--run-nginx"]

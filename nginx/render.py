@@ -1,0 +1,220 @@
+"""The upstream renderer (consul-template's job, kept small): follows the passing edges, centers
+and registry in Consul with blocking queries, writes ``upstreams.conf`` atomically, and reloads
+nginx only when that file's content changed. With ``--run-nginx`` it also runs nginx as its
+child (``daemon off``) and stops it on SIGTERM/SIGINT.
+
+    python -m nginx.render --prefix var/nginx --listen 127.0.0.1:8080 --consul 127.0.0.1:8500 \\
+        --run-nginx
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+import uvloop
+
+from serving import discovery
+from serving.discovery import Instance
+from serving.logs import configure
+
+log = logging.getLogger("nginx.render")
+TEMPLATE = Path(__file__).with_name("nginx.conf.template")
+NOWHERE = "server 127.0.0.1:9 down;  # none passing"
+
+
+@dataclass
+class Fleet:
+    edges: list[Instance] = field(default_factory=list)
+    centers: list[Instance] = field(default_factory=list)
+    registries: list[Instance] = field(default_factory=list)
+
+
+def _servers(instances: list[Instance], backup: list[Instance] | None = None) -> list[str]:
+    lines = [f"server {i.target} max_fails=1 fail_timeout=5s;" for i in instances]
+    lines += [f"server {i.target} backup;" for i in backup or []]
+    return lines or [NOWHERE]
+
+
+def _upstream(name: str, servers: list[str], balance: str = "least_conn;") -> str:
+    body = "\n".join(f"    {line}" for line in [balance, *servers, "keepalive 16;"] if line)
+    return f"upstream {name} {{\n{body}\n}}\n"
+
+
+def upstreams(fleet: Fleet) -> str:
+    """The upstream blocks and the region map: a region's pool is its edges, the rest backup."""
+    regions = sorted({i.meta.get("region", "local") for i in fleet.edges})
+    parts = ["# written by nginx/render.py from Consul; rewritten on every change\n",
+             _upstream("tiered_edges", _servers(fleet.edges))]
+    pools = []
+    for region in regions:
+        local = [i for i in fleet.edges if i.meta.get("region", "local") == region]
+        others = [i for i in fleet.edges if i not in local]
+        name = f"tiered_edges_{_safe(region)}"
+        parts.append(_upstream(name, _servers(local, others)))
+        pools.append(f'    "{region}" {name};')
+    parts.append("map $http_x_tiered_region $tiered_edge_pool {\n    default tiered_edges;\n"
+                 + "".join(f"{p}\n" for p in pools) + "}\n")
+    parts.append(_upstream("tiered_centers", _servers(fleet.centers)))
+    metrics = [f"server {i.address}:{i.meta['metrics_port']};" for i in fleet.registries
+               if i.meta.get("metrics_port")]
+    parts.append(_upstream("tiered_registry_metrics", metrics or [NOWHERE], balance=""))
+    return "\n".join(parts)
+
+
+def _safe(region: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in region)
+
+
+def config(prefix: Path, listen: str, rate: int, burst: int, max_body: str) -> str:
+    text = TEMPLATE.read_text()
+    for key, value in {"@PREFIX@": str(prefix.resolve()), "@LISTEN@": listen,
+                       "@RATE@": str(rate), "@BURST@": str(burst), "@MAX_BODY@": max_body}.items():
+        text = text.replace(key, value)
+    return text
+
+
+def write_atomically(path: Path, text: str) -> bool:
+    """Replace ``path`` with ``text`` unless it already says that; True if it changed."""
+    if path.is_file() and path.read_text() == text:
+        return False
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return True
+
+
+class Renderer:
+    def __init__(self, prefix: Path, nginx: str, run_nginx: bool) -> None:
+        self.prefix, self.nginx, self.run_nginx = prefix, nginx, run_nginx
+        self.fleet = Fleet()
+        self.child: subprocess.Popen[bytes] | None = None
+        self.reloads = 0
+
+    @property
+    def conf(self) -> Path:
+        return self.prefix / "nginx.conf"
+
+    def render(self) -> None:
+        if not write_atomically(self.prefix / "upstreams.conf", upstreams(self.fleet)):
+            return
+        log.info("upstreams: edges %s, centers %s", [i.target for i in self.fleet.edges],
+                 [i.target for i in self.fleet.centers])
+        self.reload()
+
+    def reload(self) -> None:
+        """SIGHUP to the nginx master: new workers take the new upstreams, old ones finish."""
+        pid = self.child.pid if self.child else _pid(self.prefix / "nginx.pid")
+        if pid is None:
+            return
+        check = subprocess.run([self.nginx, "-t", "-q", "-p", str(self.prefix), "-c",
+                                str(self.conf)], capture_output=True, text=True)
+        if check.returncode != 0:
+            log.error("not reloading nginx, the config does not pass nginx -t: %s",
+                      check.stderr.strip())
+            return
+        os.kill(pid, signal.SIGHUP)
+        self.reloads += 1
+
+    def start_nginx(self) -> None:
+        self.child = subprocess.Popen([self.nginx, "-p", str(self.prefix), "-c",
+                                       str(self.conf)])
+        log.info("nginx running (pid %s)", self.child.pid)
+
+    def stop_nginx(self) -> None:
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signal.SIGQUIT)  # graceful: finish requests in flight
+            try:
+                self.child.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.child.kill()
+                self.child.wait()
+
+    def follow(self, role: str) -> discovery.OnChange:
+        def changed(instances: list[Instance]) -> None:
+            setattr(self.fleet, role, instances)
+            self.render()
+
+        return changed
+
+
+def _pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+async def serve(renderer: Renderer, consul_addr: str | None, token: str | None) -> None:
+    tasks = []
+    client = discovery.client(consul_addr, token) if consul_addr else None
+    if client is not None:
+        for role, service in (("edges", "edge"), ("centers", "center"),
+                              ("registries", "registry")):
+            watch = discovery.Watch(client, discovery.SERVICES[service], renderer.follow(role))
+            tasks.append(asyncio.create_task(watch.run()))
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    if renderer.child is not None:
+        tasks.append(asyncio.create_task(_exit_with(renderer.child, stopping)))
+    await stopping.wait()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    if client is not None:
+        await client.close()
+
+
+async def _exit_with(child: subprocess.Popen[bytes], stopping: asyncio.Event) -> None:
+    while child.poll() is None:
+        await asyncio.sleep(0.5)
+    log.error("nginx exited with status %s", child.returncode)
+    stopping.set()
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--prefix", type=click.Path(path_type=Path), required=True,
+              help="Folder for nginx.conf, upstreams.conf, the pid file, logs and temp files.")
+@click.option("--listen", default="127.0.0.1:8080", show_default=True,
+              help="Address nginx listens on (TIERED_HTTP_PORT in `tiered up`).")
+@click.option("--consul", "consul_addr", envvar="CONSUL_HTTP_ADDR", default=None,
+              help="Consul agent host:port. [env: CONSUL_HTTP_ADDR]")
+@click.option("--consul-token", envvar="CONSUL_HTTP_TOKEN", default=None,
+              help="Consul ACL token. [env: CONSUL_HTTP_TOKEN]")
+@click.option("--nginx", "nginx_bin", default=None, help="nginx binary (default: from PATH, "
+              "else /usr/sbin/nginx).")
+@click.option("--run-nginx", is_flag=True, help="Run nginx as a child and stop it on exit.")
+@click.option("--rate", default=500, show_default=True, help="Requests per second per client.")
+@click.option("--burst", default=1000, show_default=True, help="Burst above --rate per client.")
+@click.option("--max-body", default="8m", show_default=True, help="client_max_body_size.")
+def main(prefix: Path, listen: str, consul_addr: str | None, consul_token: str | None,
+         nginx_bin: str | None, run_nginx: bool, rate: int, burst: int, max_body: str) -> None:
+    """Render nginx's config from the template and keep its upstreams in step with Consul."""
+    configure("nginx-render", "INFO", None, 10 * 1024 * 1024, 3)
+    nginx = nginx_bin or shutil.which("nginx") or "/usr/sbin/nginx"
+    for sub in ("tmp", "logs"):
+        (prefix / sub).mkdir(parents=True, exist_ok=True)
+    renderer = Renderer(prefix, nginx, run_nginx)
+    write_atomically(renderer.conf, config(prefix, listen, rate, burst, max_body))
+    write_atomically(prefix / "upstreams.conf", upstreams(renderer.fleet))
+    if run_nginx:
+        renderer.start_nginx()
+    try:
+        uvloop.run(serve(renderer, consul_addr, consul_token))
+    finally:
+        renderer.stop_nginx()
+
+
+if __name__ == "__main__":
+    main()
