@@ -4,8 +4,8 @@
 #
 #   docker compose build nginx          (or: docker build -f docker/nginx.Dockerfile -t tiered/nginx .)
 #
-# The renderer imports only the stdlib and `consul` (py-consul): no torch, no onnxruntime, so the
-# project is installed --no-deps next to py-consul and its dependencies.
+# The renderer needs no torch and no onnxruntime, so the project is installed --no-deps next to
+# the few packages it imports (py-consul, click, uvloop).
 FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
@@ -15,11 +15,16 @@ RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nginx-light \
     && rm -rf /var/lib/apt/lists/*
 
-# [asyncio] brings aiohttp, in case the renderer watches Consul with the asyncio client.
-RUN pip install "py-consul[asyncio]>=1.5"
+# What `nginx.render` imports besides the stdlib and the project: click (its CLI), uvloop, and
+# serving.discovery's py-consul asyncio client ([asyncio] brings aiohttp).
+RUN pip install "py-consul[asyncio]>=1.5" "click>=8.1" "uvloop>=0.19"
 
+# nginx.conf.template ships as package data (pyproject.toml); the checks fail the build without it.
 COPY . /src
-RUN pip install --no-deps /src && rm -rf /src && python -c "import nginx.render"
+RUN pip install --no-deps /src \
+    && rm -rf /src \
+    && python -c "import nginx.render as r; assert r.TEMPLATE.is_file(), r.TEMPLATE" \
+    && python -m nginx.render --help >/dev/null
 
 # nginx runs unprivileged (-p PREFIX, temp paths under it); the two folders below are where it
 # looks before reading its configuration (error log, default temp paths).

@@ -1,4 +1,4 @@
-# The registry: `registry serve` (gRPC sync on 50051, Prometheus /metrics on 8300) over the SQLite
+# The registry: `registry serve` (gRPC sync on 50051, Prometheus /metrics on 9300) over the SQLite
 # catalog and blob store in REGISTRY_HOME (a volume).
 #
 #   docker compose build registry       (or: docker build -f docker/registry.Dockerfile -t tiered/registry .)
@@ -29,7 +29,7 @@ RUN useradd --system --create-home --uid 10001 tiered \
 USER tiered
 WORKDIR /home/tiered
 
-ENV REGISTRY_HOST=0.0.0.0 REGISTRY_GRPC_PORT=50051 REGISTRY_METRICS_PORT=8300 \
+ENV REGISTRY_HOST=0.0.0.0 REGISTRY_GRPC_PORT=50051 REGISTRY_METRICS_PORT=9300 \
     REGISTRY_HOME=/var/lib/tiered/registry
-EXPOSE 50051 8300
+EXPOSE 50051 9300
 CMD ["registry", "serve"]

@@ -248,7 +248,7 @@ def status_cmd(ctx: Context, as_json: bool) -> None:
 @click.option("--port", type=click.IntRange(0, 65535), default=None,
               help="gRPC port (sync + health). [env: REGISTRY_GRPC_PORT; default 50051]")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
-              help="Prometheus /metrics port. [env: REGISTRY_METRICS_PORT; default 8300]")
+              help="Prometheus /metrics port. [env: REGISTRY_METRICS_PORT; default 9300]")
 @click.option("--tls-cert", type=click.Path(path_type=Path, exists=True), default=None,
               help="PEM certificate chain (with --tls-key). [env: REGISTRY_TLS_CERT]")
 @click.option("--tls-key", type=click.Path(path_type=Path, exists=True), default=None,

@@ -27,8 +27,9 @@ class RegistrySettings(BaseSettings):
     grpc_port: int = Field(default=50051, ge=0, le=65535)
     """Port of ``registry serve`` (sync and gRPC health; 0 = any free port)."""
 
-    metrics_port: int | None = Field(default=8300, ge=0, le=65535)
-    """HTTP port of the registry's Prometheus /metrics (sync and node quality); unset = off."""
+    metrics_port: int | None = Field(default=9300, ge=0, le=65535)
+    """HTTP port of the registry's Prometheus /metrics (sync and node quality; not 8300,
+    which Consul's agent takes); unset = off."""
 
     token: SecretStr | None = None
     """Bearer token for sync and admin calls; required by ``registry serve``."""

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run `registry serve` (:50051, metrics :8300), the demo center (:8100) and one edge (:8200) in
+# Run `registry serve` (:50051, metrics :9300), the demo center (:8100) and one edge (:8200) in
 # the foreground; both tiers subscribe to the registry and install what it rolls out.
 # Ctrl-C stops all three.
 set -euo pipefail
@@ -17,7 +17,7 @@ $BIN/edge --store var/edge --port "${EDGE_PORT:-8200}" --registry "127.0.0.1:$GR
 edge=$!
 trap 'kill $edge $center $registry 2>/dev/null; wait' INT TERM EXIT
 cat >&2 <<EOM
-registry: 127.0.0.1:$GRPC (gRPC sync; metrics http://127.0.0.1:${REGISTRY_METRICS_PORT:-8300}/metrics)
+registry: 127.0.0.1:$GRPC (gRPC sync; metrics http://127.0.0.1:${REGISTRY_METRICS_PORT:-9300}/metrics)
 center:   http://127.0.0.1:${CENTER_PORT:-8100}
 edge:     http://127.0.0.1:${EDGE_PORT:-8200}
 rollout:  .venv/bin/registry publish var/demo/release --name sentiment   (another terminal)

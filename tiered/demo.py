@@ -1,0 +1,88 @@
+"""``tiered demo``: the demo's test split through nginx, one review per V2 request, a few at a
+time; what answered (edge or center, which edge), how accurately, how fast."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import httpx
+import numpy as np
+
+from examples.sentiment import data
+
+
+@dataclass
+class Outcome:
+    sent: int = 0
+    failed: int = 0
+    correct: int = 0
+    rows_by_tier: Counter[str] = field(default_factory=Counter)
+    by_node: Counter[str] = field(default_factory=Counter)
+    by_region: Counter[str] = field(default_factory=Counter)
+    latencies_ms: list[float] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    @property
+    def answered(self) -> int:
+        return self.sent - self.failed
+
+    @property
+    def accuracy(self) -> float:
+        return self.correct / self.answered if self.answered else 0.0
+
+    def percentile(self, q: float) -> float:
+        return float(np.percentile(self.latencies_ms, q)) if self.latencies_ms else 0.0
+
+
+def test_split(rows: int) -> list[tuple[str, str]]:
+    """(text, label name) for the first ``rows`` reviews of the demo's test split."""
+    split = data.split(data.load_reviews(), seed=7).test
+    return [(t, data.LABELS[y]) for t, y in zip(split.texts, split.labels, strict=True)][:rows]
+
+
+async def run(url: str, model: str, rows: int, concurrency: int,
+              region: str | None = None) -> Outcome:
+    examples = test_split(rows)
+    outcome = Outcome()
+    queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+    for example in examples:
+        queue.put_nowait(example)
+    headers = {"X-Tiered-Region": region} if region else {}
+    started = time.perf_counter()
+    async with httpx.AsyncClient(base_url=url, timeout=30, headers=headers) as client:
+        await asyncio.gather(*(_worker(client, model, queue, outcome)
+                               for _ in range(concurrency)))
+    outcome.seconds = time.perf_counter() - started
+    return outcome
+
+
+async def _worker(client: httpx.AsyncClient, model: str,
+                  queue: asyncio.Queue[tuple[str, str]], outcome: Outcome) -> None:
+    while not queue.empty():
+        text, label = queue.get_nowait()
+        body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [text]}],
+                "outputs": [{"name": "label"}, {"name": "tier"}]}
+        outcome.sent += 1
+        began = time.perf_counter()
+        try:
+            response = await client.post(f"/v2/models/{model}/infer", json=body)
+        except httpx.HTTPError as exc:
+            outcome.failed += 1
+            outcome.errors[type(exc).__name__] += 1
+            continue
+        outcome.latencies_ms.append((time.perf_counter() - began) * 1000)
+        if response.status_code != 200:
+            outcome.failed += 1
+            outcome.errors[f"HTTP {response.status_code}"] += 1
+            continue
+        answer = response.json()
+        outputs = {o["name"]: o["data"] for o in answer["outputs"]}
+        outcome.correct += outputs["label"][0] == label
+        outcome.rows_by_tier[outputs["tier"][0]] += 1
+        parameters = answer.get("parameters", {})
+        outcome.by_node[str(parameters.get("node_id", "?"))] += 1
+        outcome.by_region[str(parameters.get("region", "?"))] += 1

@@ -1,0 +1,37 @@
+"""The launcher's settings: ``TIERED_*`` variables (plus REGISTRY_HOME / REGISTRY_TOKEN, shared
+with the registry), ``tiered --flag`` overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class TieredSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TIERED_", extra="forbid", frozen=True,
+                                      use_attribute_docstrings=True)
+
+    http_port: int = Field(default=8080, ge=1, le=65535)
+    """nginx entry port: clients send V2 requests here."""
+
+    consul_port: int = Field(default=8500, ge=1, le=65535)
+    """HTTP port of the Consul dev agent (its UI is at /ui)."""
+
+    root: Path = Path("./var/stack")
+    """Folder for the stack's stores, logs, nginx files and stack.json."""
+
+    model: str = "sentiment"
+    """The model the stack serves; built from the demo and published if the registry lacks it."""
+
+    release: Path = Path("./var/demo/release")
+    """Where the demo release folder is built (make demo's output)."""
+
+    registry_home: Path = Field(default=Path("./var/registry"),
+                                validation_alias=AliasChoices("registry_home", "REGISTRY_HOME"))
+    """The registry the stack serves from (REGISTRY_HOME)."""
+
+    registry_token: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("registry_token", "REGISTRY_TOKEN"))
+    """Sync token (REGISTRY_TOKEN); a random one per run when unset."""

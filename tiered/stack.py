@@ -1,0 +1,212 @@
+"""The local stack as child processes: a Consul dev agent, ``registry serve``, centers, edges
+(one per region) and nginx with its Consul-fed renderer. ``tiered up`` and the stack tests use
+it. Every child is started on loopback, its output goes to ``<root>/logs/<name>.log`` (and, for
+``tiered up``, to the console with a prefix), and it is stopped by PID, newest first.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+
+from serving.discovery import SERVICES
+from tiered.processes import BIN, free_port
+
+Echo = Callable[[str, str], None]  # (child name, output line)
+STATE = "stack.json"
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+    port: int | None = None
+    role: str = ""
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self, grace: float = 15) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+@dataclass
+class Stack:
+    root: Path
+    registry_home: Path
+    token: str
+    http_port: int = 8080
+    consul_port: int = 8500
+    regions: tuple[str, ...] = ("eu", "us")
+    centers: int = 1
+    tier_flags: tuple[str, ...] = ()
+    echo: Echo | None = None
+    children: dict[str, Child] = field(default_factory=dict)
+
+    @property
+    def consul(self) -> str:
+        return f"127.0.0.1:{self.consul_port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def env(self) -> dict[str, str]:
+        return {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/bin", "CONSUL_HTTP_ADDR": self.consul,
+                "REGISTRY_TOKEN": self.token, "REGISTRY_HOME": str(self.registry_home)}
+
+    # -- starting ------------------------------------------------------------------------
+
+    def up(self, timeout: float = 300) -> float:
+        """Start everything, wait until every health check passes; return the seconds taken."""
+        started = time.monotonic()
+        self.start_consul()
+        self.start_registry()
+        for i in range(1, self.centers + 1):
+            self.start_center(f"center-{i}")
+        for region in self.regions:
+            self.start_edge(f"edge-{region}-1", region)
+        self.start_nginx()
+        self.save()
+        self.wait_healthy(timeout)
+        return time.monotonic() - started
+
+    def spawn(self, name: str, argv: list[str], port: int | None = None,
+              role: str = "") -> Child:
+        (self.root / "logs").mkdir(parents=True, exist_ok=True)
+        log = self.root / "logs" / f"{name}.log"
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   env=self.env(), cwd=self.root, start_new_session=True)
+        child = Child(name, process, log, port, role)
+        assert process.stdout is not None
+        threading.Thread(target=self._pump, args=(name, process.stdout, log),
+                         daemon=True).start()
+        self.children[name] = child
+        return child
+
+    def _pump(self, name: str, stream: IO[bytes], log: Path) -> None:
+        with log.open("ab") as out:
+            for raw in stream:
+                out.write(raw)
+                out.flush()
+                if self.echo is not None:
+                    self.echo(name, raw.decode("utf-8", "replace").rstrip())
+
+    def start_consul(self) -> Child:
+        ports = {flag: free_port() for flag in ("-grpc-port", "-dns-port", "-serf-lan-port",
+                                                "-serf-wan-port", "-server-port")}
+        argv = [str(BIN / "consul"), "agent", "-dev", "-ui", "-node", "tiered", "-bind",
+                "127.0.0.1", "-client", "127.0.0.1", "-http-port", str(self.consul_port),
+                *[str(x) for pair in ports.items() for x in pair]]
+        child = self.spawn("consul", argv, self.consul_port, "consul")
+        self._wait(lambda: httpx.get(f"http://{self.consul}/v1/status/leader",
+                                     timeout=1).json() != "", 30, "a Consul leader", child)
+        return child
+
+    def start_registry(self) -> Child:
+        port = free_port()
+        argv = [str(BIN / "registry"), "--home", str(self.registry_home), "serve", "--port",
+                str(port), "--metrics-port", str(free_port())]
+        return self.spawn("registry", argv, port, "registry")
+
+    def start_center(self, name: str) -> Child:
+        return self._tier("center", name, "local")
+
+    def start_edge(self, name: str, region: str) -> Child:
+        return self._tier("edge", name, region)
+
+    def _tier(self, tier: str, name: str, region: str) -> Child:
+        port = free_port()
+        argv = [str(BIN / tier), "--host", "127.0.0.1", "--port", str(port), "--store",
+                str(self.root / "stores" / name), "--node-id", name, "--region", region,
+                "--sync-backoff-max-s", "2", *self.tier_flags]
+        return self.spawn(name, argv, port, tier)
+
+    def start_nginx(self) -> Child:
+        argv = [sys.executable, "-m", "nginx.render", "--prefix", str(self.root / "nginx"),
+                "--listen", f"127.0.0.1:{self.http_port}", "--run-nginx"]
+        return self.spawn("nginx", argv, self.http_port, "nginx")
+
+    # -- health ------------------------------------------------------------------------
+
+    def expected(self) -> dict[str, int]:
+        return {SERVICES["registry"]: 1, SERVICES["center"]: self.centers,
+                SERVICES["edge"]: len(self.regions)}
+
+    def passing(self) -> dict[str, list[str]]:
+        """Consul's view: the ids of the passing instances of each Tiered service."""
+        found = {}
+        for service in self.expected():
+            rows = httpx.get(f"http://{self.consul}/v1/health/service/{service}",
+                             params={"passing": "1"}, timeout=2).json()
+            found[service] = sorted(r["Service"]["ID"] for r in rows)
+        return found
+
+    def wait_healthy(self, timeout: float) -> None:
+        def healthy() -> bool:
+            passing = self.passing()
+            if any(len(passing[s]) < n for s, n in self.expected().items()):
+                return False
+            return httpx.get(f"{self.url}/v2/health/ready", timeout=2).status_code == 200
+
+        self._wait(healthy, timeout, "every service passing in Consul and nginx routing")
+
+    def _wait(self, condition: Callable[[], bool], timeout: float, what: str,
+              child: Child | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            dead = [c for c in ([child] if child else self.children.values())
+                    if c.process.poll() is not None]
+            if dead:
+                raise RuntimeError(f"{dead[0].name} exited with status "
+                                   f"{dead[0].process.returncode}; see {dead[0].log}")
+            try:
+                if condition():
+                    return
+            except (httpx.HTTPError, ValueError, KeyError):
+                pass
+            time.sleep(0.25)
+        raise TimeoutError(f"no {what} after {timeout:.0f}s; logs in {self.root / 'logs'}")
+
+    # -- state and stopping -----------------------------------------------------------
+
+    def save(self) -> None:
+        state = {"url": self.url, "consul": self.consul,
+                 "registry_home": str(self.registry_home),
+                 "children": {n: {"pid": c.pid, "port": c.port, "role": c.role}
+                              for n, c in self.children.items()}}
+        (self.root / STATE).write_text(json.dumps(state, indent=2))
+
+    def stop(self) -> None:
+        """Newest first: nginx (its renderer stops nginx), edges, centers, registry, Consul."""
+        for child in reversed(list(self.children.values())):
+            child.stop()
+        (self.root / STATE).unlink(missing_ok=True)
+
+
+def load_state(root: Path) -> dict[str, Any] | None:
+    path = root / STATE
+    return json.loads(path.read_text()) if path.is_file() else None
