@@ -4,10 +4,15 @@ BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO  := var/demo/release
 
-.PHONY: demo serve bench test test-fast lint typecheck check clean
+.PHONY: up demo serve bench test test-fast lint typecheck check clean
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh scripts/install_tools.sh
 	bash scripts/bootstrap.sh
+
+## up: the whole stack (Consul, registry, center, two edges, nginx); builds/publishes the demo
+## release first if the registry has none; Ctrl-C stops everything
+up: $(STAMP)
+	$(BIN)/tiered up
 
 ## demo: build the demo release (cached after the first ~8 min) and publish it to ./var/registry
 demo: $(STAMP)

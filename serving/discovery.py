@@ -29,7 +29,7 @@ CHECK_INTERVAL = "1s"
 CHECK_TIMEOUT = "1s"
 # Consul reaps a critical instance only after a minute whatever is asked below that.
 DEREGISTER_AFTER = "1m"
-RECHECK_S = 5.0  # how often a registration is confirmed (re-registered after an agent restart)
+RECHECK_S = 2.0  # how often a registration is confirmed (re-registered after an agent restart)
 WAIT = "30s"  # blocking query wait
 ERRORS = (aiohttp.ClientError, consul.ConsulException, TimeoutError, OSError, ValueError)
 

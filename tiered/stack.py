@@ -63,6 +63,7 @@ class Stack:
     regions: tuple[str, ...] = ("eu", "us")
     centers: int = 1
     tier_flags: tuple[str, ...] = ()
+    nginx_flags: tuple[str, ...] = ()
     echo: Echo | None = None
     children: dict[str, Child] = field(default_factory=dict)
 
@@ -108,7 +109,7 @@ class Stack:
         return child
 
     def _pump(self, name: str, stream: IO[bytes], log: Path) -> None:
-        with log.open("ab") as out:
+        with stream, log.open("ab") as out:
             for raw in stream:
                 out.write(raw)
                 out.flush()
@@ -147,7 +148,7 @@ class Stack:
 
     def start_nginx(self) -> Child:
         argv = [sys.executable, "-m", "nginx.render", "--prefix", str(self.root / "nginx"),
-                "--listen", f"127.0.0.1:{self.http_port}", "--run-nginx"]
+                "--listen", f"127.0.0.1:{self.http_port}", "--run-nginx", *self.nginx_flags]
         return self.spawn("nginx", argv, self.http_port, "nginx")
 
     # -- health ------------------------------------------------------------------------

@@ -1,0 +1,244 @@
+"""The running fleet: a real Consul dev agent, nginx with its renderer, ``registry serve``, two
+centers and two edges on loopback (``tiered.stack``), with the tiny release; and ``tiered up``
+then ``tiered demo`` with the real demo release, as a user runs them.
+
+The fleet tests share one stack and run in file order: they kill parts of it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import RegistryCli
+from tiered.processes import BIN, free_port
+from tiered.stack import Stack
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+BODY = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["fine film"]}]}
+ESCALATE = {**BODY, "parameters": {"threshold": 1}}  # every row goes to a center
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("stack")
+    cli = RegistryCli(root / "registry")
+    cli("publish", tiny_release, "--name", "tiny")
+    fleet = Stack(root, cli.home, "stack-token", http_port=free_port(), consul_port=free_port(),
+                  centers=2, nginx_flags=("--rate", "300", "--burst", "100"))
+    try:
+        fleet.up(timeout=120)
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+def consul(stack: Stack, path: str) -> Any:
+    return httpx.get(f"http://{stack.consul}{path}", timeout=5).json()
+
+
+def infer(stack: Stack, body: dict[str, Any], path: str = "/v2/models/tiny/infer",
+          **headers: str) -> httpx.Response:
+    return httpx.post(stack.url + path, json=body, headers=headers, timeout=10)
+
+
+def wait_for(condition: Any, timeout: float, what: str) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if condition():
+            return time.monotonic() - started
+        time.sleep(0.1)
+    raise AssertionError(f"no {what} within {timeout}s")
+
+
+def test_every_service_is_passing_in_consul_with_its_tags(stack: Stack) -> None:
+    assert stack.passing() == {"tiered-registry": [_registry_id(stack)],
+                               "tiered-center": ["center-1", "center-2"],
+                               "tiered-edge": ["edge-eu-1", "edge-us-1"]}
+    def edges() -> dict[str, Any]:
+        return {e["Service"]["ID"]: e for e in consul(stack, "/v1/health/service/tiered-edge")}
+
+    # meta follows what is served: the version arrived by sync after the first registration
+    wait_for(lambda: edges()["edge-eu-1"]["Service"]["Meta"]["versions"] == "tiny=1", 10,
+             "the served version in the edge's Consul meta")
+    eu = edges()["edge-eu-1"]["Service"]
+    assert {"edge", "region-eu"} <= set(eu["Tags"])
+    assert eu["Meta"] == {"tier": "edge", "region": "eu", "node_id": "edge-eu-1",
+                          "versions": "tiny=1"}
+    checks = edges()["edge-eu-1"]["Checks"]
+    http = next(c for c in checks if c["ServiceID"] == "edge-eu-1")
+    assert http["Type"] == "http" and "/v2/health/ready" in http["Output"]
+    registry = consul(stack, "/v1/health/service/tiered-registry")[0]
+    assert any(c["Type"] == "grpc" and c["Status"] == "passing" for c in registry["Checks"])
+
+
+def _registry_id(stack: Stack) -> str:
+    return f"registry-127.0.0.1-{stack.children['registry'].port}"
+
+
+def test_nginx_routes_to_edges_and_escalations_reach_a_center(stack: Stack) -> None:
+    answer = infer(stack, ESCALATE, **{"X-Request-ID": "stack-1"})
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-request-id"] == "stack-1"
+    data = answer.json()
+    tiers = next(o["data"] for o in data["outputs"] if o["name"] == "tier")
+    assert tiers == ["center"] and data["parameters"]["center_version"] == "1"
+    assert data["parameters"]["node_id"] in {"edge-eu-1", "edge-us-1"}
+    assert re.fullmatch(r"[0-9a-f]{32}", infer(stack, BODY).headers["x-request-id"])
+    for region in ("eu", "us"):  # the region hint picks that region's edge
+        nodes = {infer(stack, BODY, **{"X-Tiered-Region": region}).json()["parameters"]
+                 ["node_id"] for _ in range(6)}
+        assert nodes == {f"edge-{region}-1"}
+    direct = infer(stack, BODY, "/center/v2/models/tiny/infer")
+    assert direct.status_code == 200 and direct.json()["parameters"]["center_version"] == 1
+    assert "registry_sync_nodes_connected 4.0" in httpx.get(
+        f"{stack.url}/registry/metrics", timeout=5).text
+    missing = httpx.get(f"{stack.url}/admin", timeout=5)
+    assert missing.status_code == 404 and "error" in missing.json()
+    too_big = httpx.post(f"{stack.url}/v2/models/tiny/infer", content=b"x" * (9 << 20),
+                         timeout=10)
+    assert too_big.status_code == 413
+
+
+def test_a_client_over_its_rate_limit_gets_429_in_the_v2_error_shape(stack: Stack) -> None:
+    codes: list[httpx.Response] = []
+
+    def burst() -> None:
+        with httpx.Client(base_url=stack.url, timeout=10) as http:
+            codes.extend(http.get("/v2/health/live") for _ in range(150))
+
+    threads = [threading.Thread(target=burst) for _ in range(4)]  # 600 at once: rate 300/s,
+    for t in threads:                                               # burst 100
+        t.start()
+    for t in threads:
+        t.join()
+    limited = [r for r in codes if r.status_code == 429]
+    assert limited and limited[0].json()["error"].startswith("too many requests")
+    assert limited[0].headers["retry-after"] == "1"
+    time.sleep(2.5)  # the bucket drains: the next tests are not limited
+
+
+def test_a_killed_edge_leaves_nginx_within_15s_and_retrying_clients_never_fail(
+        stack: Stack) -> None:
+    failures: list[str] = []
+    served_by: list[str] = []
+    stop = threading.Event()
+
+    def client() -> None:
+        with httpx.Client(base_url=stack.url, timeout=10) as http:
+            while not stop.is_set():
+                for attempt in (1, 2):  # a client that retries once
+                    try:
+                        r = http.post("/v2/models/tiny/infer", json=BODY)
+                    except httpx.HTTPError as exc:
+                        r, error = None, type(exc).__name__
+                    else:
+                        error = f"HTTP {r.status_code}"
+                    if r is not None and r.status_code == 200:
+                        served_by.append(r.json()["parameters"]["node_id"])
+                        break
+                    if attempt == 2:
+                        failures.append(error)
+                time.sleep(0.02)  # < 50 requests/s each: under the per-client rate limit
+
+    workers = [threading.Thread(target=client) for _ in range(3)]
+    for w in workers:
+        w.start()
+    try:
+        time.sleep(1)
+        killed_at = time.monotonic()
+        stack.children["edge-us-1"].kill()
+        critical = wait_for(lambda: "edge-us-1" not in stack.passing()["tiered-edge"], 15,
+                            "Consul check turning critical")
+        upstreams = stack.root / "nginx" / "upstreams.conf"
+        port = stack.children["edge-us-1"].port
+        wait_for(lambda: f":{port} " not in upstreams.read_text(), 15,
+                 "nginx upstream without the dead edge")
+        removed = time.monotonic() - killed_at
+        served_by.clear()
+        time.sleep(1)
+    finally:
+        stop.set()
+        for w in workers:
+            w.join()
+    print(f"edge killed: critical in Consul after {critical:.1f}s, out of nginx after "
+          f"{removed:.1f}s")
+    assert failures == []
+    assert set(served_by) == {"edge-eu-1"}
+
+
+def test_one_of_two_centers_killed_escalations_continue(stack: Stack) -> None:
+    stack.children["center-2"].kill()
+    answers = [infer(stack, ESCALATE) for _ in range(20)]  # some start with the dead center
+    assert [a.status_code for a in answers] == [200] * 20
+    assert {next(o["data"][0] for o in a.json()["outputs"] if o["name"] == "tier")
+            for a in answers} == {"center"}
+    critical = wait_for(lambda: stack.passing()["tiered-center"] == ["center-1"], 15,
+                        "Consul showing one passing center")
+    print(f"center killed: critical in Consul within {critical:.1f}s of 20 escalations")
+
+
+def test_consul_down_edges_keep_serving_then_everything_registers_again(stack: Stack) -> None:
+    stack.children["consul"].stop()
+    time.sleep(2)  # the watchers notice, and keep their last lists
+    answers = [infer(stack, ESCALATE) for _ in range(10)]
+    assert [a.status_code for a in answers] == [200] * 10
+    assert {next(o["data"][0] for o in a.json()["outputs"] if o["name"] == "tier")
+            for a in answers} == {"center"}  # the last known center, not degraded
+    stack.start_consul()  # a dev agent starts empty: every service must register again
+    wait_for(lambda: stack.passing() == {"tiered-registry": [_registry_id(stack)],
+                                         "tiered-center": ["center-1"],
+                                         "tiered-edge": ["edge-eu-1"]}, 30,
+             "every live service registered and passing again")
+
+
+@pytest.mark.timeout(1500)
+def test_tiered_up_then_tiered_demo(tmp_path: Path) -> None:
+    """What the README says to run, with the real demo release (built on first use)."""
+    root, http_port, consul_port = tmp_path / "stack", free_port(), free_port()
+    env = {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/bin", "HOME": str(tmp_path), "COLUMNS": "200",
+           "REGISTRY_HOME": str(tmp_path / "registry"), "TIERED_ROOT": str(root)}
+    with (tmp_path / "up.log").open("w") as log:
+        up = subprocess.Popen([str(BIN / "tiered"), "up", "--http-port", str(http_port),
+                               "--consul-port", str(consul_port)], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=log)
+    try:
+        assert up.stdout is not None
+        for line in up.stdout:
+            if "tiered is up" in line:
+                break
+        else:
+            raise AssertionError(f"tiered up ended: {(tmp_path / 'up.log').read_text()[-3000:]}")
+        state = json.loads((root / "stack.json").read_text())
+        demo = subprocess.run([str(BIN / "tiered"), "demo", "--rows", "400", "--json"],
+                              env=env, capture_output=True, text=True, timeout=300)
+        assert demo.returncode == 0, demo.stderr
+        result = json.loads(demo.stdout)
+        assert result["failed"] == 0 and result["accuracy"] > 0.75
+        assert set(result["by_node"]) == {"edge-eu-1", "edge-us-1"}
+        assert result["rows_by_tier"]["edge"] > result["rows_by_tier"]["center"] > 0
+        status = subprocess.run([str(BIN / "tiered"), "status", "--json"], env=env,
+                                capture_output=True, text=True, timeout=60)
+        rows = json.loads(status.stdout)
+        assert {r["health"] for r in rows} == {"passing"} and len(rows) == 4
+        assert {r["state"] for r in rows if r["service"] != "tiered-registry"} == {"ACTIVE"}
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(timeout=60)
+        assert up.stdout is not None
+        up.stdout.close()
+    assert up.returncode == 0
+    for child in state["children"].values():  # every child stopped, by PID
+        with pytest.raises(ProcessLookupError):
+            os.kill(child["pid"], 0)
