@@ -1,4 +1,4 @@
-# The two commands a newcomer needs: `make demo` and `make test`. Both set up what is missing.
+# The two commands a newcomer needs: `make up` (the whole stack) and `make test`. Both set up what is missing.
 VENV  := .venv
 BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
