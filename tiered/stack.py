@@ -23,6 +23,7 @@ from serving.discovery import SERVICES
 from tiered.processes import BIN, free_port
 
 Echo = Callable[[str, str], None]  # (child name, output line)
+CONSUL_CONFIG = Path(__file__).resolve().parent.parent / "consul" / "dev.hcl"
 STATE = "stack.json"
 
 
@@ -64,6 +65,8 @@ class Stack:
     centers: int = 1
     tier_flags: tuple[str, ...] = ()
     nginx_flags: tuple[str, ...] = ()
+    consul_flags: tuple[str, ...] = ()
+    consul_token: str | None = None
     echo: Echo | None = None
     children: dict[str, Child] = field(default_factory=dict)
 
@@ -76,8 +79,9 @@ class Stack:
         return f"http://127.0.0.1:{self.http_port}"
 
     def env(self) -> dict[str, str]:
-        return {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/bin", "CONSUL_HTTP_ADDR": self.consul,
-                "REGISTRY_TOKEN": self.token, "REGISTRY_HOME": str(self.registry_home)}
+        env = {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/bin", "CONSUL_HTTP_ADDR": self.consul,
+               "REGISTRY_TOKEN": self.token, "REGISTRY_HOME": str(self.registry_home)}
+        return env | ({"CONSUL_HTTP_TOKEN": self.consul_token} if self.consul_token else {})
 
     # -- starting ------------------------------------------------------------------------
 
@@ -99,6 +103,7 @@ class Stack:
               role: str = "") -> Child:
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         log = self.root / "logs" / f"{name}.log"
+        log.touch()
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    env=self.env(), cwd=self.root, start_new_session=True)
         child = Child(name, process, log, port, role)
@@ -119,8 +124,10 @@ class Stack:
     def start_consul(self) -> Child:
         ports = {flag: free_port() for flag in ("-grpc-port", "-dns-port", "-serf-lan-port",
                                                 "-serf-wan-port", "-server-port")}
+        config = ["-config-file", str(CONSUL_CONFIG)] if CONSUL_CONFIG.is_file() else []
         argv = [str(BIN / "consul"), "agent", "-dev", "-ui", "-node", "tiered", "-bind",
-                "127.0.0.1", "-client", "127.0.0.1", "-http-port", str(self.consul_port),
+                "127.0.0.1", "-client", "127.0.0.1", *config, *self.consul_flags,
+                "-http-port", str(self.consul_port),
                 *[str(x) for pair in ports.items() for x in pair]]
         child = self.spawn("consul", argv, self.consul_port, "consul")
         self._wait(lambda: httpx.get(f"http://{self.consul}/v1/status/leader",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import threading
@@ -242,3 +243,38 @@ def test_tiered_up_then_tiered_demo(tmp_path: Path) -> None:
     for child in state["children"].values():  # every child stopped, by PID
         with pytest.raises(ProcessLookupError):
             os.kill(child["pid"], 0)
+
+
+def test_consul_acl_tokens_are_honoured(tmp_path: Path, tiny_release: Path) -> None:
+    """With ACLs on (default deny), a node registers with a token that may, not without."""
+    master = secrets.token_hex(16)
+    acl = tmp_path / "acl.hcl"  # written here: a token never lives in a committed file
+    acl.write_text('acl {\n  enabled = true\n  default_policy = "deny"\n'
+                   f'  tokens {{\n    master = "{master}"\n  }}\n}}\n')
+    cli = RegistryCli(tmp_path / "registry")
+    cli("publish", tiny_release, "--name", "tiny")
+    for name, token, allowed in (("edge-good-1", master, True),
+                                 ("edge-bad-1", "not-a-token", False)):
+        stack = Stack(tmp_path / name, cli.home, "t", http_port=free_port(),
+                      consul_port=free_port(), consul_flags=("-config-file", str(acl)),
+                      consul_token=token)
+        cli("pull", "tiny", "--tier", "edge", "--store", stack.root / "stores" / name)
+        try:
+            stack.start_consul()
+            edge = stack.start_edge(name, "eu")
+            if allowed:
+                wait_for(lambda s=stack, n=name: n in agent_services(s, master), 20,
+                         f"{name} registered with the master token")
+            else:
+                wait_for(lambda e=edge: "cannot register" in e.log.read_text(), 20,
+                         "the edge reporting that Consul refused it")
+                assert agent_services(stack, master) == {}
+            assert agent_services(stack, None) == {}  # anonymous sees nothing: deny is on
+        finally:
+            stack.stop()
+
+
+def agent_services(stack: Stack, token: str | None) -> dict[str, Any]:
+    headers = {"X-Consul-Token": token} if token else {}
+    return dict(httpx.get(f"http://{stack.consul}/v1/agent/services", headers=headers,
+                          timeout=5).json())
