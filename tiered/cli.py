@@ -66,7 +66,7 @@ def up_cmd(http_port: int | None, consul_port: int | None, root: Path | None,
     token = s.registry_token.get_secret_value() if s.registry_token else secrets.token_hex(16)
     stack = Stack(s.root.resolve(), s.registry_home.resolve(), token, s.http_port,
                   s.consul_port, echo=Printer())
-    stopping = threading.Event()
+    stopping = stack.cancelled  # Ctrl-C while starting cancels the wait, later it stops
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
     try:
@@ -252,7 +252,7 @@ def status_cmd(as_json: bool) -> None:
 def main() -> None:
     try:
         cli.main(prog_name="tiered", standalone_mode=False)
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()

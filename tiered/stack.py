@@ -69,6 +69,7 @@ class Stack:
     consul_token: str | None = None
     echo: Echo | None = None
     children: dict[str, Child] = field(default_factory=dict)
+    cancelled: threading.Event = field(default_factory=threading.Event)  # Ctrl-C while starting
 
     @property
     def consul(self) -> str:
@@ -186,6 +187,8 @@ class Stack:
               child: Child | None = None) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if self.cancelled.is_set():
+                raise RuntimeError(f"interrupted while waiting for {what}")
             dead = [c for c in ([child] if child else self.children.values())
                     if c.process.poll() is not None]
             if dead:
