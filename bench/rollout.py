@@ -2,7 +2,7 @@
 
 Run from the repository root::
 
-    .venv/bin/python bench/rollout.py [--subscribers N] [--duration SECONDS] [--quick] [--json PATH]
+    .venv/bin/python -m bench.rollout [--subscribers N] [--duration SECONDS] [--quick] [--json PATH]
 
 Three ``registry publish`` runs of the demo release dominate the run time: ~17 s each on a
 quiet 2-core machine (about 1.5 minutes in all by default, 1.3 with ``--quick``), but 40-110 s
@@ -73,12 +73,6 @@ wrk is installed with apt-get when missing (see ``bench/tiers.py``).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# Run as a script, bench/ is sys.path[0]; the repository root makes ``bench.tiers`` importable.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import argparse
 import asyncio
 import contextlib
@@ -89,6 +83,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -98,6 +93,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -105,6 +101,7 @@ import httpx
 from prometheus_client import CollectorRegistry
 from rich.table import Table
 
+from bench.markdown import Shown
 from bench.tiers import (
     Cpu,
     Load,
@@ -937,32 +934,32 @@ def log_line(logs: dict[str, dict[str, int]]) -> str:
     return f"  [{colour}]logs[/]  warnings/errors in the server logs: {', '.join(counts)}"
 
 
-def report(info: dict[str, str], results: Results) -> None:
+def report(info: dict[str, str], results: Results, show: Shown) -> None:
     rollouts, f, s = results.rollouts, results.fanout, results.swap
-    console.print(machine_table(info))
-    console.print(propagation_table(rollouts))
-    console.print(fanout_table(f))
+    show(machine_table(info))
+    show(propagation_table(rollouts))
+    show(fanout_table(f))
     for error in f.rounds[-1].errors[:5]:
-        console.print(f"[red]{error}[/]")
-    console.print(swap_table(s))
-    console.print("[bold]Summary[/]")
+        show(f"[red]{error}[/]")
+    show(swap_table(s))
+    show("[bold]Summary[/]")
     for text, ok in goals(rollouts, f, s):
-        console.print(f"  {verdict(ok)}  {text}")
+        show(f"  {verdict(ok)}  {text}")
     ratio = s.swap.load.p99_ms / s.steady.load.p99_ms if s.steady.load.p99_ms else math.nan
-    console.print(f"  [cyan]info[/]  edge p99 {s.steady.load.p99_ms:.2f} ms steady vs "
+    show(f"  [cyan]info[/]  edge p99 {s.steady.load.p99_ms:.2f} ms steady vs "
                   f"{s.swap.load.p99_ms:.2f} ms during the swap ({ratio:.2f}x); req/s "
                   f"{s.steady.load.rps:.1f} vs {s.swap.load.rps:.1f}")
     r = f.rounds[-1]
-    console.print(f"  [cyan]info[/]  fan-out: the registry pushed to the {f.subscribers} "
+    show(f"  [cyan]info[/]  fan-out: the registry pushed to the {f.subscribers} "
                   f"subscribers over {fmt_s(r.push_last_s - r.push_first_s)} s (first to "
                   f"last push, from its log); {r.mib_per_s:.0f} MiB/s in aggregate")
     busy = max([p.other_cores for p in rollouts] + [x.other_cores for x in f.rounds]
                + [s.steady.other_cores, s.swap.other_cores])
     if busy > BUSY_OTHERS:
-        console.print(f"  [red]note[/]  other processes used up to {busy:.2f} cores during a "
+        show(f"  [red]note[/]  other processes used up to {busy:.2f} cores during a "
                       f"measurement (flagged in red): those figures are skewed")
     if results.logs:
-        console.print(log_line(results.logs))
+        show(log_line(results.logs))
 
 
 def write_json(path: Path, info: dict[str, str], results: Results) -> None:
@@ -1003,6 +1000,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="release folder to publish (default var/demo/release)")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH",
                         help="also write the results as JSON to PATH")
+    parser.add_argument("--markdown", type=Path, default=None, metavar="PATH",
+                        help="also write the tables as a markdown fragment to PATH")
     args = parser.parse_args(argv)
     if args.subscribers is None:
         args.subscribers = 20 if args.quick else 50
@@ -1052,7 +1051,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         with stopping(processes):
             results = run(args, wrk_path, Path(tmp), processes)
         results.logs = {p.name: log_levels(p.log) for p in processes}
-    report(info, results)
+    show = Shown(console)
+    report(info, results, show)
+    if args.markdown is not None:
+        show.write(args.markdown, "Model sync: propagation, fan-out, swap under load")
     if args.json is not None:
         write_json(args.json, info, results)
         console.print(f"results written to {args.json}")

@@ -2,7 +2,8 @@
 
 Run from the repository root (about 2.5 minutes by default, under a minute with ``--quick``)::
 
-    .venv/bin/python bench/tiers.py [--duration SECONDS] [--quick] [--server-threads N]
+    .venv/bin/python -m bench.tiers [--duration SECONDS] [--quick] [--server-threads N]
+        [--markdown PATH]
 
 What it measures, all on the demo release ``sentiment`` pulled from ``var/registry`` into
 temporary stores, with the same 200 real test review texts (``examples.sentiment.data``,
@@ -66,6 +67,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from bench.markdown import Shown
 from tiered.processes import TierProcess, start_tier
 
 HERE = Path(__file__).resolve().parent
@@ -516,6 +518,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="--threads for both servers (default 0: the runtime's default)")
     parser.add_argument("--registry", type=Path, default=ROOT / "var" / "registry",
                         help="registry home holding the demo release (default var/registry)")
+    parser.add_argument("--markdown", type=Path, default=None,
+                        help="also write the tables as a markdown fragment here")
     args = parser.parse_args(argv)
     if args.duration < 1:
         parser.error("--duration must be >= 1 second")
@@ -526,9 +530,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    show = Shown(console)
     wrk_path = ensure_wrk()
     raw_seconds, warmup = (1.0, 1) if args.quick else (3.0, 2)
-    console.print(machine_table(wrk_path, args.duration, args.server_threads))
+    show(machine_table(wrk_path, args.duration, args.server_threads))
     texts = review_texts(TEXTS)
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         work = Path(tmp)
@@ -544,14 +549,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         edge_off = server_runs(plan, "edge", edge.store, "off", (1, SATURATION))
         center_on = server_runs(plan, "center", center.store, "on", (1, SATURATION))
         center_off = server_runs(plan, "center", center.store, "off", (1, SATURATION))
-    console.print(raw_table(raws))
-    console.print(runs_table("Edge server under wrk (batching on)", edge_on))
-    console.print(keep_line(edge_on, raws))
-    console.print(batching_table([edge_on[-1], center_on[-1]], [edge_off[-1], center_off[-1]]))
-    console.print(cost_table((edge_off[0], edge_on[0]), (center_off[0], center_on[0]), raws))
+    show(raw_table(raws))
+    show(runs_table("Edge server under wrk (batching on)", edge_on))
+    show(keep_line(edge_on, raws))
+    show(batching_table([edge_on[-1], center_on[-1]], [edge_off[-1], center_off[-1]]))
+    show(cost_table((edge_off[0], edge_on[0]), (center_off[0], center_on[0]), raws))
     everything = [*edge_on, *edge_off, *center_on, *center_off]
-    console.print(runs_table("All server runs", everything))
-    console.print(interference_note(raws, everything))
+    show(runs_table("All server runs", everything))
+    show(interference_note(raws, everything))
+    if args.markdown:
+        show.write(args.markdown, "Serving: edge and center under wrk vs the raw runtimes")
 
 
 if __name__ == "__main__":
