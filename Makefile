@@ -24,11 +24,15 @@ demo: $(STAMP)
 serve: demo
 	bash scripts/serve.sh
 
-## bench: serving benchmark (edge/center under wrk vs raw runtimes; ~2.5 min), then the model
-## sync benchmark (propagation, bytes, fan-out to 50 subscribers, p99 during a swap; ~1.5 min)
+## bench: every benchmark, side by side on this machine (~12 min): serving (edge/center vs raw
+## runtimes), Tiered vs MLServer and KServe, the cascade report (docs/cascade.png), model sync;
+## each prints its tables and writes docs/bench/*.md, gathered into docs/benchmarks.md
 bench: demo
-	$(BIN)/python bench/tiers.py
-	$(BIN)/python bench/rollout.py
+	$(BIN)/python -m bench.tiers --markdown docs/bench/tiers.md
+	$(BIN)/python -m bench.peers.run --markdown docs/bench/peers.md
+	$(BIN)/python -m bench.cascade --markdown docs/bench/cascade.md --plot docs/cascade.png
+	$(BIN)/python -m bench.rollout --markdown docs/bench/rollout.md
+	$(BIN)/python -m bench.report
 
 ## test: the whole suite (unit + integration, slow tests included)
 test: $(STAMP)
