@@ -7,7 +7,6 @@ it. Every child is started on loopback, its output goes to ``<root>/logs/<name>.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import threading
@@ -20,7 +19,7 @@ from typing import IO, Any
 import httpx
 
 from serving.discovery import SERVICES
-from tiered.processes import BIN, free_port
+from tiered.processes import BIN, Process, free_port
 
 Echo = Callable[[str, str], None]  # (child name, output line)
 CONSUL_CONFIG = Path(__file__).resolve().parent.parent / "consul" / "dev.hcl"
@@ -28,30 +27,8 @@ STATE = "stack.json"
 
 
 @dataclass
-class Child:
-    name: str
-    process: subprocess.Popen[bytes]
-    log: Path
-    port: int | None = None
-    role: str = ""
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def stop(self, grace: float = 15) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-
-    def kill(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
+class Child(Process):
+    role: str = ""  # consul, registry, center, edge, nginx
 
 
 @dataclass
@@ -107,7 +84,7 @@ class Stack:
         log.touch()
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    env=self.env(), cwd=self.root, start_new_session=True)
-        child = Child(name, process, log, port, role)
+        child = Child(name, port or 0, process, log, role)
         assert process.stdout is not None
         threading.Thread(target=self._pump, args=(name, process.stdout, log),
                          daemon=True).start()
