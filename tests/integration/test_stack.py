@@ -1,18 +1,14 @@
 """The running fleet: a real Consul dev agent, nginx with its renderer, ``registry serve``, two
-centers and two edges on loopback (``tiered.stack``), with the tiny release; and ``tiered up``
-then ``tiered demo`` with the real demo release, as a user runs them.
+centers and two edges on loopback (``tiered.stack``), with the tiny release. (``tiered up``
+itself: ``test_up.py``.)
 
 The fleet tests share one stack and run in file order: they kill parts of it.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import secrets
-import signal
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -23,7 +19,7 @@ import httpx
 import pytest
 
 from tests.conftest import RegistryCli
-from tiered.processes import BIN, free_port
+from tiered.processes import free_port
 from tiered.stack import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -202,47 +198,6 @@ def test_consul_down_edges_keep_serving_then_everything_registers_again(stack: S
                                          "tiered-center": ["center-1"],
                                          "tiered-edge": ["edge-eu-1"]}, 30,
              "every live service registered and passing again")
-
-
-@pytest.mark.timeout(1500)
-def test_tiered_up_then_tiered_demo(tmp_path: Path) -> None:
-    """What the README says to run, with the real demo release (built on first use)."""
-    root, http_port, consul_port = tmp_path / "stack", free_port(), free_port()
-    env = {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/bin", "HOME": str(tmp_path), "COLUMNS": "200",
-           "REGISTRY_HOME": str(tmp_path / "registry"), "TIERED_ROOT": str(root)}
-    with (tmp_path / "up.log").open("w") as log:
-        up = subprocess.Popen([str(BIN / "tiered"), "up", "--http-port", str(http_port),
-                               "--consul-port", str(consul_port)], env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=log)
-    try:
-        assert up.stdout is not None
-        for line in up.stdout:
-            if "tiered is up" in line:
-                break
-        else:
-            raise AssertionError(f"tiered up ended: {(tmp_path / 'up.log').read_text()[-3000:]}")
-        state = json.loads((root / "stack.json").read_text())
-        demo = subprocess.run([str(BIN / "tiered"), "demo", "--rows", "400", "--json"],
-                              env=env, capture_output=True, text=True, timeout=300)
-        assert demo.returncode == 0, demo.stderr
-        result = json.loads(demo.stdout)
-        assert result["failed"] == 0 and result["accuracy"] > 0.75
-        assert set(result["by_node"]) == {"edge-eu-1", "edge-us-1"}
-        assert result["rows_by_tier"]["edge"] > result["rows_by_tier"]["center"] > 0
-        status = subprocess.run([str(BIN / "tiered"), "status", "--json"], env=env,
-                                capture_output=True, text=True, timeout=60)
-        rows = json.loads(status.stdout)
-        assert {r["health"] for r in rows} == {"passing"} and len(rows) == 4
-        assert {r["state"] for r in rows if r["service"] != "tiered-registry"} == {"ACTIVE"}
-    finally:
-        up.send_signal(signal.SIGINT)
-        up.wait(timeout=60)
-        assert up.stdout is not None
-        up.stdout.close()
-    assert up.returncode == 0
-    for child in state["children"].values():  # every child stopped, by PID
-        with pytest.raises(ProcessLookupError):
-            os.kill(child["pid"], 0)
 
 
 def test_consul_acl_tokens_are_honoured(tmp_path: Path, tiny_release: Path) -> None:
