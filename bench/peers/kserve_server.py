@@ -1,0 +1,123 @@
+"""KServe Python model server for the demo's INT8 ONNX text classifier (bench/peers/run.py).
+
+Runs inside the KServe venv (``var/bench/venvs/kserve``), so it imports nothing from the
+project::
+
+    python kserve_server.py --model_name sentiment --http_port PORT --enable_grpc false \
+        --onnx MODEL.onnx --tokenizer tokenizer.json --max_length 64 --labels rotten,fresh
+
+It does what Tiered's edge does for one request: tokenize with the release's
+``tokenizer.json`` (truncate to the manifest's ``max_length``, pad to the longest text), run
+the INT8 ONNX with onnxruntime on the CPU with the edge's session options (``edge/runtime.py``:
+``ORT_ENABLE_ALL``, intra-op threads = the runtime default unless ``--threads``), softmax.
+Requests are the same V2 bodies Tiered takes (one BYTES input ``text``, shape ``[n]``; request
+``parameters`` are ignored); outputs ``label`` BYTES ``[n]``, ``probabilities`` FP32 ``[n, 2]``,
+``confidence`` FP32 ``[n]``.
+
+No adaptive batching: KServe's Python model server (``kserve.ModelServer``) has none. KServe's
+batcher (``spec.predictor.batcher``: ``maxBatchSize``, ``maxLatency``) is part of the KServe
+agent sidecar (Go) that the KServe controller injects into an InferenceService pod on
+Kubernetes; it is not in the ``kserve`` Python package, and per KServe's docs it batches the V1
+protocol only. So each request is one model execution. ``predict`` is a plain (synchronous)
+method, as in KServe's custom-model examples: KServe then calls it on the event loop, one
+request at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import kserve
+import numpy as np
+import onnxruntime as ort
+from kserve.errors import InvalidInput
+from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
+from tokenizers import Tokenizer
+
+INPUT = "text"
+
+
+def texts_of(data: Any) -> list[str]:
+    """The strings of a BYTES input's data (str or bytes, possibly nested one level)."""
+    if isinstance(data, str | bytes):
+        data = [data]
+    texts: list[str] = []
+    for value in data:
+        if isinstance(value, list):
+            texts.extend(v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in value)
+        else:
+            texts.append(value.decode("utf-8") if isinstance(value, bytes) else str(value))
+    return texts
+
+
+class OnnxTextClassifier(kserve.Model):
+    def __init__(self, name: str, onnx: str, tokenizer: str, max_length: int,
+                 labels: list[str], threads: int) -> None:
+        super().__init__(name)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if threads:
+            options.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(onnx, options, providers=["CPUExecutionProvider"])
+        self.tokenizer = Tokenizer.from_file(tokenizer)
+        self.tokenizer.enable_truncation(max_length=max_length)
+        padding = self.tokenizer.padding or {}
+        self.tokenizer.enable_padding(pad_id=padding.get("pad_id", 0),
+                                      pad_token=padding.get("pad_token", "[PAD]"))
+        self.labels = labels
+        self.load()
+
+    def load(self) -> bool:
+        self._run(["warm-up"])
+        self.ready = True
+        return True
+
+    def _run(self, texts: list[str]) -> np.ndarray:
+        encoded = self.tokenizer.encode_batch(texts)
+        feeds = {"input_ids": np.asarray([e.ids for e in encoded], dtype=np.int64),
+                 "attention_mask": np.asarray([e.attention_mask for e in encoded],
+                                              dtype=np.int64)}
+        logits = np.asarray(self.session.run(None, feeds)[0], dtype=np.float32)
+        shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+        return np.asarray(shifted / shifted.sum(axis=1, keepdims=True), dtype=np.float32)
+
+    def predict(self, payload: InferRequest, headers: dict[str, str] | None = None
+                ) -> InferResponse:
+        inputs = [i for i in payload.inputs if i.name == INPUT]
+        if not inputs or inputs[0].datatype != "BYTES":
+            raise InvalidInput(f"expected a BYTES input named {INPUT!r}")
+        texts = texts_of(inputs[0].data)
+        if not texts:
+            raise InvalidInput(f"input {INPUT!r} holds no text")
+        probabilities = self._run(texts)
+        n, classes = probabilities.shape
+        outputs = [
+            InferOutput("label", [n], "BYTES", [self.labels[i] for i in probabilities.argmax(1)]),
+            InferOutput("probabilities", [n, classes], "FP32",
+                        probabilities.astype(float).ravel().tolist()),
+            InferOutput("confidence", [n], "FP32", probabilities.max(1).astype(float).tolist()),
+        ]
+        return InferResponse(response_id=payload.id or "", model_name=self.name,
+                             infer_outputs=outputs)
+
+
+def main(argv: list[str]) -> None:
+    # kserve.model_server parses sys.argv at import for its own flags (--http_port,
+    # --enable_grpc, --model_name, ...) and ignores the rest; these are ours.
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
+    parser.add_argument("--model_name", default="sentiment")
+    parser.add_argument("--onnx", required=True)
+    parser.add_argument("--tokenizer", required=True)
+    parser.add_argument("--max_length", type=int, required=True)
+    parser.add_argument("--labels", required=True, help="comma-separated, in logit order")
+    parser.add_argument("--threads", type=int, default=0, help="0 = onnxruntime's default")
+    args, _ = parser.parse_known_args(argv)
+    model = OnnxTextClassifier(args.model_name, args.onnx, args.tokenizer, args.max_length,
+                               args.labels.split(","), args.threads)
+    kserve.ModelServer().start([model])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,112 @@
+"""MLServer custom runtime for the demo's INT8 ONNX text classifier (bench/peers/run.py).
+
+Runs inside the MLServer venv (``var/bench/venvs/mlserver``), so it imports nothing from the
+project. It does what Tiered's edge does for one batch: tokenize with the release's
+``tokenizer.json`` (truncate to the manifest's ``max_length``, pad to the longest text of the
+batch), run the INT8 ONNX with onnxruntime on the CPU with the edge's session options
+(``edge/runtime.py``: ``ORT_ENABLE_ALL``, intra-op threads = the runtime default unless
+``threads`` is set), softmax the logits.
+
+Requests are the same V2 bodies Tiered takes: one BYTES input named ``text`` (shape ``[n]``);
+request ``parameters`` are ignored. MLServer's adaptive batcher (``max_batch_size`` /
+``max_batch_time`` in model-settings.json) merges concurrent requests into one request whose
+``text`` input holds every text, and splits the outputs back along the first axis, so the
+outputs are flat and row-major: ``label`` BYTES ``[n]``, ``probabilities`` FP32 ``[n, 2]``,
+``confidence`` FP32 ``[n]``.
+
+model-settings.json ``parameters``: ``uri`` the ``model.onnx`` file; ``extra``:
+``tokenizer`` (path), ``max_length`` (int), ``labels`` (list of str), ``threads`` (int, 0 =
+runtime default). The model runs in a one-thread executor, like Tiered's batcher, so the event
+loop keeps taking requests while a batch computes (also with ``parallel_workers: 0``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+from mlserver import MLModel
+from mlserver.errors import InferenceError
+from mlserver.types import InferenceRequest, InferenceResponse, ResponseOutput
+from mlserver.utils import get_model_uri
+from tokenizers import Tokenizer
+
+INPUT = "text"
+
+
+def texts_of(data: Any) -> list[str]:
+    """The strings of a BYTES input's data (str, bytes, possibly nested one level)."""
+    values = getattr(data, "root", data)
+    if isinstance(values, str | bytes):
+        values = [values]
+    texts: list[str] = []
+    for value in values:
+        if isinstance(value, list):
+            texts.extend(v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in value)
+        else:
+            texts.append(value.decode("utf-8") if isinstance(value, bytes) else str(value))
+    return texts
+
+
+class OnnxTextClassifier(MLModel):
+    """``implementation: mlserver_runtime.OnnxTextClassifier`` (with this folder on
+    PYTHONPATH)."""
+
+    async def load(self) -> bool:
+        parameters = self.settings.parameters
+        extra: dict[str, Any] = dict(parameters.extra or {}) if parameters else {}
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if int(extra.get("threads", 0)):
+            options.intra_op_num_threads = int(extra["threads"])
+        path = await get_model_uri(self.settings)
+        self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        tokenizer = Tokenizer.from_file(str(extra["tokenizer"]))
+        tokenizer.enable_truncation(max_length=int(extra["max_length"]))
+        padding = tokenizer.padding or {}
+        tokenizer.enable_padding(pad_id=padding.get("pad_id", 0),
+                                 pad_token=padding.get("pad_token", "[PAD]"))
+        self.tokenizer = tokenizer
+        self.labels: list[str] = [str(label) for label in extra["labels"]]
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="onnx")
+        self._run(["warm-up"])
+        return True
+
+    def _run(self, texts: list[str]) -> np.ndarray:
+        encoded = self.tokenizer.encode_batch(texts)
+        feeds = {"input_ids": np.asarray([e.ids for e in encoded], dtype=np.int64),
+                 "attention_mask": np.asarray([e.attention_mask for e in encoded],
+                                              dtype=np.int64)}
+        logits = np.asarray(self.session.run(None, feeds)[0], dtype=np.float32)
+        shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+        return np.asarray(shifted / shifted.sum(axis=1, keepdims=True), dtype=np.float32)
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        inputs = [i for i in payload.inputs if i.name == INPUT]
+        if not inputs or inputs[0].datatype != "BYTES":
+            raise InferenceError(f"expected a BYTES input named {INPUT!r}")
+        texts = texts_of(inputs[0].data)
+        if not texts:
+            raise InferenceError(f"input {INPUT!r} holds no text")
+        loop = asyncio.get_running_loop()
+        probabilities = await loop.run_in_executor(self.executor, self._run, texts)
+        n, classes = probabilities.shape
+        return InferenceResponse(
+            model_name=self.name, model_version=self.version, id=payload.id,
+            outputs=[
+                ResponseOutput(name="label", shape=[n], datatype="BYTES",
+                               data=[self.labels[i] for i in probabilities.argmax(1)]),
+                ResponseOutput(name="probabilities", shape=[n, classes], datatype="FP32",
+                               data=probabilities.astype(float).ravel().tolist()),
+                ResponseOutput(name="confidence", shape=[n], datatype="FP32",
+                               data=probabilities.max(1).astype(float).tolist()),
+            ])
+
+    async def unload(self) -> bool:
+        executor: ThreadPoolExecutor | None = getattr(self, "executor", None)
+        if executor is not None:
+            executor.shutdown(wait=False)
+        return True
