@@ -508,24 +508,35 @@ def interference_note(raws: Sequence[Raw], runs: Sequence[Run]) -> str:
 
 # --- main ------------------------------------------------------------------------------------
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
+def bench_parser(doc: str | None, quick: str) -> argparse.ArgumentParser:
+    """The options every benchmark takes: --duration, --quick, --registry, --markdown."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0] if doc else "")
     parser.add_argument("--duration", type=int, default=10,
                         help="seconds of load per measured wrk run (default 10)")
-    parser.add_argument("--quick", action="store_true",
-                        help="3 s runs, 1 s raw timing and warm-up (a smoke run, ~1 minute)")
-    parser.add_argument("--server-threads", type=int, default=0,
-                        help="--threads for both servers (default 0: the runtime's default)")
+    parser.add_argument("--quick", action="store_true", help=quick)
     parser.add_argument("--registry", type=Path, default=ROOT / "var" / "registry",
                         help="registry home holding the demo release (default var/registry)")
     parser.add_argument("--markdown", type=Path, default=None,
                         help="also write the tables as a markdown fragment here")
+    return parser
+
+
+def parse_bench_args(parser: argparse.ArgumentParser,
+                     argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse, check --duration, and shorten runs to 3 s with --quick."""
     args = parser.parse_args(argv)
     if args.duration < 1:
         parser.error("--duration must be >= 1 second")
     if args.quick:
         args.duration = min(args.duration, 3)
     return args
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = bench_parser(__doc__, "3 s runs, 1 s raw timing and warm-up (a smoke run, ~1 min)")
+    parser.add_argument("--server-threads", type=int, default=0,
+                        help="--threads for both servers (default 0: the runtime's default)")
+    return parse_bench_args(parser, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -90,9 +90,11 @@ from bench.tiers import (
     Plan,
     Release,
     Usage,
+    bench_parser,
     console,
     cpu_model,
     ensure_wrk,
+    parse_bench_args,
     process_cpu_s,
     pull,
     review_texts,
@@ -677,24 +679,13 @@ def as_json(context: Context, outcomes: Sequence[Outcome], result: Verdict) -> d
 # --- main ------------------------------------------------------------------------------------
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
-    parser.add_argument("--duration", type=int, default=10,
-                        help="seconds of load per measured wrk run (default 10)")
-    parser.add_argument("--quick", action="store_true",
-                        help="3 s runs at concurrency 1 and 32 only, 1 s warm-up, MLServer "
-                             "with parallel_workers 1 only (a smoke run)")
+    parser = bench_parser(__doc__, "3 s runs at concurrency 1 and 32 only, 1 s warm-up, "
+                          "MLServer with parallel_workers 1 only (a smoke run)")
     parser.add_argument("--mlserver-workers", default=None,
                         help="comma-separated MLServer parallel_workers values to run "
                              "(default 1,0; 1 with --quick)")
     parser.add_argument("--json", type=Path, help="write the raw numbers here")
-    parser.add_argument("--markdown", type=Path, help="write the markdown fragment here")
-    parser.add_argument("--registry", type=Path, default=ROOT / "var" / "registry",
-                        help="registry home holding the demo release (default var/registry)")
-    args = parser.parse_args(argv)
-    if args.duration < 1:
-        parser.error("--duration must be >= 1 second")
-    if args.quick:
-        args.duration = min(args.duration, 3)
+    args = parse_bench_args(parser, argv)
     try:
         workers = [int(w) for w in (args.mlserver_workers or ("1" if args.quick else "1,0"))
                    .split(",")]
