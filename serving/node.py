@@ -79,13 +79,13 @@ class Node:
         self._tasks.append(asyncio.create_task(work))
 
     async def stop(self) -> None:
-        if self.registration is not None:
-            await self.registration.deregister()
-        for task in self._tasks:
+        for task in self._tasks:  # first, so the registration loop cannot register again
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.registration is not None:
+            await self.registration.deregister()
         if self.subscriber is not None:
             await self.subscriber.close()
         if self.consul is not None:

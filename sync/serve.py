@@ -41,10 +41,10 @@ async def serve(settings: RegistrySettings) -> None:
     await stopping.wait()
     log.info("stopping")
     if registration is not None and registering is not None:
-        await registration.deregister()
-        registering.cancel()
+        registering.cancel()  # first, so it cannot register again
         with contextlib.suppress(asyncio.CancelledError):
             await registering
+        await registration.deregister()
         await registration.consul.close()
     await server.stop(grace=5)
     if http is not None:
