@@ -200,6 +200,12 @@ def test_consul_down_edges_keep_serving_then_everything_registers_again(stack: S
              "every live service registered and passing again")
 
 
+def test_a_gracefully_stopped_node_deregisters(stack: Stack) -> None:
+    stack.children["center-1"].stop()  # SIGTERM: drains, then leaves Consul
+    registered = consul(stack, "/v1/agent/services")
+    assert "center-1" not in registered and "edge-eu-1" in registered
+
+
 def test_consul_acl_tokens_are_honoured(tmp_path: Path, tiny_release: Path) -> None:
     """With ACLs on (default deny), a node registers with a token that may, not without."""
     master = secrets.token_hex(16)
