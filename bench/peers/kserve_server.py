@@ -27,61 +27,25 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 import kserve
-import numpy as np
-import onnxruntime as ort
 from kserve.errors import InvalidInput
 from kserve.protocol.infer_type import InferOutput, InferRequest, InferResponse
-from tokenizers import Tokenizer
-
-INPUT = "text"
-
-
-def texts_of(data: Any) -> list[str]:
-    """The strings of a BYTES input's data (str or bytes, possibly nested one level)."""
-    if isinstance(data, str | bytes):
-        data = [data]
-    texts: list[str] = []
-    for value in data:
-        if isinstance(value, list):
-            texts.extend(v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in value)
-        else:
-            texts.append(value.decode("utf-8") if isinstance(value, bytes) else str(value))
-    return texts
+from onnx_text import INPUT, TextOnnx, texts_of
 
 
 class OnnxTextClassifier(kserve.Model):
     def __init__(self, name: str, onnx: str, tokenizer: str, max_length: int,
                  labels: list[str], threads: int) -> None:
         super().__init__(name)
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if threads:
-            options.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(onnx, options, providers=["CPUExecutionProvider"])
-        self.tokenizer = Tokenizer.from_file(tokenizer)
-        self.tokenizer.enable_truncation(max_length=max_length)
-        padding = self.tokenizer.padding or {}
-        self.tokenizer.enable_padding(pad_id=padding.get("pad_id", 0),
-                                      pad_token=padding.get("pad_token", "[PAD]"))
+        self.model = TextOnnx(onnx, tokenizer, max_length, threads)
         self.labels = labels
         self.load()
 
     def load(self) -> bool:
-        self._run(["warm-up"])
+        self.model.probabilities(["warm-up"])
         self.ready = True
         return True
-
-    def _run(self, texts: list[str]) -> np.ndarray:
-        encoded = self.tokenizer.encode_batch(texts)
-        feeds = {"input_ids": np.asarray([e.ids for e in encoded], dtype=np.int64),
-                 "attention_mask": np.asarray([e.attention_mask for e in encoded],
-                                              dtype=np.int64)}
-        logits = np.asarray(self.session.run(None, feeds)[0], dtype=np.float32)
-        shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-        return np.asarray(shifted / shifted.sum(axis=1, keepdims=True), dtype=np.float32)
 
     def predict(self, payload: InferRequest, headers: dict[str, str] | None = None
                 ) -> InferResponse:
@@ -91,7 +55,7 @@ class OnnxTextClassifier(kserve.Model):
         texts = texts_of(inputs[0].data)
         if not texts:
             raise InvalidInput(f"input {INPUT!r} holds no text")
-        probabilities = self._run(texts)
+        probabilities = self.model.probabilities(texts)
         n, classes = probabilities.shape
         outputs = [
             InferOutput("label", [n], "BYTES", [self.labels[i] for i in probabilities.argmax(1)]),

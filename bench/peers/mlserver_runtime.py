@@ -26,29 +26,11 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
-import onnxruntime as ort
 from mlserver import MLModel
 from mlserver.errors import InferenceError
 from mlserver.types import InferenceRequest, InferenceResponse, ResponseOutput
 from mlserver.utils import get_model_uri
-from tokenizers import Tokenizer
-
-INPUT = "text"
-
-
-def texts_of(data: Any) -> list[str]:
-    """The strings of a BYTES input's data (str, bytes, possibly nested one level)."""
-    values = getattr(data, "root", data)
-    if isinstance(values, str | bytes):
-        values = [values]
-    texts: list[str] = []
-    for value in values:
-        if isinstance(value, list):
-            texts.extend(v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in value)
-        else:
-            texts.append(value.decode("utf-8") if isinstance(value, bytes) else str(value))
-    return texts
+from onnx_text import INPUT, TextOnnx, texts_of
 
 
 class OnnxTextClassifier(MLModel):
@@ -58,31 +40,13 @@ class OnnxTextClassifier(MLModel):
     async def load(self) -> bool:
         parameters = self.settings.parameters
         extra: dict[str, Any] = dict(parameters.extra or {}) if parameters else {}
-        options = ort.SessionOptions()
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if int(extra.get("threads", 0)):
-            options.intra_op_num_threads = int(extra["threads"])
         path = await get_model_uri(self.settings)
-        self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-        tokenizer = Tokenizer.from_file(str(extra["tokenizer"]))
-        tokenizer.enable_truncation(max_length=int(extra["max_length"]))
-        padding = tokenizer.padding or {}
-        tokenizer.enable_padding(pad_id=padding.get("pad_id", 0),
-                                 pad_token=padding.get("pad_token", "[PAD]"))
-        self.tokenizer = tokenizer
+        self.model = TextOnnx(path, str(extra["tokenizer"]), int(extra["max_length"]),
+                              int(extra.get("threads", 0)))
         self.labels: list[str] = [str(label) for label in extra["labels"]]
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="onnx")
-        self._run(["warm-up"])
+        self.model.probabilities(["warm-up"])
         return True
-
-    def _run(self, texts: list[str]) -> np.ndarray:
-        encoded = self.tokenizer.encode_batch(texts)
-        feeds = {"input_ids": np.asarray([e.ids for e in encoded], dtype=np.int64),
-                 "attention_mask": np.asarray([e.attention_mask for e in encoded],
-                                              dtype=np.int64)}
-        logits = np.asarray(self.session.run(None, feeds)[0], dtype=np.float32)
-        shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-        return np.asarray(shifted / shifted.sum(axis=1, keepdims=True), dtype=np.float32)
 
     async def predict(self, payload: InferenceRequest) -> InferenceResponse:
         inputs = [i for i in payload.inputs if i.name == INPUT]
@@ -92,7 +56,8 @@ class OnnxTextClassifier(MLModel):
         if not texts:
             raise InferenceError(f"input {INPUT!r} holds no text")
         loop = asyncio.get_running_loop()
-        probabilities = await loop.run_in_executor(self.executor, self._run, texts)
+        probabilities = await loop.run_in_executor(self.executor, self.model.probabilities,
+                                                   texts)
         n, classes = probabilities.shape
         return InferenceResponse(
             model_name=self.name, model_version=self.version, id=payload.id,
