@@ -8,8 +8,10 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import httpx
@@ -49,6 +51,9 @@ class Process:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
+
+
+P = TypeVar("P", bound=Process)
 
 
 @dataclass
@@ -92,24 +97,35 @@ def start_registry(home: Path, log_dir: Path, token: str, *flags: str, port: int
             stdout=out, stderr=subprocess.STDOUT,
             env={"PATH": str(BIN), **(env or {}), "REGISTRY_TOKEN": token})
     server = RegistryProcess("registry", port, process, log, metrics_port)
-    deadline = time.monotonic() + timeout
     channel = (grpc.secure_channel(server.target, grpc.ssl_channel_credentials(ca.read_bytes()))
                if ca else grpc.insecure_channel(server.target))
     with channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"registry exited {process.returncode}: "
-                                   f"{log.read_text()[-2000:]}")
+
+        def serving() -> bool:
             try:
-                if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == \
-                        health_pb2.HealthCheckResponse.SERVING:
-                    return server
+                return bool(stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status ==
+                            health_pb2.HealthCheckResponse.SERVING)
             except grpc.RpcError:
-                pass
-            time.sleep(0.1)
+                return False
+
+        return _ready(server, serving, timeout)
+
+
+def _ready(server: P, ready: Callable[[], bool], timeout: float) -> P:
+    """Return ``server`` once ``ready()``; stop it and raise (with its log) if it exits first
+    or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"{server.name} exited {server.process.returncode}: "
+                               f"{server.log.read_text()[-2000:]}")
+        if ready():
+            return server
+        time.sleep(0.1)
     server.stop()
-    raise RuntimeError(f"registry not ready after {timeout}s: {log.read_text()[-2000:]}")
+    raise RuntimeError(f"{server.name} not ready after {timeout}s: "
+                       f"{server.log.read_text()[-2000:]}")
 
 
 def start_tier(tier: str, store: Path, log_dir: Path, *flags: str, timeout: float = 60,
@@ -123,15 +139,11 @@ def start_tier(tier: str, store: Path, log_dir: Path, *flags: str, timeout: floa
              "--node-id", f"{tier}-{port}", *flags],
             stdout=out, stderr=subprocess.STDOUT, env=env)
     server = TierProcess(tier, port, process, log)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{tier} exited {process.returncode}: {log.read_text()[-2000:]}")
+
+    def ready() -> bool:
         try:
-            if httpx.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200:
-                return server
+            return httpx.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200
         except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    server.stop()
-    raise RuntimeError(f"{tier} not ready after {timeout}s: {log.read_text()[-2000:]}")
+            return False
+
+    return _ready(server, ready, timeout)
