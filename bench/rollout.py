@@ -120,7 +120,13 @@ from sync import auth
 from sync.download import Downloader, DownloadMetrics
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
-from tiered.processes import BIN, RegistryProcess, TierProcess, free_port, start_registry
+from tiered.processes import (
+    BIN,
+    RegistryProcess,
+    TierProcess,
+    start_registry,
+    start_tier,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 RELEASE = ROOT / "var" / "demo" / "release"
@@ -320,31 +326,9 @@ class Cli:
 
 def start_node(tier: str, store: Path, logs: Path, *flags: str,
                timeout: float = 60) -> TierProcess:
-    """``start_tier``'s command line, but wait only for /v2/health/live: an empty store is not
-    ready until sync has installed a model."""
-    port = free_port()
-    log = logs / f"{tier}-{port}.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [str(BIN / tier), "--host", "127.0.0.1", "--port", str(port), "--store", str(store),
-             "--node-id", f"{tier}-{port}", *flags],
-            stdout=out, stderr=subprocess.STDOUT,
-            env={"PATH": str(BIN), "HOME": str(logs)})
-    node = TierProcess(tier, port, process, log)
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"{tier} exited {process.returncode}: "
-                                   f"{log.read_text()[-2000:]}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{node.url}/v2/health/live", timeout=1).status_code == 200:
-                    return node
-            time.sleep(0.1)
-        raise RuntimeError(f"{tier} not live after {timeout}s: {log.read_text()[-2000:]}")
-    except BaseException:
-        node.stop()
-        raise
+    """A node with an empty store: waits for /v2/health/live only (sync installs the model)."""
+    return start_tier(tier, store, logs, *flags, timeout=timeout, until="live",
+                      env={"PATH": str(BIN), "HOME": str(logs)})
 
 
 def node_id(node: TierProcess) -> str:

@@ -129,8 +129,9 @@ def _ready(server: P, ready: Callable[[], bool], timeout: float) -> P:
 
 
 def start_tier(tier: str, store: Path, log_dir: Path, *flags: str, timeout: float = 60,
-               env: dict[str, str] | None = None) -> TierProcess:
-    """Run ``tier`` on a free 127.0.0.1 port; return once /v2/health/ready answers 200."""
+               env: dict[str, str] | None = None, until: str = "ready") -> TierProcess:
+    """Run ``tier`` on a free 127.0.0.1 port; return once /v2/health/``until`` answers 200
+    (``live`` for a node with an empty store: it is not ready until sync installs a model)."""
     port = free_port()
     log = log_dir / f"{tier}-{port}.log"
     with log.open("wb") as out:
@@ -142,7 +143,7 @@ def start_tier(tier: str, store: Path, log_dir: Path, *flags: str, timeout: floa
 
     def ready() -> bool:
         try:
-            return httpx.get(f"{server.url}/v2/health/ready", timeout=1).status_code == 200
+            return httpx.get(f"{server.url}/v2/health/{until}", timeout=1).status_code == 200
         except httpx.HTTPError:
             return False
 
