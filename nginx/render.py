@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import grp
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -74,9 +76,17 @@ def _safe(region: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in region)
 
 
-def config(prefix: Path, listen: str, rate: int, burst: int, max_body: str) -> str:
+def config(prefix: Path, listen: str, rate: int, burst: int, max_body: str,
+           temp: Path | None = None) -> str:
     text = TEMPLATE.read_text()
-    for key, value in {"@PREFIX@": str(prefix.resolve()), "@LISTEN@": listen,
+    temp = temp or prefix / "tmp"
+    user = ""
+    if os.geteuid() == 0:  # workers drop to nobody; say so, temp_dir gives them their folder
+        nobody = pwd.getpwnam("nobody")
+        user = f"user nobody {grp.getgrgid(nobody.pw_gid).gr_name};\n"
+    for key, value in {"@PREFIX@": str(prefix.resolve()), "@TEMP@": str(temp.resolve()),
+                       "@USER@": user,
+                       "@LISTEN@": listen,
                        "@RATE@": str(rate), "@BURST@": str(burst), "@MAX_BODY@": max_body}.items():
         text = text.replace(key, value)
     return text
@@ -205,8 +215,9 @@ def main(prefix: Path, listen: str, consul_addr: str | None, consul_token: str |
     nginx = nginx_bin or shutil.which("nginx") or "/usr/sbin/nginx"
     for sub in ("tmp", "logs"):
         (prefix / sub).mkdir(parents=True, exist_ok=True)
+    temp = temp_dir(prefix)
     renderer = Renderer(prefix, nginx, run_nginx)
-    write_atomically(renderer.conf, config(prefix, listen, rate, burst, max_body))
+    write_atomically(renderer.conf, config(prefix, listen, rate, burst, max_body, temp))
     write_atomically(prefix / "upstreams.conf", upstreams(renderer.fleet))
     if run_nginx:
         renderer.start_nginx()
@@ -214,6 +225,21 @@ def main(prefix: Path, listen: str, consul_addr: str | None, consul_token: str |
         uvloop.run(serve(renderer, consul_addr, consul_token))
     finally:
         renderer.stop_nginx()
+        if temp != prefix / "tmp":
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+def temp_dir(prefix: Path) -> Path:
+    """Where nginx buffers request bodies (and responses) too big for memory: under the prefix,
+    unless nginx runs as root. Its workers then run as ``nobody``, who may not reach the prefix
+    (a 0700 parent folder): a body over 16 KiB would get a 500. They get a folder of their own
+    in the system's temp dir instead."""
+    if os.geteuid() != 0:
+        return prefix / "tmp"
+    temp = Path(tempfile.mkdtemp(prefix="tiered-nginx-"))
+    nobody = pwd.getpwnam("nobody")
+    os.chown(temp, nobody.pw_uid, nobody.pw_gid)
+    return temp
 
 
 if __name__ == "__main__":

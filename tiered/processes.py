@@ -19,10 +19,19 @@ import httpx
 BIN = Path(sys.executable).parent
 
 
+_GIVEN: set[int] = set()  # ports handed out by this process: never the same one twice
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free on 127.0.0.1 now and not handed out before by this process (the kernel can
+    offer a just-closed port again, e.g. to two of Consul's five ports)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 @dataclass

@@ -106,6 +106,11 @@ def test_nginx_routes_to_edges_and_escalations_reach_a_center(stack: Stack) -> N
     too_big = httpx.post(f"{stack.url}/v2/models/tiny/infer", content=b"x" * (9 << 20),
                          timeout=10)
     assert too_big.status_code == 413
+    # a body nginx buffers to disk (> 16 KiB) reaches the edge, whichever user nginx's workers
+    # run as: the edge refuses the 1 MiB string, nginx does not fail with a 500
+    long = {"inputs": [{**BODY["inputs"][0], "data": ["x" * (1 << 20)]}]}
+    refused = infer(stack, long)
+    assert refused.status_code == 400 and "the limit is" in refused.json()["error"]
 
 
 def test_a_client_over_its_rate_limit_gets_429_in_the_v2_error_shape(stack: Stack) -> None:
