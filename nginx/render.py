@@ -10,8 +10,8 @@ child (``daemon off``) and stops it on SIGTERM/SIGINT.
 from __future__ import annotations
 
 import asyncio
-import logging
 import grp
+import logging
 import os
 import pwd
 import shutil
