@@ -11,6 +11,7 @@ from serving.discovery import OnChange
 from serving.manifest import Manifest
 from serving.metrics import Metrics
 from serving.repository import Repository, Resident
+from serving.signing import node_verifier
 from serving.store import ModelStore
 
 
@@ -27,7 +28,8 @@ class CenterService:
             return TorchScriptRuntime(folder / manifest.center.file, device, settings.precision,
                                       settings.threads)
 
-        self.repository = Repository(ModelStore(settings.store), "center", load, settings,
+        store = ModelStore(settings.store, node_verifier(settings.release_key, "center"))
+        self.repository = Repository(store, "center", load, settings,
                                      self.metrics)
 
     async def infer(self, resident: Resident, parsed: v2.Parsed) -> v2.InferResponse:

@@ -25,7 +25,8 @@ RUN pip install /src && rm -rf /src \
     && python -c "import registry.cli, sync.serve" && registry --help >/dev/null
 
 RUN useradd --system --create-home --uid 10001 tiered \
-    && mkdir -p /var/lib/tiered/registry && chown -R tiered /var/lib/tiered
+    && mkdir -p /var/lib/tiered/registry /var/lib/tiered/release-key \
+    && chown -R tiered /var/lib/tiered
 USER tiered
 WORKDIR /home/tiered
 

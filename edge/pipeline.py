@@ -20,6 +20,7 @@ from serving.logs import request_id
 from serving.manifest import Manifest
 from serving.metrics import MV, Metrics
 from serving.repository import Repository, Resident
+from serving.signing import node_verifier
 from serving.store import ModelStore
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,8 @@ class EdgeService:
         def load(manifest: Manifest, folder: Path) -> OnnxRuntime:
             return OnnxRuntime(folder / manifest.edge.file, settings.threads)
 
-        self.repository = Repository(ModelStore(settings.store), "edge", load, settings,
+        store = ModelStore(settings.store, node_verifier(settings.release_key, "edge"))
+        self.repository = Repository(store, "edge", load, settings,
                                      self.metrics)
         r = self.metrics.registry
         self.rows_by_tier = Counter("edge_rows", "Rows answered, by tier (edge, center, "

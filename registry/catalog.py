@@ -15,6 +15,7 @@ from registry import audit
 from registry.db import now, transaction
 from registry.errors import InvalidName, NotFound, RegistryError
 from serving.manifest import Manifest, decode, encode, is_valid_name
+from serving.signing import Signer, decode_signature, encode_signature
 
 PRODUCTION = "production"
 CANARY = "canary"
@@ -23,8 +24,9 @@ ALL_NODES = ["*"]
 
 def check_name(name: str) -> None:
     if not is_valid_name(name):
-        raise InvalidName(f"invalid model name {name!r}: use lowercase letters, digits, '.', "
-                          f"'_' and '-', starting with a letter or digit (no '..', no '/')")
+        raise InvalidName(f"invalid model name {name!r}: use lowercase ASCII letters, digits, "
+                          f"'.', '_' and '-', starting with a letter or digit, at most 128 "
+                          f"characters (no '..', no '/')")
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,8 @@ class Target:
     alias: str
     manifest: bytes
     manifest_sha256: str
+    signature: bytes = b""  # Ed25519 over ``manifest``; empty: published unsigned
+    key_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,9 @@ class VersionRow:
     publisher: str
     created_at: str
     aliases: list[str]
+    manifest_bytes: bytes = b""  # exactly as stored and signed
+    signature: bytes | None = None
+    key_id: str | None = None
 
 
 class Catalog:
@@ -127,9 +134,13 @@ class Catalog:
                 version, alias = canary, CANARY
             if version is None:
                 continue
-            row = self.db.execute("SELECT manifest, manifest_sha256 FROM versions WHERE "
-                                  "model = ? AND version = ?", [model, version]).fetchone()
-            targets.append(Target(model, version, alias, row[0].encode(), row[1]))
+            row = self.db.execute(
+                "SELECT v.manifest, v.manifest_sha256, s.signature, s.key_id FROM versions v "
+                "LEFT JOIN signatures s ON s.model = v.model AND s.version = v.version "
+                "WHERE v.model = ? AND v.version = ?", [model, version]).fetchone()
+            signature = decode_signature(row[2]) if row[2] else b""
+            targets.append(Target(model, version, alias, row[0].encode(), row[1], signature,
+                                  row[3] or ""))
         return targets
 
     def _canary_targets(self, model: str, version: int) -> list[str]:
@@ -146,10 +157,13 @@ class Catalog:
 
     # -- writes ----------------------------------------------------------------------------
 
-    def create_version(self, manifest: Manifest, canary: list[str] | None = None) -> int:
-        """Record version N+1 with its artifacts, aliases, rollout and audit record, atomically.
+    def create_version(self, manifest: Manifest, canary: list[str] | None = None,
+                       signer: Signer | None = None) -> int:
+        """Record version N+1 with its artifacts, aliases, rollout, signature and audit record,
+        atomically.
 
-        The artifacts must already be in the blob store.
+        The artifacts must already be in the blob store. ``signer`` signs the stored manifest
+        bytes (they carry the version number, so this happens under the write lock).
 
         ``manifest.version`` is ignored: the number is assigned under the write lock, so
         concurrent publishers get consecutive versions.
@@ -164,10 +178,12 @@ class Catalog:
             body = encode(final)
             digest = hashlib.sha256(body).hexdigest()
             alias, targets = (CANARY, canary) if canary else (PRODUCTION, ALL_NODES)
+            payload = {"manifest_sha256": digest, "alias": alias, "targets": targets,
+                       "artifacts": {r: a.sha256 for r, a in final.by_role().items()}}
+            if signer is not None:
+                payload["key_id"] = signer.key_id
             audit.append(conn, actor=self.actor, action="publish", model=final.name,
-                         version=final.version, sha256=digest,
-                         payload={"manifest_sha256": digest, "alias": alias, "targets": targets,
-                                  "artifacts": {r: a.sha256 for r, a in final.by_role().items()}})
+                         version=final.version, sha256=digest, payload=payload)
             for artifact in final.by_role().values():
                 conn.execute("INSERT OR IGNORE INTO blobs VALUES (?, ?, ?)",
                              [artifact.sha256, artifact.size, now()])
@@ -177,8 +193,34 @@ class Catalog:
             for role, artifact in final.by_role().items():
                 conn.execute("INSERT INTO artifacts VALUES (?, ?, ?, ?)",
                              [final.name, final.version, role, artifact.sha256])
+            if signer is not None:
+                conn.execute("INSERT INTO signatures VALUES (?, ?, ?, ?, ?)",
+                             [final.name, final.version, signer.key_id,
+                              encode_signature(signer.sign(body)), now()])
             self._point(conn, final.name, alias, final.version, targets)
         return final.version
+
+    def sign(self, model: str, signer: Signer, version: int | None = None) -> list[int]:
+        """Sign VERSION (default: every unsigned version) of a model published before signing
+        existed; each signature is audited (action ``sign``). Signed versions are immutable."""
+        with transaction(self.db) as conn:
+            self._require_model(model)
+            if version is not None:
+                self._require_version(model, version)
+            rows = conn.execute(
+                "SELECT v.version, v.manifest, v.manifest_sha256 FROM versions v LEFT JOIN "
+                "signatures s ON s.model = v.model AND s.version = v.version WHERE v.model = ? "
+                "AND s.signature IS NULL AND (? IS NULL OR v.version = ?) ORDER BY v.version",
+                [model, version, version]).fetchall()
+            if version is not None and not rows:
+                raise RegistryError(f"{model} version {version} is signed already")
+            for number, body, digest in rows:
+                audit.append(conn, actor=self.actor, action="sign", model=model,
+                             version=number, sha256=digest, payload={"key_id": signer.key_id})
+                conn.execute("INSERT INTO signatures VALUES (?, ?, ?, ?, ?)",
+                             [model, number, signer.key_id,
+                              encode_signature(signer.sign(body.encode())), now()])
+        return [int(r[0]) for r in rows]
 
     def promote(self, model: str, version: int | None = None) -> int:
         """Move ``production`` to VERSION (default: the canary version); clears the canary."""
@@ -248,8 +290,13 @@ class Catalog:
         aliases = [r["alias"] for r in self.db.query(
             "SELECT alias FROM aliases WHERE model = ? AND version = ? ORDER BY alias",
             [row["model"], row["version"]])]
+        signed = self.db.execute("SELECT signature, key_id FROM signatures WHERE model = ? AND "
+                                 "version = ?", [row["model"], row["version"]]).fetchone()
         return VersionRow(row["model"], row["version"], decode(row["manifest"]),
-                          row["manifest_sha256"], row["publisher"], row["created_at"], aliases)
+                          row["manifest_sha256"], row["publisher"], row["created_at"], aliases,
+                          row["manifest"].encode(),
+                          decode_signature(signed[0]) if signed else None,
+                          signed[1] if signed else None)
 
 
 def _with_version(manifest: Manifest, version: int) -> Manifest:

@@ -15,9 +15,9 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from registry import audit, render
+from registry import audit, keys, render
 from registry.blobs import BlobStore
-from registry.catalog import Catalog
+from registry.catalog import Catalog, check_name
 from registry.db import connect
 from registry.errors import AuditChainBroken, RegistryError
 from registry.nodes import NodeBook
@@ -64,10 +64,15 @@ def split_ref(ref: str) -> tuple[str, str | None]:
                    "[env: REGISTRY_HOME; default ./var/registry]")
 @click.option("--actor", default=None,
               help="Name recorded in the audit log. [env: REGISTRY_ACTOR; default user@host]")
+@click.option("--signing-key", type=click.Path(path_type=Path), default=None,
+              help="Ed25519 private key (PEM) releases are signed with. "
+                   "[env: REGISTRY_SIGNING_KEY; default <home>/keys/signing.key, created on "
+                   "first use]")
 @click.pass_context
-def cli(ctx: click.Context, home: Path | None, actor: str | None) -> None:
+def cli(ctx: click.Context, home: Path | None, actor: str | None,
+        signing_key: Path | None) -> None:
     """Tiered model registry: versioned releases, blob store, hash-chained audit log."""
-    flags: dict[str, Any] = {"home": home, "actor": actor}
+    flags: dict[str, Any] = {"home": home, "actor": actor, "signing_key": signing_key}
     overrides = {key: value for key, value in flags.items() if value is not None}
     try:
         ctx.obj = Context(RegistrySettings(**overrides))
@@ -111,14 +116,16 @@ def publish_cmd(ctx: Context, path: Path, name: str, canary: str, min_fidelity: 
     ONNX, tokenizer, labels, labelled calibration split) or a single TorchScript file, which
     is then both the center and, quantized to INT8, the edge.
     """
-    # torch and onnxruntime load here only: list/show/audit stay fast without them
-    from registry.publish import PublishOptions, publish
     from registry.source import load_source
 
+    check_name(name)
     settings = ctx.settings
     source = load_source(path, tokenizer=tokenizer,
                          labels=labels.split(",") if labels else None,
                          calibration=calibration, max_length=max_length)
+    # torch and onnxruntime load here only: list/show/audit, and a refused PATH, stay fast
+    from registry.publish import PublishOptions, publish
+
     options = PublishOptions(
         name=name, force=force, skip_existing=skip_existing,
         min_fidelity=settings.min_fidelity if min_fidelity is None else min_fidelity,
@@ -178,9 +185,72 @@ def pull_cmd(ctx: Context, ref: str, tier: str, store: Path, no_activate: bool,
     name, version = split_ref(ref)
     row = ctx.catalog.resolve(name, version)
     folder = pull(BlobStore(ctx.settings.blobs), row.manifest, "edge" if tier == "edge"
-                  else "center", ModelStore(store), activate=not no_activate)
+                  else "center", ModelStore(store), activate=not no_activate,
+                  raw=row.manifest_bytes or None, signature=row.signature)
     emit(as_json, {"model": name, "version": row.version, "tier": tier, "path": str(folder)},
          lambda: out.print(f"{name} version {row.version} ({tier}) -> {folder}"))
+
+
+@cli.command("key")
+@click.option("--path", "path_only", is_flag=True,
+              help="Print only the public key file's path (for --release-key).")
+@json_flag
+@pass_ctx
+def key_cmd(ctx: Context, path_only: bool, as_json: bool) -> None:
+    """Print the public key releases are signed with (PEM on stdout, its id and file on
+    stderr); creates the default key pair on first use. Give the file to edges and centers
+    as --release-key."""
+    public = keys.public_key(ctx.settings)
+    data = {"key_id": public.key_id, "public_key": public.pem,
+            "public_key_path": str(public.public_path),
+            "private_key_path": str(public.private_path)}
+    if path_only and not as_json:
+        click.echo(str(public.public_path))
+        return
+
+    def human() -> None:
+        click.echo(public.pem, nl=False)
+        err.print(f"key id {public.key_id}; public key {public.public_path} (give it to edges "
+                  f"and centers as --release-key)")
+
+    emit(as_json, data, human)
+
+
+@cli.command("keygen")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Folder for signing.key (mode 0600) and signing.pub. [default <home>/keys]")
+@json_flag
+@pass_ctx
+def keygen_cmd(ctx: Context, out: Path | None, as_json: bool) -> None:
+    """Generate a new Ed25519 signing key pair (never overwrites an existing key)."""
+    public = keys.keygen(out or ctx.settings.home / "keys")
+    data = {"key_id": public.key_id, "public_key_path": str(public.public_path),
+            "private_key_path": str(public.private_path)}
+    emit(as_json, data, lambda: _print_key(public))
+
+
+def _print_key(public: keys.PublicKey) -> None:
+    out.print(f"key id {public.key_id}\nprivate key {public.private_path} (keep it secret; "
+              f"REGISTRY_SIGNING_KEY)\npublic key  {public.public_path} (--release-key of edges "
+              f"and centers)")
+
+
+@cli.command("sign")
+@click.argument("ref")
+@json_flag
+@pass_ctx
+def sign_cmd(ctx: Context, ref: str, as_json: bool) -> None:
+    """Sign NAME@VERSION, or every unsigned version of NAME, with the signing key: for
+    releases published before signing existed (nodes with --release-key refuse unsigned
+    ones). Audited; a signed version is never re-signed."""
+    name, version = split_ref(ref)
+    if version is not None and not version.isdigit():
+        raise click.UsageError("sign takes NAME or NAME@VERSION (a number)")
+    signer = keys.signer(ctx.settings)
+    signed = ctx.catalog.sign(name, signer, int(version) if version else None)
+    emit(as_json, {"model": name, "signed": signed, "key_id": signer.key_id},
+         lambda: out.print(f"{name}: signed versions {signed or 'none (all were signed)'} "
+                           f"with key {signer.key_id}"))
 
 
 @cli.command("promote")

@@ -37,3 +37,9 @@ class IntegrityError(RegistryError):
     """A stored blob or a materialized file does not match its recorded sha256."""
 
     exit_code = 5
+
+
+class SigningKeyError(RegistryError):
+    """The signing key is missing, unreadable, not Ed25519, or would be overwritten."""
+
+    exit_code = 2

@@ -91,4 +91,19 @@ CREATE TABLE node_models (
     PRIMARY KEY (node_id, model)
 );
 """),
+    (3, "release signatures", """
+CREATE TABLE signatures (
+    model TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    key_id TEXT NOT NULL,
+    signature TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (model, version),
+    FOREIGN KEY (model, version) REFERENCES versions(model, version)
+);
+CREATE TRIGGER signatures_immutable BEFORE UPDATE ON signatures
+BEGIN SELECT RAISE(ABORT, 'release signatures are immutable'); END;
+CREATE TRIGGER signatures_no_delete BEFORE DELETE ON signatures
+BEGIN SELECT RAISE(ABORT, 'release signatures are immutable'); END;
+"""),
 ]

@@ -15,6 +15,7 @@ import sqlite_utils
 from registry import audit
 from registry.catalog import Catalog, Node
 from registry.db import now, transaction
+from sync import REFUSED
 
 STATES = ("DOWNLOADING", "ACTIVE", "FAILED")
 
@@ -58,10 +59,12 @@ class NodeBook:
 
     def acknowledged(self, node: Node, model: str, version: int, state: str,
                      reason: str) -> None:
-        """Record an ack and its audit record together (actor: the node)."""
+        """Record an ack and its audit record together (actor: the node). A release the node
+        refused (bad or missing signature, unsafe manifest) is its own action, ``refused``."""
         at = now()
+        action = "refused" if state == "FAILED" and reason.startswith(REFUSED) else "ack"
         with transaction(self.db) as conn:
-            audit.append(conn, actor=f"node:{node.node_id}", action="ack", model=model,
+            audit.append(conn, actor=f"node:{node.node_id}", action=action, model=model,
                          version=version, payload={"state": state, "reason": reason,
                                                    "tier": node.tier, "region": node.region})
             conn.execute("INSERT OR IGNORE INTO node_models (node_id, model, state, updated_at) "

@@ -1,7 +1,7 @@
-"""``registry publish``: validate, export, quantize, check fidelity, calibrate, store, record.
+"""``registry publish``: validate, export, quantize, check fidelity, calibrate, store, sign, record.
 
 Nothing is written to the catalog until every check has passed; the version, its aliases, its
-rollout and its audit record are then committed in one transaction.
+rollout, its signature and its audit record are then committed in one transaction.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from registry import keys
 from registry.blobs import BlobStore
 from registry.calibrate import agreement, calibrate, default_calibration
 from registry.catalog import Catalog, check_name
@@ -76,6 +77,7 @@ class _Built:
 def publish(settings: RegistrySettings, catalog: Catalog, source: ReleaseSource,
             options: PublishOptions, step: Step = quiet_step) -> PublishResult:
     check_name(options.name)
+    signer = keys.signer(settings)  # before the work: a missing or bad key fails at once
     if options.skip_existing:
         existing = _same_source(catalog, options.name, source.digest)
         if existing is not None:
@@ -105,7 +107,8 @@ def publish(settings: RegistrySettings, catalog: Catalog, source: ReleaseSource,
             artifacts = _store(BlobStore(settings.blobs), source, built.edge_int8)
             manifest = _manifest(options.name, source, labels, artifacts, calibration, fidelity,
                                  catalog.actor)
-            version = catalog.create_version(manifest, canary=options.canary or None)
+            version = catalog.create_version(manifest, canary=options.canary or None,
+                                             signer=signer)
     return PublishResult(catalog.resolve(options.name, str(version)).manifest, True,
                          built.edge_fp32_size, timings)
 

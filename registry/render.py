@@ -12,6 +12,7 @@ from rich.table import Table
 from registry.audit import Finding, Record
 from registry.catalog import VersionRow
 from serving.manifest import Manifest
+from serving.signing import encode_signature
 
 if TYPE_CHECKING:
     from registry.publish import PublishResult
@@ -30,7 +31,8 @@ def version_dict(row: VersionRow, full: bool = False) -> dict[str, Any]:
     data: dict[str, Any] = {
         "model": row.model, "version": row.version, "aliases": row.aliases,
         "published_at": row.created_at, "publisher": row.publisher,
-        "manifest_sha256": row.manifest_sha256,
+        "manifest_sha256": row.manifest_sha256, "signing_key_id": row.key_id,
+        "signature": encode_signature(row.signature) if row.signature else None,
         "threshold": m.calibration.threshold, "escalation_rate": m.calibration.escalation_rate,
         "fidelity": m.fidelity.top1_agreement}
     if full:
@@ -78,8 +80,11 @@ def _manifest_table(m: Manifest, title: str, edge_fp32_size: int = 0) -> Table:
 
 
 def version_detail(console: Console, row: VersionRow) -> None:
-    console.print(_manifest_table(row.manifest, f"{row.model} version {row.version}"
-                                  + (f" [{', '.join(row.aliases)}]" if row.aliases else "")))
+    table = _manifest_table(row.manifest, f"{row.model} version {row.version}"
+                            + (f" [{', '.join(row.aliases)}]" if row.aliases else ""))
+    table.add_row("signed by", f"key {row.key_id} (Ed25519)" if row.key_id else
+                  "[red]unsigned[/]")
+    console.print(table)
     curve = row.manifest.calibration.curve
     if curve:
         table = Table(title="calibration curve (edge confidence < threshold -> center)")

@@ -34,6 +34,11 @@ class RegistrySettings(BaseSettings):
     token: SecretStr | None = None
     """Bearer token for sync and admin calls; required by ``registry serve``."""
 
+    signing_key: Path | None = None
+    """Ed25519 private key (PEM) that ``registry publish`` signs releases with; unset =
+    ``<home>/keys/signing.key``, created (mode 0600, ``signing.pub`` beside it) on first use.
+    A path set here is never created: a typo must not mint a new key."""
+
     tls_cert: Path | None = None
     """PEM certificate chain for ``registry serve`` (with ``tls_key``; unset = plaintext)."""
 
@@ -82,6 +87,10 @@ class RegistrySettings(BaseSettings):
     @property
     def blobs(self) -> Path:
         return self.home / "blobs"
+
+    @property
+    def signing_key_path(self) -> Path:
+        return self.signing_key or self.home / "keys" / "signing.key"
 
     @property
     def advertised(self) -> str:

@@ -61,6 +61,8 @@ def load_source(path: Path, *, tokenizer: Path | None = None, labels: list[str] 
         raise InvalidRelease(f"{path}: no such file or folder")
     if path.is_dir():
         return _folder(path)
+    if not path.is_file():
+        raise InvalidRelease(f"{path}: not a regular file or a release folder")
     if tokenizer is None and calibration is not None:
         raise InvalidRelease("--calibration needs --tokenizer to turn its texts into inputs")
     for extra in (tokenizer, calibration):
@@ -75,6 +77,8 @@ def load_source(path: Path, *, tokenizer: Path | None = None, labels: list[str] 
 
 def _folder(root: Path) -> ReleaseSource:
     spec_path = root / SPEC_FILE
+    if spec_path.is_symlink():
+        raise InvalidRelease(f"{spec_path}: symlinks are not accepted in a release folder")
     if not spec_path.is_file():
         raise InvalidRelease(f"{root} is a folder without {SPEC_FILE}; see `registry publish "
                              f"--help` for the release folder layout")
@@ -102,14 +106,24 @@ def _folder(root: Path) -> ReleaseSource:
 
 
 def _inside(root: Path, name: str) -> Path:
-    """A file named by the spec: relative, inside the folder, a regular file (no symlink)."""
-    candidate = root / name
-    if Path(name).is_absolute() or ".." in Path(name).parts:
-        raise InvalidRelease(f"{name!r}: release files must be relative paths inside {root}")
-    if candidate.is_symlink():
-        raise InvalidRelease(f"{candidate}: symlinks are not accepted in a release folder")
-    if not candidate.is_file():
+    """A file named by the spec: a relative path inside the folder, no ``..``, no symlink
+    anywhere along it, a regular file (not a device, FIFO or folder)."""
+    relative = Path(name)
+    if (not name or relative.is_absolute() or ".." in relative.parts or "\\" in name
+            or any(ord(c) < 32 or c == "\x7f" for c in name)):
+        raise InvalidRelease(f"{name!r}: release files must be plain relative paths inside "
+                             f"{root} (no '..', no absolute path)")
+    candidate = root
+    for part in relative.parts:
+        candidate = candidate / part
+        if candidate.is_symlink():
+            raise InvalidRelease(f"{candidate}: symlinks are not accepted in a release folder")
+    if not candidate.exists():
         raise InvalidRelease(f"{candidate}: no such file")
+    if not candidate.is_file():
+        raise InvalidRelease(f"{candidate}: not a regular file")
+    if not candidate.resolve().is_relative_to(root.resolve()):
+        raise InvalidRelease(f"{candidate}: outside the release folder {root}")
     return candidate
 
 

@@ -18,7 +18,7 @@ from litestar.exceptions import HTTPException
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from serving import classify, v2
+from serving import classify, openapi, v2
 from serving.discovery import OnChange
 from serving.errors import ServingError
 from serving.logs import request_id
@@ -107,12 +107,13 @@ def on_unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     return _error(500, "internal error; see the server log for the request id")
 
 
-@get("/v2/health/live", sync_to_thread=False)
+@get("/v2/health/live", sync_to_thread=False, operation_class=openapi.documented(openapi.LIVE))
 def live() -> dict[str, bool]:
     return {"live": True}
 
 
-@get("/v2/health/ready", sync_to_thread=False)
+@get("/v2/health/ready", sync_to_thread=False,
+     operation_class=openapi.documented(openapi.READY, (503,)))
 def ready(request: Request[Any, Any, Any]) -> Response[Any]:
     models = _service(request).repository.models()
     if not models:
@@ -120,7 +121,7 @@ def ready(request: Request[Any, Any, Any]) -> Response[Any]:
     return Response({"ready": True, "models": models})
 
 
-@get("/v2", sync_to_thread=False)
+@get("/v2", sync_to_thread=False, operation_class=openapi.documented(openapi.SERVER))
 def server_metadata(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return {"name": _service(request).name, "version": "0.1.0", "extensions": []}
 
@@ -137,7 +138,7 @@ def _metadata(service: Service, resident: Resident, model: str) -> dict[str, Any
 
 
 @get(["/v2/models/{model:str}", "/v2/models/{model:str}/versions/{version:str}"],
-     sync_to_thread=False)
+     sync_to_thread=False, operation_class=openapi.documented(openapi.MODEL, (404, 503)))
 def model_metadata(request: Request[Any, Any, Any], model: str,
                    version: str | None = None) -> dict[str, Any]:
     service = _service(request)
@@ -145,7 +146,7 @@ def model_metadata(request: Request[Any, Any, Any], model: str,
 
 
 @get(["/v2/models/{model:str}/ready", "/v2/models/{model:str}/versions/{version:str}/ready"],
-     sync_to_thread=False)
+     sync_to_thread=False, operation_class=openapi.documented(openapi.MODEL_READY, (404, 503)))
 def model_ready(request: Request[Any, Any, Any], model: str,
                 version: str | None = None) -> dict[str, Any]:
     resident = _service(request).repository.get(model, version)
@@ -153,7 +154,8 @@ def model_ready(request: Request[Any, Any, Any], model: str,
 
 
 @post(["/v2/models/{model:str}/infer", "/v2/models/{model:str}/versions/{version:str}/infer"],
-      status_code=200)
+      status_code=200, operation_class=openapi.documented(
+          openapi.INFER_RESPONSE, (400, 404, 413, 503), request=openapi.INFER_REQUEST))
 async def infer(request: Request[Any, Any, Any], model: str,
                 version: str | None = None) -> Response[Any]:
     service = _service(request)
@@ -173,7 +175,8 @@ async def infer(request: Request[Any, Any, Any], model: str,
     return Response(content=v2.encode_response(result), media_type=MediaType.JSON)
 
 
-@get("/metrics", sync_to_thread=False)
+@get("/metrics", sync_to_thread=False,
+     operation_class=openapi.documented(openapi.STRING, media_type=CONTENT_TYPE_LATEST))
 def metrics(request: Request[Any, Any, Any]) -> Response[Any]:
     body = generate_latest(_service(request).metrics.registry)
     return Response(content=body, media_type=CONTENT_TYPE_LATEST)
@@ -197,4 +200,5 @@ def create_app(service: Service) -> Litestar:
         exception_handlers={ServingError: on_serving_error, HTTPException: on_http_error,
                             Exception: on_unexpected},
         request_max_body_size=service.settings.max_body_bytes,
-        state=State({"service": service}), logging_config=None)
+        state=State({"service": service}), logging_config=None,
+        openapi_config=openapi.config(f"{service.name} (Open Inference Protocol V2)"))

@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings
 
 from serving.app import Service, create_app
 from serving.logs import configure
+from serving.signing import SigningError
 
 SCALARS = {int: int, float: float, str: str, Path: click.Path(path_type=Path)}
 
@@ -45,7 +46,11 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
             raise click.UsageError(f"invalid settings: {exc}") from exc
         s: Any = settings
         configure(name, s.log_level, s.log_file, s.log_max_bytes, s.log_backups)
-        app = create_app(make_service(settings))
+        try:
+            service = make_service(settings)
+        except SigningError as exc:
+            raise click.UsageError(str(exc)) from exc
+        app = create_app(service)
         # uvicorn owns SIGINT/SIGTERM: it stops accepting, drains in-flight requests (up to the
         # grace period), then runs the lifespan shutdown that drains the batchers.
         uvicorn.run(app, host=s.host, port=s.port, loop="uvloop", http="httptools",

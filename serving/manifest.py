@@ -12,9 +12,10 @@ MAX_NAME_LENGTH = 128
 
 
 def is_valid_name(name: str) -> bool:
-    """Model names are path components in every store: no slashes, no ``..``, no leading dot."""
-    return (len(name) <= MAX_NAME_LENGTH and NAME_PATTERN.fullmatch(name) is not None
-            and ".." not in name)
+    """Model names are path components in every store: ASCII lowercase letters, digits, ``.``,
+    ``_``, ``-``; no slashes, no ``..``, no leading dot, at most 128 characters."""
+    return (isinstance(name, str) and name.isascii() and len(name) <= MAX_NAME_LENGTH
+            and NAME_PATTERN.fullmatch(name) is not None and ".." not in name)
 
 
 class TensorSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

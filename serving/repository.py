@@ -8,6 +8,7 @@ a resident version (``/versions/{v}``); the rest go to the default, the store's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from typing import Protocol
 import numpy as np
 from tokenizers import Tokenizer
 
+from serving import memory
 from serving.batcher import Batcher
 from serving.errors import ModelNotFound, NotReady
 from serving.manifest import Manifest, is_valid_name
@@ -62,6 +64,7 @@ class Repository:
         self.settings, self.metrics, self.keep = settings, metrics, keep
         self._resident: dict[str, dict[int, Resident]] = {}
         self._default: dict[str, int] = {}
+        self._failed: dict[str, tuple[tuple[int, ...], str]] = {}  # model -> (stamp, reason)
         self._lock = asyncio.Lock()
 
     def models(self) -> list[str]:
@@ -72,26 +75,57 @@ class Repository:
 
     def get(self, model: str, version: str | None = None) -> Resident:
         if model not in self._resident:
+            if model in self._failed:
+                raise NotReady(f"model {model!r} is not served: {self._failed[model][1]}")
             if is_valid_name(model) and self.store.current(model) is not None:
                 raise NotReady(f"model {model!r} is still loading")
             raise ModelNotFound(f"unknown model {model!r}")
         if version is None:
             return self._resident[model][self._default[model]]
-        if not version.isdigit() or int(version) not in self._resident[model]:
+        # ASCII digits only: str.isdigit() also accepts '²' (int() refuses it) and '١'
+        if not (version.isascii() and version.isdigit()) or \
+                int(version) not in self._resident[model]:
             raise ModelNotFound(f"model {model!r} has no version {version!r} loaded "
                                 f"(loaded: {self.versions(model)})")
         return self._resident[model][int(version)]
 
     async def refresh(self) -> None:
-        """Load the store's CURRENT version of every model that is not yet the default."""
+        """Load the store's CURRENT version of every model that is not yet the default.
+
+        A version that failed (bad signature, files not matching the manifest, ...) is logged
+        once and not tried again until its folder or CURRENT changes."""
         if not self.store.root.is_dir():
             return
         for folder in sorted(self.store.root.iterdir()):
-            if folder.is_dir() and is_valid_name(folder.name):
-                try:
-                    await self.activate(folder.name)
-                except (StoreError, OSError, ValueError, RuntimeError) as exc:
-                    log.error("cannot load %s: %s", folder.name, exc)
+            if not (folder.is_dir() and is_valid_name(folder.name)):
+                continue
+            model = folder.name
+            stamp = self._stamp(model)
+            if model in self._failed and self._failed[model][0] == stamp:
+                continue
+            try:
+                await self.activate(model)
+                self._failed.pop(model, None)
+            except (StoreError, OSError, ValueError, RuntimeError) as exc:
+                log.error("cannot load %s: %s", model, exc)
+                self._failed[model] = (stamp, str(exc))
+
+    def _stamp(self, model: str) -> tuple[int, ...]:
+        """Changes when CURRENT or the files of the version it names are replaced."""
+        stamp: list[int] = []
+        try:
+            current = self.store.current(model)
+        except (StoreError, OSError):
+            return (-1,)
+        if current is None:
+            return (0,)
+        folder = self.store.version_dir(model, current)
+        for path in (self.store.model_dir(model) / "CURRENT", folder, *(
+                folder.iterdir() if folder.is_dir() else [])):
+            with contextlib.suppress(OSError):
+                info = path.stat()
+                stamp += [info.st_mtime_ns, info.st_size, info.st_ino]
+        return (current, *stamp)
 
     async def activate(self, model: str, version: int | None = None) -> bool:
         """Make ``version`` (default: the store's CURRENT) the default; True if it changed.
@@ -113,6 +147,7 @@ class Repository:
             self._resident.setdefault(model, {})[target] = resident
             previous = self._default.get(model)
             self._default[model] = target
+            self._failed.pop(model, None)
             if version is not None:
                 await asyncio.to_thread(self.store.set_current, model, target)
             log.info("serving %s version %s (%s)", model, target, resident.runtime.description,
@@ -142,10 +177,12 @@ class Repository:
     async def _evict(self, model: str) -> None:
         versions = self._resident[model]
         keep = {self._default[model], *sorted(versions, reverse=True)[:self.keep]}
-        for version in [v for v in versions if v not in keep]:
-            resident = versions.pop(version)
-            await resident.batcher.stop()  # drains what is queued first
+        dropped = [v for v in versions if v not in keep]
+        for version in dropped:
+            await versions.pop(version).batcher.stop()  # drains what is queued first
             log.info("dropped %s version %s", model, version)
+        if dropped:  # the dropped copies are unreferenced now: return their memory (see memory)
+            await asyncio.to_thread(memory.trim)
 
     async def watch(self) -> None:
         while True:

@@ -40,6 +40,11 @@ class ServingSettings(BaseSettings):
     registry_ca: Path | None = None
     """PEM CA certificate to verify the registry's TLS certificate; unset = plaintext."""
 
+    release_key: Path | None = None
+    """Public key (PEM, e.g. the registry's ``signing.pub``) that releases must be signed with:
+    a release or store version whose signature is missing or does not verify is refused;
+    unset = signatures are not checked (logged as a warning at start-up)."""
+
     consul_http_addr: str | None = Field(
         default=None, validation_alias=AliasChoices("consul_http_addr", "CONSUL_HTTP_ADDR"))
     """Consul agent (host:port) to register with and discover centers and the registry

@@ -4,12 +4,18 @@ Layout: ``<root>/<model>/<version>/`` holds the release files and ``release.json
 ``<root>/<model>/CURRENT`` names the active version. A version folder is filled under a hidden
 staging name, every file's sha256 is checked, and only then is it renamed into place with
 ``os.replace``: a folder under a version name is always complete. No symlinks.
+
+``release.json`` holds the manifest exactly as the registry signed it and ``release.sig`` its
+Ed25519 signature (base64). A store given a ``Verifier`` refuses to install or verify a version
+whose signature is missing or does not verify; every manifest read or installed must name a
+valid model and only plain file names (no paths, no hidden files).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -17,8 +23,12 @@ from pathlib import Path
 from typing import Literal
 
 from serving.manifest import Artifact, Manifest, decode, encode, is_valid_name
+from serving.signing import SigningError, Verifier, decode_signature, encode_signature
 
 MANIFEST = "release.json"
+SIGNATURE = "release.sig"
+SAFE_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+SHA256 = re.compile(r"[0-9a-f]{64}")
 CURRENT = "CURRENT"
 CHUNK = 1 << 20
 
@@ -50,9 +60,32 @@ def _fsync_write(path: Path, data: bytes) -> None:
         Path(name).unlink(missing_ok=True)
 
 
+def check_release(manifest: Manifest) -> None:
+    """Refuse a manifest that names an unsafe model or file, before anything touches disk."""
+    if not is_valid_name(manifest.name):
+        raise StoreError(f"unsafe model name {manifest.name!r}")
+    if manifest.version < 1:
+        raise StoreError(f"{manifest.name}: invalid version {manifest.version}")
+    artifacts = list(manifest.by_role().values())
+    for artifact in artifacts:
+        _safe_file_name(artifact.file)
+        if not SHA256.fullmatch(artifact.sha256) or artifact.size < 0:
+            raise StoreError(f"{artifact.file}: invalid sha256 or size in the manifest")
+    if len({a.file for a in artifacts}) != len(artifacts):
+        raise StoreError(f"{manifest.name} version {manifest.version}: two artifacts share "
+                         f"one file name")
+    tokenizer = manifest.preprocessing.tokenizer
+    if tokenizer is not None and (manifest.tokenizer is None or
+                                  tokenizer != manifest.tokenizer.file):
+        raise StoreError(f"preprocessing names tokenizer file {tokenizer!r}, which is not the "
+                         f"release's verified tokenizer artifact")
+
+
 class ModelStore:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, verifier: Verifier | None = None) -> None:
+        """``verifier``: the key every version must be signed with (None: not checked)."""
         self.root = root
+        self.verifier = verifier
 
     def model_dir(self, model: str) -> Path:
         if not is_valid_name(model):
@@ -82,32 +115,78 @@ class ModelStore:
             raise StoreError(f"{model} version {version} is not in the store")
         _fsync_write(self.model_dir(model) / CURRENT, f"{version}\n".encode())
 
-    def manifest(self, model: str, version: int) -> Manifest:
+    def manifest_bytes(self, model: str, version: int) -> bytes:
         path = self.version_dir(model, version) / MANIFEST
-        if not path.is_file():
+        if path.is_symlink() or not path.is_file():
             raise StoreError(f"{model} version {version} is not in the store")
-        return decode(path.read_bytes())
+        return path.read_bytes()
+
+    def signature(self, model: str, version: int) -> bytes | None:
+        path = self.version_dir(model, version) / SIGNATURE
+        if path.is_symlink() or not path.is_file():
+            return None
+        try:
+            return decode_signature(path.read_bytes())
+        except SigningError as exc:
+            raise StoreError(f"{path}: {exc}") from exc
+
+    def manifest(self, model: str, version: int) -> Manifest:
+        return self._decode(model, version, self.manifest_bytes(model, version))
+
+    def _decode(self, model: str, version: int, raw: bytes) -> Manifest:
+        manifest = decode(raw)
+        check_release(manifest)
+        if (manifest.name, manifest.version) != (model, version):
+            raise StoreError(f"{model}/{version}/{MANIFEST} describes {manifest.name} version "
+                             f"{manifest.version}")
+        return manifest
 
     def verify(self, model: str, version: int, tier: Tier) -> Manifest:
-        """Check that every file the tier needs is there with its recorded size and sha256."""
-        manifest = self.manifest(model, version)
+        """Check the signature (with a verifier) and that every file the tier needs is there
+        with its recorded size and sha256."""
+        raw = self.manifest_bytes(model, version)
+        if self.verifier is not None:
+            self._check_signature(raw, self.signature(model, version), f"{model} version "
+                                  f"{version} in {self.root}")
+        manifest = self._decode(model, version, raw)
         folder = self.version_dir(model, version)
         for artifact in manifest.artifacts(tier):
             _check(folder / artifact.file, artifact)
         return manifest
 
-    def install(self, manifest: Manifest, tier: Tier, fetch: Fetch, activate: bool = True) -> Path:
-        """Stage the tier's files (``fetch`` writes each), verify them, rename into place."""
+    def _check_signature(self, raw: bytes, signature: bytes | None, what: str) -> None:
+        assert self.verifier is not None
+        try:
+            self.verifier.check(raw, signature)
+        except SigningError as exc:
+            raise StoreError(f"{what}: {exc}") from exc
+
+    def install(self, manifest: Manifest, tier: Tier, fetch: Fetch, activate: bool = True,
+                raw: bytes | None = None, signature: bytes | None = None) -> Path:
+        """Stage the tier's files (``fetch`` writes each), verify them, rename into place.
+
+        ``raw`` is the manifest exactly as signed (default: ``manifest`` encoded) and is
+        written byte for byte, with ``signature`` beside it, so the signature stays checkable.
+        """
+        raw = encode(manifest) if raw is None else raw
+        if decode(raw) != manifest:
+            raise StoreError(f"{manifest.name} version {manifest.version}: the manifest bytes "
+                             f"do not match the manifest")
+        check_release(manifest)
+        if self.verifier is not None:
+            self._check_signature(raw, signature, f"{manifest.name} version {manifest.version}")
         target = self.version_dir(manifest.name, manifest.version)
-        if not self.complete(manifest, tier):
+        if not self.complete(manifest, tier, raw, signature):
             target.parent.mkdir(parents=True, exist_ok=True)
             staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
             try:
                 for artifact in manifest.artifacts(tier):
-                    _safe_file_name(artifact.file)
                     fetch(artifact, staging / artifact.file)
                     _check(staging / artifact.file, artifact)
-                _fsync_write(staging / MANIFEST, encode(manifest))
+                _fsync_write(staging / MANIFEST, raw)
+                if signature:
+                    _fsync_write(staging / SIGNATURE, encode_signature(signature).encode() +
+                                 b"\n")
                 if target.exists():  # incomplete, or laid out for the other tier
                     shutil.rmtree(target)
                 os.replace(staging, target)
@@ -143,16 +222,24 @@ class ModelStore:
                         return path
         return None
 
-    def complete(self, manifest: Manifest, tier: Tier) -> bool:
-        """Is this exact release installed for the tier, every file verified?"""
+    def complete(self, manifest: Manifest, tier: Tier, raw: bytes | None = None,
+                 signature: bytes | None = None) -> bool:
+        """Is this exact release (these manifest bytes and signature, when given) installed
+        for the tier, every file verified?"""
+        model, version = manifest.name, manifest.version
         try:
-            return self.verify(manifest.name, manifest.version, tier) == manifest
+            if self.verify(model, version, tier) != manifest:
+                return False
+            if raw is not None and self.manifest_bytes(model, version) != raw:
+                return False
+            return signature is None or self.signature(model, version) == signature
         except (StoreError, OSError, ValueError):
             return False
 
 
 def _safe_file_name(name: str) -> None:
-    if not name or "/" in name or "\\" in name or name in {".", ".."} or name == MANIFEST:
+    """A plain file name: no path, no hidden file, not one of the store's own files."""
+    if not SAFE_FILE.fullmatch(name) or name in {MANIFEST, SIGNATURE}:
         raise StoreError(f"unsafe artifact file name {name!r}")
 
 

@@ -31,6 +31,7 @@ from sync import auth
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 from sync.metrics import SyncMetrics
+from sync.wire import Malformed, ParseInterceptor
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -78,6 +79,7 @@ class Session:
     active: dict[str, int]  # what the node said it serves at hello
     outbox: asyncio.Queue[pb.ServerMessage | None] = field(default_factory=asyncio.Queue)
     sent: dict[str, int] = field(default_factory=dict)  # model -> version pushed or held
+    error: str | None = None  # a protocol violation: the stream ends INVALID_ARGUMENT
 
     def close(self) -> None:
         self.outbox.put_nowait(None)
@@ -91,6 +93,8 @@ class SyncService(pb_grpc.SyncServicer):
 
     async def Sync(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         first = await context.read()
+        if isinstance(first, Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, first.details)
         if first is grpc.aio.EOF or first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be "
                                 "a hello")
@@ -103,6 +107,8 @@ class SyncService(pb_grpc.SyncServicer):
             await self.push(session)
             while (message := await session.outbox.get()) is not None:
                 await context.write(message)
+            if session.error is not None:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, session.error)
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -163,7 +169,8 @@ class SyncService(pb_grpc.SyncServicer):
                 continue  # it already serves that version
             session.outbox.put_nowait(pb.ServerMessage(release=pb.Release(
                 model=t.model, version=t.version, alias=t.alias, manifest=t.manifest,
-                manifest_sha256=t.manifest_sha256)))
+                manifest_sha256=t.manifest_sha256, signature=t.signature,
+                signing_key_id=t.key_id)))
             self.metrics.pushes.inc()
             log.info("pushing %s version %s (%s) to %s", t.model, t.version, t.alias,
                      session.node.node_id)
@@ -171,7 +178,13 @@ class SyncService(pb_grpc.SyncServicer):
     async def _read(self, session: Session, context: grpc.aio.ServicerContext) -> None:
         try:
             while (message := await context.read()) is not grpc.aio.EOF:
+                if isinstance(message, Malformed):
+                    session.error = message.details
+                    break
                 kind = message.WhichOneof("kind")
+                if kind == "hello":
+                    session.error = "hello sent twice on one stream"
+                    break
                 if kind == "ack":
                     await self._ack(session, message.ack)
                 elif kind == "report":
@@ -184,7 +197,8 @@ class SyncService(pb_grpc.SyncServicer):
             session.close()
 
     async def _ack(self, session: Session, ack: pb.Ack) -> None:
-        state = pb.AckState.Name(ack.state)
+        # proto3 enums are open: a value this registry does not know parses, Name() raises
+        state = pb.AckState.Name(ack.state) if ack.state in pb.AckState.values() else "?"
         if state not in STATES or not is_valid_name(ack.model) or ack.version < 1:
             log.warning("ignoring malformed ack from %s: %s", session.node.node_id, ack)
             return
@@ -208,6 +222,8 @@ class SyncService(pb_grpc.SyncServicer):
 
     async def Fetch(self, request: pb.FetchRequest,
                     context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Chunk]:
+        if isinstance(request, Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.details)
         sha, offset = request.sha256, request.offset
         if not SHA256.fullmatch(sha):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "sha256 must be 64 lowercase "
@@ -252,7 +268,9 @@ class SyncServer:
         await self.db.run(self.db.nodes.all_disconnected)
         token = self.settings.token.get_secret_value() if self.settings.token else ""
         server = grpc.aio.server(
-            interceptors=[auth.TokenInterceptor(token, self._denied)],
+            # the token is checked first; both see the tolerant deserializer (wire.py)
+            interceptors=[auth.TokenInterceptor(token, self._denied),
+                          ParseInterceptor(f"/{SERVICE}/")],
             options=[("grpc.max_receive_message_length", MAX_MESSAGE), *KEEPALIVE])
         pb_grpc.add_SyncServicer_to_server(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)

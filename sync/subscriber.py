@@ -15,7 +15,6 @@ import contextlib
 import hashlib
 import logging
 import random
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,13 +25,14 @@ from serving.manifest import Manifest, decode, is_valid_name
 from serving.quality import QualityWindow
 from serving.repository import Repository
 from serving.settings import ServingSettings
-from sync import auth
+from serving.signing import SigningError
+from serving.store import StoreError, check_release
+from sync import REFUSED, auth
 from sync.download import Downloader, DownloadMetrics, TransferError
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
-SHA256 = re.compile(r"[0-9a-f]{64}")
 CLIENT_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
                   ("grpc.keepalive_permit_without_calls", 1)]
 
@@ -57,6 +57,8 @@ class Backoff:
 class Wanted:
     manifest: Manifest
     changed: asyncio.Event
+    raw: bytes = b""  # the manifest exactly as signed
+    signature: bytes = b""
 
 
 class Subscriber:
@@ -132,7 +134,7 @@ class Subscriber:
         try:
             while (message := await call.read()) is not grpc.aio.EOF:
                 if message.WhichOneof("kind") == "release":
-                    self._desire(message.release)
+                    await self._desire(message.release)
         finally:
             reporter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -149,7 +151,7 @@ class Subscriber:
         s = self.settings
         return pb.Hello(node_id=s.node_id, tier=self.tier, region=s.region, held=held)
 
-    def _desire(self, release: pb.Release) -> None:
+    async def _desire(self, release: pb.Release) -> None:
         if hashlib.sha256(release.manifest).hexdigest() != release.manifest_sha256:
             log.error("release %s v%s: manifest does not match its sha256; ignored",
                       release.model, release.version)
@@ -160,22 +162,35 @@ class Subscriber:
             log.error("release %s v%s: unreadable manifest (%s); ignored", release.model,
                       release.version, exc)
             return
-        if any(not SHA256.fullmatch(a.sha256) for a in manifest.by_role().values()):
-            log.error("release %s v%s: an artifact digest is not a sha256; ignored",
-                      release.model, release.version)
-            return
         if (manifest.name, manifest.version) != (release.model, release.version):
             log.error("release %s v%s carries the manifest of %s v%s; ignored", release.model,
                       release.version, manifest.name, manifest.version)
             return
+        refusal = self._refusal(release, manifest)
+        if refusal is not None:  # before anything is downloaded; what is served stays
+            log.error("refused %s version %s: %s", manifest.name, manifest.version, refusal)
+            await self._ack(manifest, pb.FAILED, f"{REFUSED} {refusal}")
+            return
         wanted = self._wanted.get(manifest.name)
         if wanted is None:
             wanted = self._wanted[manifest.name] = Wanted(manifest, asyncio.Event())
-        wanted.manifest = manifest
+        wanted.manifest, wanted.raw, wanted.signature = (manifest, release.manifest,
+                                                         release.signature)
         wanted.changed.set()
         worker = self._workers.get(manifest.name)
         if worker is None or worker.done():
             self._workers[manifest.name] = asyncio.create_task(self._converge(manifest.name))
+
+    def _refusal(self, release: pb.Release, manifest: Manifest) -> str | None:
+        """Why this release must not be installed at all (None: it may be)."""
+        try:
+            check_release(manifest)
+            if self.store.verifier is not None:
+                self.store.verifier.check(release.manifest, release.signature,
+                                          release.signing_key_id)
+        except (StoreError, SigningError) as exc:
+            return str(exc)
+        return None
 
     async def _converge(self, model: str) -> None:
         """Apply the newest wanted release of ``model``; retry failures with backoff."""
@@ -185,7 +200,7 @@ class Subscriber:
             wanted.changed.clear()
             manifest = wanted.manifest
             try:
-                await self._apply(manifest)
+                await self._apply(manifest, wanted.raw, wanted.signature)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # any failure: report it, keep serving, try again later
@@ -197,16 +212,17 @@ class Subscriber:
             if not wanted.changed.is_set():
                 return
 
-    async def _apply(self, manifest: Manifest) -> None:
+    async def _apply(self, manifest: Manifest, raw: bytes, signature: bytes) -> None:
         model, version = manifest.name, manifest.version
         previous = self.repository.default_version(model)
         if previous != version:
-            if not await asyncio.to_thread(self.store.complete, manifest, self.tier):
+            if not await asyncio.to_thread(self.store.complete, manifest, self.tier, raw,
+                                           signature or None):
                 await self._ack(manifest, pb.DOWNLOADING)
                 for artifact in manifest.artifacts(self.tier):
                     await self.downloads.get(artifact)
                 await asyncio.to_thread(self.store.install, manifest, self.tier,
-                                        self.downloads.take, False)
+                                        self.downloads.take, False, raw, signature or None)
             if self._wanted[model].manifest is not manifest:
                 return  # superseded while downloading (e.g. a rollback): never swap it in
             await self.repository.activate(model, version)

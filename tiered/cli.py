@@ -58,7 +58,7 @@ def up_cmd(http_port: int | None, consul_port: int | None, root: Path | None,
            timeout: float) -> None:
     """Install what is missing, publish the demo if the registry has no release, start Consul
     (dev), registry serve, a center, two edges (eu, us) and nginx; wait until all are healthy;
-    Ctrl-C stops everything."""
+    restart a registry, center or edge that dies; Ctrl-C stops everything."""
     s = settings_from(http_port=http_port, consul_port=consul_port, root=root)
     started = time.monotonic()
     ensure_tools()
@@ -72,8 +72,9 @@ def up_cmd(http_port: int | None, consul_port: int | None, root: Path | None,
     try:
         stack.up(timeout)
         summary(stack, s, time.monotonic() - started)
+        stack.supervise()  # a registry, center or edge that exits is restarted
         while not stopping.wait(0.5):
-            dead = [c for c in stack.children.values() if c.process.poll() is not None]
+            dead = stack.dead()
             if dead:
                 err.print(f"[red]{dead[0].name} exited ({dead[0].process.returncode}); "
                           f"stopping the stack[/] (log: {dead[0].log})")

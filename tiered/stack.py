@@ -26,9 +26,15 @@ CONSUL_CONFIG = Path(__file__).resolve().parent.parent / "consul" / "dev.hcl"
 STATE = "stack.json"
 
 
+RESTARTED = ("registry", "center", "edge")  # roles the supervisor brings back
+RESTART_DELAY_S = 0.5
+
+
 @dataclass
 class Child(Process):
     role: str = ""  # consul, registry, center, edge, nginx
+    argv: list[str] = field(default_factory=list)
+    restarts: int = 0
 
 
 @dataclass
@@ -41,12 +47,16 @@ class Stack:
     regions: tuple[str, ...] = ("eu", "us")
     centers: int = 1
     tier_flags: tuple[str, ...] = ()
+    release_key: Path | None = None  # public key tiers verify releases with (default: the
+    # registry home's own, created when missing)
     nginx_flags: tuple[str, ...] = ()
     consul_flags: tuple[str, ...] = ()
     consul_token: str | None = None
     echo: Echo | None = None
     children: dict[str, Child] = field(default_factory=dict)
     cancelled: threading.Event = field(default_factory=threading.Event)  # Ctrl-C while starting
+    stopping: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def consul(self) -> str:
@@ -84,7 +94,7 @@ class Stack:
         log.touch()
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    env=self.env(), cwd=self.root, start_new_session=True)
-        child = Child(name, port or 0, process, log, role)
+        child = Child(name, port or 0, process, log, role, argv)
         assert process.stdout is not None
         threading.Thread(target=self._pump, args=(name, process.stdout, log),
                          daemon=True).start()
@@ -126,7 +136,10 @@ class Stack:
 
     def _tier(self, tier: str, name: str, region: str) -> Child:
         port = free_port()
-        argv = [str(BIN / tier), "--host", "127.0.0.1", "--port", str(port), "--store",
+        if self.release_key is None:
+            self.release_key = registry_public_key(self.registry_home)
+        argv = [str(BIN / tier), "--release-key", str(self.release_key),
+                "--host", "127.0.0.1", "--port", str(port), "--store",
                 str(self.root / "stores" / name), "--node-id", name, "--region", region,
                 "--sync-backoff-max-s", "2", *self.tier_flags]
         return self.spawn(name, argv, port, tier)
@@ -135,6 +148,40 @@ class Stack:
         argv = [sys.executable, "-m", "nginx.render", "--prefix", str(self.root / "nginx"),
                 "--listen", f"127.0.0.1:{self.http_port}", "--run-nginx", *self.nginx_flags]
         return self.spawn("nginx", argv, self.http_port, "nginx")
+
+    # -- supervision -------------------------------------------------------------------
+
+    def supervise(self, interval: float = 0.2) -> threading.Thread:
+        """Bring back a registry, center or edge that exits while the stack runs (same
+        name, port, store and flags: compose's ``restart: unless-stopped``). Consul or nginx
+        exiting is not repaired: ``dead()`` reports it."""
+        def loop() -> None:
+            while not self.stopping.wait(interval):
+                for child in list(self.children.values()):
+                    if child.role in RESTARTED and child.process.poll() is not None:
+                        self.restart(child)
+
+        thread = threading.Thread(target=loop, name="stack-supervisor", daemon=True)
+        thread.start()
+        return thread
+
+    def restart(self, child: Child) -> Child | None:
+        with self._lock:
+            if self.stopping.is_set() or self.children.get(child.name) is not child:
+                return None
+            if self.echo is not None:
+                self.echo(child.name, f"exited with status {child.process.returncode}; "
+                                      f"restarting")
+            time.sleep(RESTART_DELAY_S)  # a crash loop costs 2 restarts/s at most
+            fresh = self.spawn(child.name, child.argv, child.port, child.role)
+            fresh.restarts = child.restarts + 1
+            self.save()
+            return fresh
+
+    def dead(self) -> list[Child]:
+        """Children that exited and are not brought back (Consul, nginx)."""
+        return [c for c in self.children.values()
+                if c.role not in RESTARTED and c.process.poll() is not None]
 
     # -- health ------------------------------------------------------------------------
 
@@ -190,6 +237,9 @@ class Stack:
 
     def stop(self) -> None:
         """Newest first: nginx (its renderer stops nginx), edges, centers, registry, Consul."""
+        self.stopping.set()
+        with self._lock:
+            pass  # a restart in progress finishes (and is stopped below) before we go on
         for child in reversed(list(self.children.values())):
             child.stop()
         (self.root / STATE).unlink(missing_ok=True)
@@ -198,3 +248,12 @@ class Stack:
 def load_state(root: Path) -> dict[str, Any] | None:
     path = root / STATE
     return json.loads(path.read_text()) if path.is_file() else None
+
+
+def registry_public_key(home: Path) -> Path:
+    """The public half of the key ``registry publish`` signs with in ``home`` (its default
+    key, which the stack's children use), created on first use."""
+    from registry import keys
+    from registry.settings import RegistrySettings
+
+    return keys.public_key(RegistrySettings(home=home, signing_key=None)).public_path

@@ -101,18 +101,22 @@ class NodeMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., report: _Optional[_Union[QualityReport, _Mapping]] = ...) -> None: ...
 
 class Release(_message.Message):
-    __slots__ = ("model", "version", "alias", "manifest", "manifest_sha256")
+    __slots__ = ("model", "version", "alias", "manifest", "manifest_sha256", "signature", "signing_key_id")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ALIAS_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    SIGNING_KEY_ID_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     alias: str
     manifest: bytes
     manifest_sha256: str
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., alias: _Optional[str] = ..., manifest: _Optional[bytes] = ..., manifest_sha256: _Optional[str] = ...) -> None: ...
+    signature: bytes
+    signing_key_id: str
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., alias: _Optional[str] = ..., manifest: _Optional[bytes] = ..., manifest_sha256: _Optional[str] = ..., signature: _Optional[bytes] = ..., signing_key_id: _Optional[str] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("registry", "report_interval_s")

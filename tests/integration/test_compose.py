@@ -164,3 +164,16 @@ def test_edge_requirements_are_project_dependencies_without_torch() -> None:
     assert edge <= {_name(r) for r in project}
     assert not edge & {"torch", "onnx", "onnxscript", "safetensors", "grpcio-tools"}
     assert {"onnxruntime", "tokenizers", "grpcio", "py-consul"} <= edge
+
+
+def test_tiers_trust_the_registry_public_key_read_only(services: dict[str, Any]) -> None:
+    registry = {m["target"]: m for m in services["registry"]["volumes"]}
+    assert "registry key >" in " ".join(services["registry"]["command"])
+    for name, prefix in TIERS.items():
+        if prefix == "REGISTRY":
+            continue
+        key = Path(services[name]["environment"][f"{prefix}_RELEASE_KEY"])
+        mounts = {m["target"]: m for m in services[name]["volumes"]}
+        mount = mounts[str(key.parent)]
+        assert mount["read_only"] and mount["source"] == registry[str(key.parent)]["source"]
+        assert not registry[str(key.parent)].get("read_only")

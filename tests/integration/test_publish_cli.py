@@ -84,9 +84,9 @@ def test_pull_materializes_stores_the_tiers_can_load(
     edge_dir, center_dir = edge_store.version_dir("sentiment", 1), center_store.version_dir(
         "sentiment", 1)
     assert sorted(p.name for p in edge_dir.iterdir()) == ["model.onnx", "release.json",
-                                                          "tokenizer.json"]
+                                                          "release.sig", "tokenizer.json"]
     assert sorted(p.name for p in center_dir.iterdir()) == ["model.pt", "release.json",
-                                                            "tokenizer.json"]
+                                                            "release.sig", "tokenizer.json"]
     edge_store.verify("sentiment", 1, "edge")
 
     rows = [json.loads(line) for line in

@@ -101,8 +101,12 @@ def test_nginx_routes_to_edges_and_escalations_reach_a_center(stack: Stack) -> N
     assert direct.status_code == 200 and direct.json()["parameters"]["center_version"] == 1
     assert "registry_sync_nodes_connected 4.0" in httpx.get(
         f"{stack.url}/registry/metrics", timeout=5).text
-    missing = httpx.get(f"{stack.url}/admin", timeout=5)
-    assert missing.status_code == 404 and "error" in missing.json()
+    # nothing but inference, the escalation API and read-only metrics: no Consul API or UI,
+    # no tier /metrics or OpenAPI, nothing of the registry beyond its metrics
+    for path in ("/admin", "/v1/agent/self", "/v1/kv/tiered", "/ui/", "/metrics", "/schema",
+                 "/center/metrics", "/center/schema", "/registry/", "/registry/status"):
+        missing = httpx.get(f"{stack.url}{path}", timeout=5)
+        assert missing.status_code == 404 and "error" in missing.json(), path
     too_big = httpx.post(f"{stack.url}/v2/models/tiny/infer", content=b"x" * (9 << 20),
                          timeout=10)
     assert too_big.status_code == 413

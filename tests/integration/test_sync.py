@@ -148,7 +148,8 @@ def test_nodes_subscribe_and_install_from_empty_stores(fleet: Fleet) -> None:
     manifest = fleet.cli("show", "tiny@1", "--json").json()["manifest"]
     for store, tier in (("edge-eu", "edge"), ("center", "center")):
         files = sorted(p.name for p in (fleet.root / store / "tiny" / "1").iterdir())
-        assert files == sorted([manifest[tier]["file"], "release.json", "tokenizer.json"])
+        assert files == sorted([manifest[tier]["file"], "release.json", "release.sig",
+                                "tokenizer.json"])
 
 
 def test_publish_reaches_every_node_and_each_ack_is_audited(fleet: Fleet,

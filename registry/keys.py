@@ -1,0 +1,87 @@
+"""The registry's release signing key: where it lives, created on first use like a host key.
+
+``REGISTRY_SIGNING_KEY`` names the private key (PEM). Unset, it is
+``<REGISTRY_HOME>/keys/signing.key``, generated with mode 0600 the first time something needs
+it, ``signing.pub`` beside it. An explicitly configured path is never created.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from registry.errors import SigningKeyError
+from registry.settings import RegistrySettings
+from serving.signing import (
+    Signer,
+    SigningError,
+    generate_key_pair,
+    key_id,
+    load_private_key,
+    public_pem,
+)
+
+PRIVATE, PUBLIC = "signing.key", "signing.pub"
+
+
+def public_path(private: Path) -> Path:
+    """``signing.key`` -> ``signing.pub``; any other name gets ``.pub`` appended."""
+    return private.with_name(PUBLIC) if private.name == PRIVATE else \
+        private.with_name(private.name + ".pub")
+
+
+def signer(settings: RegistrySettings) -> Signer:
+    """The key publish signs with (the default one is created on first use)."""
+    path = settings.signing_key_path
+    try:
+        if settings.signing_key is None and not path.exists():
+            key = generate_key_pair(path, public_path(path))
+        else:
+            key = load_private_key(path)
+    except SigningError as exc:
+        raise SigningKeyError(f"{exc} (REGISTRY_SIGNING_KEY; `registry keygen` makes a key pair)") \
+            from exc
+    return Signer(key)
+
+
+@dataclass(frozen=True)
+class PublicKey:
+    key: Ed25519PublicKey
+    private_path: Path
+    public_path: Path
+
+    @property
+    def key_id(self) -> str:
+        return key_id(self.key)
+
+    @property
+    def pem(self) -> str:
+        return public_pem(self.key).decode()
+
+
+def public_key(settings: RegistrySettings) -> PublicKey:
+    """The signing key's public half, written beside the private key when it is not there
+    yet (that file is what edges and centers are given as ``--release-key``)."""
+    private = settings.signing_key_path
+    key = signer(settings).key.public_key()
+    pub = public_path(private)
+    if not pub.is_file() or pub.read_bytes() != public_pem(key):
+        try:
+            pub.write_bytes(public_pem(key))
+        except OSError as exc:
+            raise SigningKeyError(f"cannot write the public key {pub}: {exc}") from exc
+    return PublicKey(key, private, pub)
+
+
+def keygen(folder: Path) -> PublicKey:
+    """A new key pair in ``folder`` (refused when a key is already there)."""
+    private = folder / PRIVATE
+    try:
+        key = generate_key_pair(private, folder / PUBLIC)
+    except SigningError as exc:
+        raise SigningKeyError(str(exc)) from exc
+    except OSError as exc:
+        raise SigningKeyError(f"cannot write a key pair into {folder}: {exc}") from exc
+    return PublicKey(key.public_key(), private, folder / PUBLIC)
