@@ -122,13 +122,17 @@ def ensure_release(s: TieredSettings) -> None:
     from registry.db import connect
 
     catalog = Catalog(connect(s.registry_home / "registry.sqlite3"), "tiered")
-    if any(m["name"] == s.model and m["production"] for m in catalog.models()):
-        return
+    published = any(m["name"] == s.model and m["production"] for m in catalog.models())
     catalog.db.conn.close()
-    err.print(f"no {s.model} release in {s.registry_home}: building the demo (first time ~6 "
-              f"min) and publishing it")
     env = {"PATH": f"{BIN}:/usr/bin:/bin", "REGISTRY_HOME": str(s.registry_home),
            "HOME": str(Path.home())}
+    if published:
+        # a registry from before signing: the stack's nodes refuse unsigned releases
+        subprocess.run([str(BIN / "registry"), "sign", s.model], check=True, env=env,
+                       stdout=subprocess.DEVNULL)
+        return
+    err.print(f"no {s.model} release in {s.registry_home}: building the demo (first time ~6 "
+              f"min) and publishing it")
     subprocess.run([str(BIN / "python"), "-m", "examples.sentiment.build", "--out",
                     str(s.release)], check=True, env=env)
     subprocess.run([str(BIN / "registry"), "publish", str(s.release), "--name", s.model,
