@@ -1,0 +1,51 @@
+-- wrk script for bench/swaps.py and bench/soak.py: bench/v2_infer.lua plus the latency
+-- distribution, so runs can be merged into percentiles (a p99 over ten runs is not the mean of
+-- ten p99s). wrk's Lua API gives percentiles, not raw samples: 1000 evenly spaced quantiles
+-- each stand for a thousandth of the run's requests (0.1% resolution).
+--
+--   wrk -t1 -c8 -d3s -s bench/v2_latency.lua http://127.0.0.1:PORT/v2/models/M/infer -- BODIES
+--
+-- done() prints the BENCH_RESULT line of v2_infer.lua and one more:
+--   BENCH_HIST <latency_us> ... (the 0.05th, 0.15th, ... 99.95th percentiles, microseconds)
+
+local requests = {}
+local counter = 0
+
+function init(args)
+  local path = args[1]
+  if path == nil then
+    error("usage: wrk ... -s v2_latency.lua URL -- BODIES_FILE")
+  end
+  local headers = {["Content-Type"] = "application/json"}
+  for line in io.lines(path) do
+    if #line > 0 then
+      requests[#requests + 1] = wrk.format("POST", nil, headers, line)
+    end
+  end
+  if #requests == 0 then
+    error("no request bodies in " .. path)
+  end
+end
+
+function request()
+  counter = counter + 1
+  return requests[(counter - 1) % #requests + 1]
+end
+
+function done(summary, latency, _)
+  local e = summary.errors
+  io.write(string.format(
+    "BENCH_RESULT requests=%d duration_us=%d p50_us=%d p99_us=%d mean_us=%.1f max_us=%d "
+      .. "errors_connect=%d errors_read=%d errors_write=%d errors_status=%d "
+      .. "errors_timeout=%d\n",
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+    latency.mean, latency.max, e.connect, e.read, e.write, e.status, e.timeout))
+  -- 1000 evenly spaced quantiles: each stands for a thousandth of this run's requests
+  local parts = {}
+  if summary.requests > 0 then
+    for i = 1, 1000 do
+      parts[#parts + 1] = string.format("%d", latency:percentile((i - 0.5) / 10))
+    end
+  end
+  io.write("BENCH_HIST " .. table.concat(parts, " ") .. "\n")
+end
