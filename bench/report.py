@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 DOCS = Path("docs")
-ORDER = ["tiers", "peers", "cascade", "rollout", "gpu"]
+ORDER = ["tiers", "peers", "cascade", "rollout", "chaos", "fuzz", "swaps", "soak", "gpu"]
 
 
 def machine() -> str:

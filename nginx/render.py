@@ -41,9 +41,19 @@ class Fleet:
 
 
 def _servers(instances: list[Instance], backup: list[Instance] | None = None) -> list[str]:
-    lines = [f"server {i.target} max_fails=1 fail_timeout=5s;" for i in instances]
-    lines += [f"server {i.target} backup;" for i in backup or []]
-    return lines or [NOWHERE]
+    """Passing ``instances`` first, then ``backup`` and, as a last resort, the instances Consul
+    lists as failing: one that just came back may not be passing yet in this config (a reload
+    takes a moment; workers on keep-alive connections still use the old one), and a refused
+    connection only costs the next try. nginx's own failure marking is off (``max_fails=0``):
+    Consul is the health source. With it on, an edge restarted faster than Consul's check saw
+    it dead stayed shut out for ``fail_timeout``, and when the other edge died then, every
+    request got a 502 (the chaos replay found both)."""
+    live = [i for i in instances if i.passing]
+    spare = [i for i in backup or [] if i.passing]
+    spare += [i for i in [*instances, *(backup or [])] if not i.passing]
+    lines = [f"server {i.target} max_fails=0;" for i in live] or [NOWHERE]
+    lines += [f"server {i.target} max_fails=0 backup;" for i in spare]
+    return lines
 
 
 def _upstream(name: str, servers: list[str], balance: str = "least_conn;") -> str:
@@ -67,7 +77,7 @@ def upstreams(fleet: Fleet) -> str:
                  + "".join(f"{p}\n" for p in pools) + "}\n")
     parts.append(_upstream("tiered_centers", _servers(fleet.centers)))
     metrics = [f"server {i.address}:{i.meta['metrics_port']};" for i in fleet.registries
-               if i.meta.get("metrics_port")]
+               if i.meta.get("metrics_port") and i.passing]
     parts.append(_upstream("tiered_registry_metrics", metrics or [NOWHERE], balance=""))
     return "\n".join(parts)
 
@@ -170,7 +180,8 @@ async def serve(renderer: Renderer, consul_addr: str | None, token: str | None) 
     if client is not None:
         for role, service in (("edges", "edge"), ("centers", "center"),
                               ("registries", "registry")):
-            watch = discovery.Watch(client, discovery.SERVICES[service], renderer.follow(role))
+            watch = discovery.Watch(client, discovery.SERVICES[service], renderer.follow(role),
+                                    passing_only=False)
             tasks.append(asyncio.create_task(watch.run()))
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()

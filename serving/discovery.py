@@ -41,6 +41,7 @@ class Instance:
     port: int
     tags: tuple[str, ...] = ()
     meta: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+    passing: bool = True  # every check passing (a Watch with passing_only lists only these)
 
     @property
     def url(self) -> str:
@@ -120,20 +121,22 @@ OnChange = Callable[[list[Instance]], Awaitable[None] | None]
 
 @dataclass
 class Watch:
-    """The passing instances of one service, followed with blocking queries. When Consul is
-    unreachable the last list stays in force (``on_change`` is not called)."""
+    """The passing instances of one service (every registered one with ``passing_only``
+    False, each marked), followed with blocking queries. When Consul is unreachable the last
+    list stays in force (``on_change`` is not called)."""
 
     consul: consul.aio.Consul
     service: str
     on_change: OnChange
     instances: list[Instance] | None = None
+    passing_only: bool = True
 
     async def run(self) -> None:
         index, delay = None, 0.5
         while True:
             try:
-                index, nodes = await self.consul.health.service(self.service, passing=True,
-                                                                index=index, wait=WAIT)
+                index, nodes = await self.consul.health.service(
+                    self.service, passing=self.passing_only, index=index, wait=WAIT)
             except ERRORS as exc:
                 log.warning("consul: watching %s failed (%s); keeping %d known instances",
                             self.service, exc, len(self.instances or []))
@@ -145,8 +148,10 @@ class Watch:
             found = sorted({_instance(n) for n in nodes}, key=lambda i: i.service_id)
             if found != self.instances:
                 self.instances = found
-                log.info("consul: %s passing: %s", self.service,
-                         [i.target for i in found] or "none")
+                log.info("consul: %s passing: %s%s", self.service,
+                         [i.target for i in found if i.passing] or "none",
+                         "" if self.passing_only else
+                         f", failing: {[i.target for i in found if not i.passing]}")
                 result = self.on_change(found)
                 if result is not None:
                     await result
@@ -155,5 +160,6 @@ class Watch:
 def _instance(node: dict[str, Any]) -> Instance:
     service = node["Service"]
     address = service.get("Address") or node["Node"]["Address"]
+    passing = all(c.get("Status") == "passing" for c in node.get("Checks") or ())
     return Instance(service["ID"], address, int(service["Port"]), tuple(service.get("Tags") or ()),
-                    dict(service.get("Meta") or {}))
+                    dict(service.get("Meta") or {}), passing)

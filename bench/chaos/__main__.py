@@ -25,7 +25,7 @@ def main() -> None:
                         help="scratch folder, emptied first (default var/bench/chaos)")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the tables here")
     args = parser.parse_args()
-    if not (args.release / "release.json").is_file() and not args.release.is_dir():
+    if not (args.release / "tiered.json").is_file():
         parser.error(f"{args.release} is not a release folder (make demo builds it)")
     shutil.rmtree(args.root, ignore_errors=True)
     args.root.mkdir(parents=True)

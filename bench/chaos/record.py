@@ -3,6 +3,7 @@ each, written with the answer it got (JSON lines)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from dataclasses import dataclass
@@ -33,10 +34,10 @@ class Recorded:
 
 def requests(model: str, count: int, seed: int = 0) -> list[tuple[str, dict[str, Any]]]:
     rng = random.Random(seed)
-    texts = [t for t, _ in test_split(count * 3)]
+    texts = itertools.cycle([t for t, _ in test_split(count * 3)])  # the split has 2,000
     out: list[tuple[str, dict[str, Any]]] = []
     for _ in range(count):
-        rows = [texts.pop() for _ in range(rng.choice((1, 1, 2, 3)))]
+        rows = [next(texts) for _ in range(rng.choice((1, 1, 2, 3)))]
         out.append((f"/v2/models/{model}/infer",
                     {"id": f"rec-{len(out)}", "inputs": [{"name": "text", "shape": [len(rows)],
                                                           "datatype": "BYTES", "data": rows}],

@@ -54,7 +54,8 @@ class Tally:
     server_errors: int = 0  # 5xx to well-formed requests
     corrupted_5xx: int = 0
     well_formed_4xx: int = 0
-    transport_errors: int = 0  # a well-formed request that got no HTTP answer at all
+    transport_errors: int = 0  # a request that got no HTTP answer at all (after a retry)
+    retried: int = 0  # sent again once: the connection closed before an answer came
     degraded: int = 0  # 2xx answers with rows the edge answered alone (center unreachable)
     same_as_recorded: int = 0
     comparable: int = 0  # 2xx answers from the recorded version, not degraded
@@ -283,8 +284,17 @@ def _one(http: httpx.Client, host: str, port: int, rec: Recorded, fate: str, tal
     corrupted = fate != "ok"
     body = faults.corrupt(rec.body, fate) if corrupted else json.dumps(rec.body).encode()
     try:
-        response = http.post(rec.path, content=body,
-                             headers={"Content-Type": "application/json"})
+        try:
+            response = http.post(rec.path, content=body,
+                                 headers={"Content-Type": "application/json"})
+        except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            # a keep-alive connection closed under the request (nginx's old worker exits on
+            # every reload): retried once, as a client library with retries would
+            with lock:
+                tally.retried += 1
+                tally.errors[f"retried once: {type(exc).__name__}"] += 1
+            response = http.post(rec.path, content=body,
+                                 headers={"Content-Type": "application/json"})
     except httpx.HTTPError as exc:
         with lock:
             tally.corrupted += corrupted

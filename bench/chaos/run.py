@@ -88,6 +88,7 @@ def tables(outcome: Outcome) -> list[Table]:
         ("5xx to well-formed requests", t.server_errors, "0"),
         ("5xx to corrupted requests", t.corrupted_5xx, "0"),
         ("well-formed with no HTTP answer", t.transport_errors, "0"),
+        ("retried once (connection closed before an answer)", t.retried, ""),
         ("degraded answers (center unreachable)", t.degraded, "> 0 while the center is down"),
         ("same labels as recorded (v1, not degraded)",
          f"{t.same_as_recorded}/{t.comparable}", ""),
@@ -114,4 +115,12 @@ def tables(outcome: Outcome) -> list[Table]:
                                                         sorted(outcome.fleet_versions)))
     state.add_row("restarts by the supervisor", ", ".join(
         f"{n} x{c}" for n, c in sorted(outcome.restarts.items())))
-    return [summary, kills, state]
+    result = [summary, kills, state]
+    if t.errors:
+        errors = Table(title="Errors seen by the replay client")
+        errors.add_column("error")
+        errors.add_column("count", justify="right")
+        for error, count in t.errors.most_common():
+            errors.add_row(error, str(count))
+        result.append(errors)
+    return result

@@ -169,8 +169,10 @@ def test_a_killed_edge_leaves_nginx_within_15s_and_retrying_clients_never_fail(
                             "Consul check turning critical")
         upstreams = stack.root / "nginx" / "upstreams.conf"
         port = stack.children["edge-us-1"].port
-        wait_for(lambda: f":{port} " not in upstreams.read_text(), 15,
-                 "nginx upstream without the dead edge")
+        # no longer a primary anywhere: only a last-resort backup while Consul lists it
+        wait_for(lambda: f":{port} max_fails=0;" not in upstreams.read_text(), 15,
+                 "nginx upstreams with the dead edge demoted to a backup")
+        assert f":{port} max_fails=0 backup;" in upstreams.read_text()
         removed = time.monotonic() - killed_at
         served_by.clear()
         time.sleep(1)
