@@ -1,6 +1,6 @@
 """Load and process sampling for the reliability benchmarks (``bench.swaps``, ``bench.soak``).
 
-wrk runs with ``bench/v2_latency.lua``, which prints 1000 evenly spaced latency quantiles, so
+wrk runs with ``bench/v2_infer.lua``, which prints 1000 evenly spaced latency quantiles, so
 runs can be merged into percentiles (0.1% resolution per run). Bodies carry no ``threshold``:
 the edge's calibrated gate decides, and the rows it is unsure about go to the center.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 
 HERE = Path(__file__).resolve().parent
-LUA = HERE / "v2_latency.lua"
+LUA = HERE / "v2_infer.lua"
 MIB = 1024 * 1024
 
 

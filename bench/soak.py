@@ -7,7 +7,7 @@ Run from the repository root (``--minutes`` plus about half a minute)::
 
 A fleet from ``bench/fleet.py``: ``registry serve``, one center, one edge subscribed to it
 (quality reports flow over the sync stream all along), the release published as versions 1
-and 2 (version 2 served). After a 10 s unrecorded warm-up, wrk (``bench/v2_latency.lua``, one
+and 2 (version 2 served). After a 10 s unrecorded warm-up, wrk (``bench/v2_infer.lua``, one
 thread, ``--concurrency`` connections, 200 real review texts rotated, no ``threshold``: the
 edge's calibrated gate escalates the rows it is unsure about to the center) runs one
 60-second run per minute against the edge. Every 5 s a thread samples each process's RSS and

@@ -16,7 +16,7 @@ keeps resident. (A ``promote``/``rollback`` between two versions would load noth
 keeps its default and the two newest versions resident, so that swap is a pointer flip.)
 
 Every swap runs inside its own ``--window``-second wrk run on the edge and on the center at the
-same time (``bench/v2_latency.lua``, one thread, ``--concurrency`` connections each, 200 real
+same time (``bench/v2_infer.lua``, one thread, ``--concurrency`` connections each, 200 real
 review texts rotated, no ``threshold``: the edge escalates the rows its calibrated gate is
 unsure about to the center). The swap is committed 0.5 s into the window; both nodes are
 polled every 20 ms until they serve the new version (the swap time: commit to serving). After

@@ -18,8 +18,8 @@ import pytest
 from tests.conftest import RegistryCli
 from tests.integration.test_sync import BODY, REGISTRY_ENV, SYNC_FLAGS, TOKEN, metric
 from tests.load import Load, p99
-from tests.servers import Server, start
-from tiered.processes import RegistryProcess, start_registry
+from tests.servers import Server, subscribed_pair
+from tiered.processes import RegistryProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SOAK_S = 60
@@ -41,18 +41,8 @@ class Trio:
 def trio(tmp_path: Path, tiny_release: Path) -> Iterator[Trio]:
     cli = RegistryCli(tmp_path / "registry")
     cli("publish", tiny_release, "--name", "tiny")
-    registry = start_registry(cli.home, tmp_path, TOKEN, env=REGISTRY_ENV)
-    servers: list[Server] = []
-    try:
-        flags = ("--registry", registry.target, *SYNC_FLAGS)
-        servers.append(start("center", tmp_path / "center", tmp_path, *flags))
-        servers.append(start("edge", tmp_path / "edge", tmp_path, *flags, "--center-url",
-                             servers[0].url, "--cache-size", "0"))
-        yield Trio(registry, *servers)
-    finally:
-        for server in servers:
-            server.stop()
-        registry.stop()
+    with subscribed_pair(cli.home, tmp_path, TOKEN, *SYNC_FLAGS, env=REGISTRY_ENV) as fleet:
+        yield Trio(*fleet)
 
 
 def sampled(pids: dict[str, int], stop: threading.Event,

@@ -20,8 +20,8 @@ from registry.catalog import Catalog
 from tests.conftest import RegistryCli
 from tests.integration.test_sync import BODY, REGISTRY_ENV, SYNC_FLAGS, TOKEN, served, wait_for
 from tests.load import Load
-from tests.servers import Server, start
-from tiered.processes import RegistryProcess, start_registry
+from tests.servers import Server, subscribed_pair
+from tiered.processes import RegistryProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SWAPS = 50
@@ -53,18 +53,8 @@ def pair(tmp_path: Path, tiny_release: Path, tiny_release_b: Path) -> Iterator[P
     cli = RegistryCli(tmp_path / "registry")
     cli("publish", tiny_release, "--name", "tiny")  # version 1
     cli("publish", tiny_release_b, "--name", "tiny")  # version 2: other artifacts
-    registry = start_registry(cli.home, tmp_path, TOKEN, env=REGISTRY_ENV)
-    servers: list[Server] = []
-    try:
-        flags = ("--registry", registry.target, *SYNC_FLAGS)
-        servers.append(start("center", tmp_path / "center", tmp_path, *flags))
-        servers.append(start("edge", tmp_path / "edge", tmp_path, *flags, "--center-url",
-                             servers[0].url, "--cache-size", "0"))
-        yield Pair(cli, registry, *servers)
-    finally:
-        for server in servers:
-            server.stop()
-        registry.stop()
+    with subscribed_pair(cli.home, tmp_path, TOKEN, *SYNC_FLAGS, env=REGISTRY_ENV) as fleet:
+        yield Pair(cli, *fleet)
 
 
 def rss(server: Server) -> int:
