@@ -9,6 +9,7 @@ export REGISTRY_TOKEN="${REGISTRY_TOKEN:-$($BIN/python -c 'import secrets; print
 GRPC="${REGISTRY_GRPC_PORT:-50051}"
 # Both tiers accept only releases signed with the registry's key (created on first use).
 RELEASE_KEY="$($BIN/registry key --path)"
+$BIN/registry sign sentiment > /dev/null  # a registry from before signing: sign what it holds
 $BIN/registry serve --port "$GRPC" &
 registry=$!
 $BIN/center --store var/center --port "${CENTER_PORT:-8100}" --registry "127.0.0.1:$GRPC" \
