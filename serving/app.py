@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from litestar import Litestar, MediaType, Request, Response, get, post
 from litestar.datastructures import State
 from litestar.exceptions import HTTPException
+from litestar.params import FromPath
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -139,16 +140,16 @@ def _metadata(service: Service, resident: Resident, model: str) -> dict[str, Any
 
 @get(["/v2/models/{model:str}", "/v2/models/{model:str}/versions/{version:str}"],
      sync_to_thread=False, operation_class=openapi.documented(openapi.MODEL, (404, 503)))
-def model_metadata(request: Request[Any, Any, Any], model: str,
-                   version: str | None = None) -> dict[str, Any]:
+def model_metadata(request: Request[Any, Any, Any], model: FromPath[str],
+                   version: FromPath[str | None] = None) -> dict[str, Any]:
     service = _service(request)
     return _metadata(service, service.repository.get(model, version), model)
 
 
 @get(["/v2/models/{model:str}/ready", "/v2/models/{model:str}/versions/{version:str}/ready"],
      sync_to_thread=False, operation_class=openapi.documented(openapi.MODEL_READY, (404, 503)))
-def model_ready(request: Request[Any, Any, Any], model: str,
-                version: str | None = None) -> dict[str, Any]:
+def model_ready(request: Request[Any, Any, Any], model: FromPath[str],
+                version: FromPath[str | None] = None) -> dict[str, Any]:
     resident = _service(request).repository.get(model, version)
     return {"name": model, "version": str(resident.version), "ready": True}
 
@@ -156,8 +157,8 @@ def model_ready(request: Request[Any, Any, Any], model: str,
 @post(["/v2/models/{model:str}/infer", "/v2/models/{model:str}/versions/{version:str}/infer"],
       status_code=200, operation_class=openapi.documented(
           openapi.INFER_RESPONSE, (400, 404, 413, 503), request=openapi.INFER_REQUEST))
-async def infer(request: Request[Any, Any, Any], model: str,
-                version: str | None = None) -> Response[Any]:
+async def infer(request: Request[Any, Any, Any], model: FromPath[str],
+                version: FromPath[str | None] = None) -> Response[Any]:
     service = _service(request)
     resident = service.repository.get(model, version)
     labels = {"model": model, "version": str(resident.version)}

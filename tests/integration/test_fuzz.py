@@ -115,9 +115,6 @@ class Exploding:
         return np.asarray(self.runtime.predict(batch))
 
 
-# building the app in-process shows Litestar's deprecation of inferred path parameters, which
-# the served tiers only log
-@pytest.mark.filterwarnings("ignore::litestar.exceptions.LitestarDeprecationWarning")
 def test_unexpected_error_is_a_bare_500_and_debug_is_off(served: Tiers) -> None:
     """In-process (the only way to make a real model fail on demand): the app factory of the
     tiers, a real center service over the fuzzed store, a runtime that raises."""
