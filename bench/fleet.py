@@ -93,9 +93,9 @@ def wait_serving(nodes: tuple[TierProcess, ...], version: int, timeout: float = 
     return took
 
 
-def publish(home: Path, release: Path) -> None:
+def publish(home: Path, release: Path, model: str = MODEL) -> None:
     subprocess.run([str(BIN / "registry"), "--home", str(home), "publish", str(release),
-                    "--name", MODEL], check=True, capture_output=True, timeout=PUBLISH_TIMEOUT_S,
+                    "--name", model], check=True, capture_output=True, timeout=PUBLISH_TIMEOUT_S,
                    env={"PATH": str(BIN), "REGISTRY_ACTOR": "bench@reliability",
                         "HOME": str(home)})
 

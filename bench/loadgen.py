@@ -91,18 +91,24 @@ class Wrk:
 
     def result(self) -> Run:
         stdout, stderr = self.process.communicate(timeout=self.seconds + 60)
-        lines = {line.split(" ", 1)[0]: line for line in stdout.splitlines()}
-        if self.process.returncode != 0 or "BENCH_RESULT" not in lines:
-            raise RuntimeError(f"wrk failed ({self.process.returncode}): {stdout}{stderr}")
-        values = {k: float(v) for k, v in (kv.split("=") for kv in
-                                           lines["BENCH_RESULT"].split()[1:])}
-        errors = sum(v for k, v in values.items() if k.startswith("errors_"))
+        values, quantiles = wrk_summary(stdout, stderr, self.process.returncode)
         requests = int(values["requests"])
-        quantiles = [int(us) for us in lines.get("BENCH_HIST", "").split()[1:]]
         weights: dict[int, float] = {}
         for us in quantiles:
             weights[us] = weights.get(us, 0.0) + requests / len(quantiles)
-        return Run(requests, values["duration_us"] / 1e6, int(errors), Histogram(weights))
+        return Run(requests, values["duration_us"] / 1e6, int(values["errors"]),
+                   Histogram(weights))
+
+
+def wrk_summary(stdout: str, stderr: str, returncode: int) -> tuple[dict[str, float], list[int]]:
+    """What a ``v2_infer.lua`` run printed: its BENCH_RESULT values (plus ``errors``, every
+    ``errors_*`` summed) and its BENCH_HIST quantiles in microseconds."""
+    lines = {line.split(" ", 1)[0]: line for line in stdout.splitlines()}
+    if returncode != 0 or "BENCH_RESULT" not in lines:
+        raise RuntimeError(f"wrk failed ({returncode}): {stdout}{stderr}")
+    values = {k: float(v) for k, v in (kv.split("=") for kv in lines["BENCH_RESULT"].split()[1:])}
+    values["errors"] = sum(v for k, v in values.items() if k.startswith("errors_"))
+    return values, [int(us) for us in lines.get("BENCH_HIST", "").split()[1:]]
 
 
 def run_wrk(wrk: str, url: str, bodies: Path, concurrency: int, seconds: float) -> Run:

@@ -67,6 +67,7 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from bench.loadgen import wrk_summary
 from bench.markdown import Shown
 from tiered.processes import TierProcess, start_tier
 
@@ -344,13 +345,9 @@ def wrk(plan: Plan, url: str, concurrency: int, seconds: int) -> Load:
     command = [plan.wrk, "-t1", f"-c{concurrency}", f"-d{seconds}s", "--timeout", "10s", "-s",
                str(LUA), f"{url}/v2/models/{MODEL}/infer", "--", str(plan.bodies)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
-    line = next((x for x in result.stdout.splitlines() if x.startswith("BENCH_RESULT ")), None)
-    if result.returncode != 0 or line is None:
-        raise RuntimeError(f"wrk failed ({result.returncode}): {result.stdout}{result.stderr}")
-    values = {k: float(v) for k, v in (kv.split("=") for kv in line.split()[1:])}
-    errors = sum(v for k, v in values.items() if k.startswith("errors_"))
+    values, _ = wrk_summary(result.stdout, result.stderr, result.returncode)
     return Load(int(values["requests"]), values["duration_us"] / 1e6, values["p50_us"] / 1e3,
-                values["p99_us"] / 1e3, values["mean_us"] / 1e3, int(errors))
+                values["p99_us"] / 1e3, values["mean_us"] / 1e3, int(values["errors"]))
 
 
 METRIC = re.compile(r"^(\w+)(?:\{[^}]*\})?\s+(\S+)$")

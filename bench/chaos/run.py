@@ -13,6 +13,7 @@ from rich.table import Table
 
 from bench.chaos import record
 from bench.chaos.replay import Chaos, Kill, Plan, Tally, replay
+from bench.fleet import publish
 from registry.db import connect, integrity_check
 from tiered.processes import BIN, free_port
 from tiered.stack import Stack
@@ -30,12 +31,6 @@ class Outcome:
     audit_output: str
     fleet_versions: set[int]
     restarts: dict[str, int]
-
-
-def publish(home: Path, release: Path, model: str) -> None:
-    subprocess.run([str(BIN / "registry"), "--home", str(home), "publish", str(release),
-                    "--name", model], check=True, capture_output=True,
-                   env={"PATH": str(BIN), "HOME": str(home)})
 
 
 def session(root: Path, release: Path, next_release: Path, model: str, requests: int,
