@@ -211,7 +211,11 @@ def test_corrupted_artifact_is_never_activated_and_is_retried(fleet: Fleet) -> N
                  "two corrupt downloads (the first try and a retry)")
         assert served(edge) == 1  # still serving what it had
         assert not (store / "tiny" / "4").exists()
-        row = status(fleet.cli)[node_id(edge)]
+        # the node keeps retrying (acking DOWNLOADING each time): catch it between tries
+        rows: list[dict[str, Any]] = []
+        wait_for(lambda: rows.append(status(fleet.cli)[node_id(edge)]) or
+                 rows[-1]["state"] == "FAILED", 30, "the FAILED ack between retries")
+        row = rows[-1]
         assert row["state"] == "FAILED" and "sha256" in row["reason"]
         assert row["version"] == 1 and row["lagging"]
     finally:
