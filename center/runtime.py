@@ -30,7 +30,8 @@ class TorchScriptRuntime:
         self.dtype = DTYPES[precision] if device.type == "cuda" else torch.float32
         module = torchscript.load(path, str(device)).eval()
         self.module = module.to(self.dtype) if self.dtype != torch.float32 else module
-        self.description = f"TorchScript on {device} ({str(self.dtype).removeprefix('torch.')})"
+        self.description = (f"torch {torch.__version__} TorchScript on {device} "
+                            f"({str(self.dtype).removeprefix('torch.')})")
 
     def predict(self, batch: Encoded) -> np.ndarray:
         ids = torch.from_numpy(batch.input_ids).to(self.device, non_blocking=True)

@@ -106,4 +106,10 @@ BEGIN SELECT RAISE(ABORT, 'release signatures are immutable'); END;
 CREATE TRIGGER signatures_no_delete BEFORE DELETE ON signatures
 BEGIN SELECT RAISE(ABORT, 'release signatures are immutable'); END;
 """),
+    (4, "node hardware and measured fidelity", """
+ALTER TABLE nodes ADD COLUMN platform TEXT;
+ALTER TABLE node_models ADD COLUMN fidelity REAL;
+ALTER TABLE node_models ADD COLUMN fidelity_rows INTEGER;
+ALTER TABLE node_models ADD COLUMN fidelity_version INTEGER;
+"""),
 ]

@@ -27,18 +27,32 @@ class Held:
     active: int | None
 
 
+@dataclass(frozen=True)
+class Measured:
+    """A node's probe agreement for the version an ack names, on its hardware."""
+
+    fidelity: float
+    rows: int
+    platform: dict[str, Any]
+
+
 class NodeBook:
     def __init__(self, db: sqlite_utils.Database) -> None:
         self.db = db
 
-    def connected(self, node: Node, peer: str, held: list[Held]) -> None:
-        """A node said hello: (re)record it and what it holds; it is online from now."""
+    def connected(self, node: Node, peer: str, held: list[Held],
+                  platform: dict[str, Any] | None = None) -> None:
+        """A node said hello: (re)record it, its hardware and what it holds; it is online
+        from now."""
         at = now()
         with transaction(self.db) as conn:
-            conn.execute("INSERT INTO nodes VALUES (?, ?, ?, ?, 1, ?, ?) ON CONFLICT (node_id) "
-                         "DO UPDATE SET tier = excluded.tier, region = excluded.region, "
-                         "peer = excluded.peer, connected = 1, last_seen = excluded.last_seen",
-                         [node.node_id, node.tier, node.region, peer, at, at])
+            conn.execute("INSERT INTO nodes (node_id, tier, region, peer, connected, first_seen, "
+                         "last_seen, platform) VALUES (?, ?, ?, ?, 1, ?, ?, ?) ON CONFLICT "
+                         "(node_id) DO UPDATE SET tier = excluded.tier, region = "
+                         "excluded.region, peer = excluded.peer, connected = 1, last_seen = "
+                         "excluded.last_seen, platform = excluded.platform",
+                         [node.node_id, node.tier, node.region, peer, at, at,
+                          json.dumps(platform or {})])
             for h in held:
                 state = "ACTIVE" if h.active else "HELD"
                 conn.execute("INSERT INTO node_models (node_id, model, version, state, "
@@ -58,17 +72,29 @@ class NodeBook:
                          [now(), node_id])
 
     def acknowledged(self, node: Node, model: str, version: int, state: str,
-                     reason: str) -> None:
+                     reason: str, measured: Measured | None = None) -> None:
         """Record an ack and its audit record together (actor: the node). A release the node
-        refused (bad or missing signature, unsafe manifest) is its own action, ``refused``."""
+        refused (bad or missing signature, unsafe manifest, fidelity below its floor on its
+        hardware) is its own action, ``refused``."""
         at = now()
         action = "refused" if state == "FAILED" and reason.startswith(REFUSED) else "ack"
+        payload: dict[str, Any] = {"state": state, "reason": reason, "tier": node.tier,
+                                   "region": node.region}
+        if measured is not None:
+            payload |= {"fidelity": measured.fidelity, "fidelity_rows": measured.rows,
+                        "platform": measured.platform}
         with transaction(self.db) as conn:
             audit.append(conn, actor=f"node:{node.node_id}", action=action, model=model,
-                         version=version, payload={"state": state, "reason": reason,
-                                                   "tier": node.tier, "region": node.region})
+                         version=version, payload=payload)
             conn.execute("INSERT OR IGNORE INTO node_models (node_id, model, state, updated_at) "
                          "VALUES (?, ?, ?, ?)", [node.node_id, model, state, at])
+            if measured is not None:  # the latest measurement, refused or served
+                conn.execute("UPDATE node_models SET fidelity = ?, fidelity_rows = ?, "
+                             "fidelity_version = ? WHERE node_id = ? AND model = ?",
+                             [measured.fidelity, measured.rows, version, node.node_id, model])
+                if measured.platform:
+                    conn.execute("UPDATE nodes SET platform = ? WHERE node_id = ?",
+                                 [json.dumps(measured.platform), node.node_id])
             if state == "ACTIVE":  # the node now serves it
                 conn.execute("UPDATE node_models SET version = ?, state = ?, reason = NULL, "
                              "updated_at = ? WHERE node_id = ? AND model = ?",
@@ -98,6 +124,7 @@ class NodeBook:
         for r in self.db.query("SELECT * FROM node_models ORDER BY model, node_id"):
             n = nodes[r["node_id"]]
             report = json.loads(r["report"]) if r["report"] else {}
+            platform = json.loads(n["platform"]) if n["platform"] else {}
             want = desired[r["node_id"]].get(r["model"])
             rows.append({
                 "model": r["model"], "node": r["node_id"], "tier": n["tier"],
@@ -107,7 +134,11 @@ class NodeBook:
                 "last_seen": n["last_seen"],
                 "escalation_rate": report.get("escalation_rate"),
                 "p99_ms": report.get("p99_ms"), "requests": report.get("requests"),
-                "length_drift": report.get("length_drift"), "report_at": r["report_at"]})
+                "length_drift": report.get("length_drift"), "report_at": r["report_at"],
+                "fidelity": r["fidelity"], "fidelity_rows": r["fidelity_rows"],
+                "fidelity_version": r["fidelity_version"],
+                "cpu": platform.get("cpu"), "cpu_features": platform.get("features", []),
+                "machine": platform.get("machine"), "runtime": platform.get("runtime")})
         return rows
 
     def denied(self, peer: str, method: str) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 
 from registry import keys
 from registry.blobs import BlobStore
@@ -21,7 +22,7 @@ from registry.calibrate import agreement, calibrate, default_calibration
 from registry.catalog import Catalog, check_name
 from registry.db import now
 from registry.errors import FidelityTooLow, InvalidRelease
-from registry.export import INPUT_NAMES, export_onnx, quantize_int8
+from registry.export import INPUT_NAMES, QUANTIZATION, export_onnx, precision, quantize_int8
 from registry.settings import RegistrySettings
 from registry.source import ReleaseSource
 from registry.validate import (
@@ -33,11 +34,14 @@ from registry.validate import (
     run_torchscript,
     text_inputs,
 )
+from serving import hardware, probe
 from serving.manifest import Artifact, Calibration, Fidelity, Manifest, Preprocessing, TensorSpec
+from serving.text import Encoded, pad
 
 Step = Callable[[str], AbstractContextManager[None]]
 
 CENTER_FILE, EDGE_FILE, TOKENIZER_FILE = "model.pt", "model.onnx", "tokenizer.json"
+PROBE_FILE = probe.FILE
 
 
 @contextmanager
@@ -72,6 +76,8 @@ class _Built:
     edge_int8_logits: np.ndarray
     edge_fp32_size: int
     edge_int8: Path
+    probe: Path  # probe.npz: rows and the fp32 references every node checks itself on
+    probe_agreement: float  # INT8 vs fp32 edge on the probe, on this CPU
 
 
 def publish(settings: RegistrySettings, catalog: Catalog, source: ReleaseSource,
@@ -104,7 +110,7 @@ def publish(settings: RegistrySettings, catalog: Catalog, source: ReleaseSource,
                                      options.confidence)
                            if source.calibration else default_calibration())
         with timed("store and record"):
-            artifacts = _store(BlobStore(settings.blobs), source, built.edge_int8)
+            artifacts = _store(BlobStore(settings.blobs), source, built)
             manifest = _manifest(options.name, source, labels, artifacts, calibration, fidelity,
                                  catalog.actor)
             version = catalog.create_version(manifest, canary=options.canary or None,
@@ -124,8 +130,8 @@ def _build(source: ReleaseSource, work: Path, timed: Step) -> _Built:
     with timed("validate"):
         inputs = (text_inputs(source.tokenizer, source.max_length, source.calibration.texts)
                   if source.calibration and source.tokenizer else generated_inputs())
-        center_logits = run_torchscript(load_torchscript(source.center, "center"), inputs,
-                                        "center")
+        center_module = load_torchscript(source.center, "center")
+        center_logits = run_torchscript(center_module, inputs, "center")
         if source.edge_format == "onnx":
             edge_fp32 = source.edge
             edge_fp32_logits = run_onnx(onnx_session(edge_fp32, "edge"), inputs, "edge")
@@ -142,9 +148,29 @@ def _build(source: ReleaseSource, work: Path, timed: Step) -> _Built:
     with timed("quantize edge to INT8"):
         edge_int8 = work / EDGE_FILE
         quantize_int8(edge_fp32, edge_int8)
-        edge_int8_logits = run_onnx(onnx_session(edge_int8, "edge INT8"), inputs, "edge INT8")
+        int8_session = onnx_session(edge_int8, "edge INT8")
+        edge_int8_logits = run_onnx(int8_session, inputs, "edge INT8")
+    with timed("build probe"):
+        rows = _probe_rows(inputs)
+        fp32_session = onnx_session(edge_fp32, "edge")
+        edge_ref = probe.run(lambda b: run_onnx(fp32_session, _one(b), "edge"), rows)
+        center_ref = probe.run(lambda b: run_torchscript(center_module, _one(b), "center"), rows)
+        int8_probe = probe.run(lambda b: run_onnx(int8_session, _one(b), "edge INT8"), rows)
+        probe.save(work / PROBE_FILE, rows, edge_ref, center_ref)
     return _Built(inputs, center_logits, edge_fp32_logits, edge_int8_logits,
-                  edge_fp32.stat().st_size, edge_int8)
+                  edge_fp32.stat().st_size, edge_int8, work / PROBE_FILE,
+                  agreement(int8_probe, edge_ref))
+
+
+def _probe_rows(inputs: Inputs) -> Encoded:
+    """The first ``probe.ROWS`` validation rows, unpadded and padded again together."""
+    rows = [batch.input_ids[i, :int(batch.attention_mask[i].sum())]
+            for batch in inputs.batches for i in range(len(batch.input_ids))]
+    return pad(rows[:probe.ROWS])
+
+
+def _one(batch: Encoded) -> Inputs:
+    return Inputs([batch], "calibration")
 
 
 def _fidelity(built: _Built, options: PublishOptions) -> Fidelity:
@@ -154,15 +180,19 @@ def _fidelity(built: _Built, options: PublishOptions) -> Fidelity:
                              f"{built.inputs.rows} {built.inputs.kind} inputs, below the "
                              f"{options.min_fidelity:.1%} floor (--min-fidelity, or --force)")
     return Fidelity(top1_agreement=value, rows=built.inputs.rows, minimum=options.min_fidelity,
-                    inputs=built.inputs.kind, forced=value < options.min_fidelity)
+                    inputs=built.inputs.kind, forced=value < options.min_fidelity,
+                    platform=hardware.here(f"onnxruntime {ort.__version__} CPU"),
+                    probe_agreement=built.probe_agreement)
 
 
-def _store(blobs: BlobStore, source: ReleaseSource, edge_int8: Path) -> dict[str, Artifact]:
+def _store(blobs: BlobStore, source: ReleaseSource, built: _Built) -> dict[str, Artifact]:
     center_sha, center_size = blobs.put(source.center)
-    edge_sha, edge_size = blobs.put(edge_int8)
+    edge_sha, edge_size = blobs.put(built.edge_int8)
+    probe_sha, probe_size = blobs.put(built.probe)
     artifacts = {
         "center": Artifact(CENTER_FILE, center_sha, center_size, "torchscript", "fp32"),
-        "edge": Artifact(EDGE_FILE, edge_sha, edge_size, "onnx", "int8-dynamic-per-channel"),
+        "edge": Artifact(EDGE_FILE, edge_sha, edge_size, "onnx", precision(QUANTIZATION)),
+        "probe": Artifact(PROBE_FILE, probe_sha, probe_size, "probe"),
     }
     if source.tokenizer is not None:
         tok_sha, tok_size = blobs.put(source.tokenizer)
@@ -182,4 +212,4 @@ def _manifest(name: str, source: ReleaseSource, labels: list[str],
             max_length=source.max_length),
         center=artifacts["center"], edge=artifacts["edge"], tokenizer=artifacts.get("tokenizer"),
         calibration=calibration, fidelity=fidelity, publisher=publisher, published_at=now(),
-        source_sha256=source.digest)
+        source_sha256=source.digest, probe=artifacts["probe"], quantization=QUANTIZATION)

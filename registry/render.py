@@ -34,7 +34,8 @@ def version_dict(row: VersionRow, full: bool = False) -> dict[str, Any]:
         "manifest_sha256": row.manifest_sha256, "signing_key_id": row.key_id,
         "signature": encode_signature(row.signature) if row.signature else None,
         "threshold": m.calibration.threshold, "escalation_rate": m.calibration.escalation_rate,
-        "fidelity": m.fidelity.top1_agreement}
+        "fidelity": m.fidelity.top1_agreement,
+        "fidelity_platform": msgspec.to_builtins(m.fidelity.platform)}
     if full:
         data["manifest"] = msgspec.to_builtins(m)
     return data
@@ -67,6 +68,11 @@ def _manifest_table(m: Manifest, title: str, edge_fp32_size: int = 0) -> Table:
         ("edge (ONNX INT8)", f"{edge}  sha256 {m.edge.sha256[:12]}"),
         ("INT8 fidelity", f"{pct(f.top1_agreement)} top-1 agreement on {f.rows} {f.inputs} "
                           f"rows (floor {pct(f.minimum)}{', FORCED' if f.forced else ''})"),
+        ("measured on", f"{f.platform.describe()}, {f.platform.runtime}" if f.platform
+         else "- (published before the CPU was recorded)"),
+        ("quantization", _quantization(m)),
+        ("probe", f"{mib(m.probe.size)}, every node checks it (publisher: "
+                  f"{pct(f.probe_agreement)})" if m.probe else "none: nodes do not check"),
         ("threshold", f"{c.threshold:.4f} ({c.source})"),
         ("escalation rate", pct(c.escalation_rate)),
         ("center accuracy", pct(c.center_accuracy)),
@@ -77,6 +83,14 @@ def _manifest_table(m: Manifest, title: str, edge_fp32_size: int = 0) -> Table:
     for key, value in rows:
         table.add_row(key, escape(value))
     return table
+
+
+def _quantization(m: Manifest) -> str:
+    q = m.quantization
+    if q is None:
+        return m.edge.precision or "-"
+    return (f"{q.method} {q.weight_type}, {'per-channel' if q.per_channel else 'per-tensor'}"
+            f"{', 7-bit weights (reduce_range)' if q.reduce_range else ''}")
 
 
 def version_detail(console: Console, row: VersionRow) -> None:
@@ -140,6 +154,14 @@ def audit_verdict(console: Console, checked: int, finding: Finding | None) -> No
                       f"{escape(finding.reason)} ({checked} records before it verified)")
 
 
+def _fidelity(row: dict[str, Any]) -> str:
+    """The node's last probe measurement, naming the version when it is not the served one."""
+    if row["fidelity"] is None:
+        return "-"
+    other = row["fidelity_version"] != row["version"]
+    return pct(row["fidelity"]) + (f" (v{row['fidelity_version']})" if other else "")
+
+
 def status_tables(console: Console, rows: list[dict[str, Any]]) -> None:
     """``registry status``: one table per model, then the nodes that lag their desired version."""
     if not rows:
@@ -148,7 +170,7 @@ def status_tables(console: Console, rows: list[dict[str, Any]]) -> None:
     for model in sorted({r["model"] for r in rows}):
         table = Table(title=f"{model}: nodes")
         for col in ("node", "tier", "region", "version", "desired", "state", "last seen",
-                    "escalation", "p99"):
+                    "escalation", "p99", "fidelity", "cpu"):
             table.add_column(col)
         for r in (r for r in rows if r["model"] == model):
             online = "" if r["connected"] else " [dim](offline)[/]"
@@ -158,7 +180,8 @@ def status_tables(console: Console, rows: list[dict[str, Any]]) -> None:
                           str(r["version"] or "-"), str(r["desired"] or "-"),
                           f"[{state}]{r['state']}[/]{detail}", r["last_seen"],
                           pct(r["escalation_rate"]) if r["tier"] == "edge" else "-",
-                          "-" if r["p99_ms"] is None else f"{r['p99_ms']:.1f} ms")
+                          "-" if r["p99_ms"] is None else f"{r['p99_ms']:.1f} ms",
+                          _fidelity(r), escape(" ".join(r["cpu_features"]) or "-"))
         console.print(table)
         lagging = [r["node"] for r in rows if r["model"] == model and r["lagging"]]
         console.print(f"{model}: " + (f"[yellow]lagging[/] {', '.join(map(escape, lagging))}"

@@ -7,6 +7,8 @@ from typing import Literal
 
 import msgspec
 
+from serving.hardware import Platform
+
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]*")
 MAX_NAME_LENGTH = 128
 
@@ -28,7 +30,7 @@ class Artifact(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     file: str  # file name inside the version folder
     sha256: str
     size: int
-    format: Literal["torchscript", "onnx", "tokenizer"]
+    format: Literal["torchscript", "onnx", "tokenizer", "probe"]
     precision: str = ""  # fp32, int8-dynamic-per-channel, ...
 
 
@@ -51,12 +53,23 @@ class Calibration(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     curve: list[CurvePoint] = []
 
 
+class Quantization(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How the edge model was quantized (onnxruntime ``quantize_dynamic``)."""
+
+    method: Literal["dynamic"] = "dynamic"
+    weight_type: Literal["int8"] = "int8"
+    per_channel: bool = True
+    reduce_range: bool = True  # 7-bit weights: no u8s8 saturation on x86 without VNNI
+
+
 class Fidelity(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    top1_agreement: float  # INT8 edge vs its fp32 source
+    top1_agreement: float  # INT8 edge vs its fp32 source, on the publisher's CPU
     rows: int
-    minimum: float
+    minimum: float  # the release's floor: publish refuses below it, and so does every node
     inputs: Literal["calibration", "generated"]
     forced: bool = False
+    platform: Platform | None = None  # where top1_agreement was measured
+    probe_agreement: float | None = None  # on the probe the nodes re-run, same CPU
 
 
 class Preprocessing(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -80,16 +93,20 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     published_at: str
     source_sha256: str
     schema: int = 1
+    probe: Artifact | None = None  # rows + reference logits every node checks itself on
+    quantization: Quantization | None = None  # None: published before it was recorded
 
     def by_role(self) -> dict[str, Artifact]:
-        """Every stored file of the release: center, edge and, where there is one, tokenizer."""
+        """Every stored file of the release: center, edge and, where there are, tokenizer and
+        probe."""
         roles = {"center": self.center, "edge": self.edge}
-        return roles | ({"tokenizer": self.tokenizer} if self.tokenizer else {})
+        return roles | {role: artifact for role, artifact in
+                        (("tokenizer", self.tokenizer), ("probe", self.probe)) if artifact}
 
     def artifacts(self, tier: Literal["edge", "center"]) -> list[Artifact]:
-        """What a tier needs on disk: its model and, where there is one, the tokenizer."""
+        """What a tier needs on disk: its model and, where there are, tokenizer and probe."""
         model = self.edge if tier == "edge" else self.center
-        return [model] + ([self.tokenizer] if self.tokenizer else [])
+        return [model] + [a for a in (self.tokenizer, self.probe) if a is not None]
 
 
 def encode(manifest: Manifest) -> bytes:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from serving.batcher import BatchStats, Observer
 from serving.quality import QualityWindow
@@ -38,6 +38,9 @@ class Metrics:
         self.compute_duration = Histogram(f"{prefix}_compute_duration_seconds", "Model "
                                           "execution time per batch", MV, buckets=LATENCY,
                                           registry=r)
+        self.fidelity = Gauge(f"{prefix}_model_fidelity", "Top-1 agreement with the fp32 "
+                              "reference on the release probe, measured on this node at load "
+                              "(also for versions it refused)", MV, registry=r)
         self.batch_size = Histogram(f"{prefix}_batch_size", "Rows per model execution", MV,
                                     buckets=BATCH, registry=r)
 

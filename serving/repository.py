@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 from tokenizers import Tokenizer
 
-from serving import memory
+from serving import hardware, memory, probe
 from serving.batcher import Batcher
 from serving.errors import ModelNotFound, NotReady
 from serving.manifest import Manifest, is_valid_name
@@ -45,6 +45,7 @@ class Resident:
     runtime: Runtime
     batcher: Batcher
     tokenizer: Tokenizer | None  # unpadded: rows are padded per batch
+    fidelity: probe.Measured | None = None  # on this node's hardware; None: release has no probe
 
     @property
     def version(self) -> int:
@@ -159,11 +160,26 @@ class Repository:
     def default_version(self, model: str) -> int | None:
         return self._default.get(model)
 
+    def fidelity(self, model: str, version: int) -> probe.Measured | None:
+        """What the probe measured here for a resident version (None: not resident, or its
+        release has no probe)."""
+        resident = self._resident.get(model, {}).get(version)
+        return resident.fidelity if resident else None
+
+    def runtime(self) -> str:
+        """The model runtime serving here (e.g. ``onnxruntime 1.32.0 CPU``); empty before the
+        first model is loaded."""
+        for versions in self._resident.values():
+            for resident in versions.values():
+                return resident.runtime.description
+        return ""
+
     def _load(self, model: str, version: int) -> Resident:
         manifest = self.store.verify(model, version, self.tier)
         folder = self.store.version_dir(model, version)
         runtime = self.loader(manifest, folder)
         warm_up(runtime, self.settings.max_batch_size)
+        fidelity = self._check_fidelity(manifest, folder, runtime)
         tokenizer = None
         if manifest.preprocessing.tokenizer:
             tokenizer = unpadded(load_tokenizer(folder / manifest.preprocessing.tokenizer,
@@ -172,7 +188,32 @@ class Repository:
         batcher = Batcher(runtime.predict, max_batch_size=s.max_batch_size,
                           max_delay_ms=s.max_batch_delay_ms, max_queue_rows=s.max_queue_rows,
                           observe=self.metrics.observer(model, version))
-        return Resident(manifest, runtime, batcher, tokenizer)
+        return Resident(manifest, runtime, batcher, tokenizer, fidelity)
+
+    def floor(self, manifest: Manifest) -> float:
+        """The node's own floor when set, else the release's."""
+        own = self.settings.min_fidelity
+        return manifest.fidelity.minimum if own is None else own
+
+    def _check_fidelity(self, manifest: Manifest, folder: Path,
+                        runtime: Runtime) -> probe.Measured | None:
+        """Run the release probe on this hardware; refuse the version below the floor."""
+        if manifest.probe is None:
+            log.warning("%s version %s carries no probe: its fidelity on this node is not "
+                        "checked", manifest.name, manifest.version)
+            return None
+        measured = probe.measure(runtime.predict, probe.load(folder / manifest.probe.file),
+                                 self.tier)
+        floor = self.floor(manifest)
+        self.metrics.fidelity.labels(manifest.name, str(manifest.version)).set(
+            measured.agreement)
+        platform = hardware.here(runtime.description)
+        if measured.agreement < floor:
+            raise probe.FidelityRefused(measured, floor, platform)
+        log.info("%s version %s: fidelity %.1f%% on %d probe rows (floor %.1f%%) on %s",
+                 manifest.name, manifest.version, 100 * measured.agreement, measured.rows,
+                 100 * floor, platform.describe())
+        return measured
 
     async def _evict(self, model: str) -> None:
         versions = self._resident[model]

@@ -45,6 +45,12 @@ class ServingSettings(BaseSettings):
     a release or store version whose signature is missing or does not verify is refused;
     unset = signatures are not checked (logged as a warning at start-up)."""
 
+    min_fidelity: float | None = Field(default=None, ge=0.0, le=1.0)
+    """Floor of top-1 agreement with the fp32 reference that a version must reach on this
+    node's own hardware (its release probe, run at load) to be served; unset = the release's
+    floor (``registry publish --min-fidelity``). Below it the version is refused and the
+    previous one keeps serving."""
+
     consul_http_addr: str | None = Field(
         default=None, validation_alias=AliasChoices("consul_http_addr", "CONSUL_HTTP_ADDR"))
     """Consul agent (host:port) to register with and discover centers and the registry

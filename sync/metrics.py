@@ -14,6 +14,8 @@ QUALITY = {  # report field -> (series, help, scale)
     "p99_ms": ("p99_seconds", "99th percentile request latency", 1e-3),
     "mean_tokens": ("mean_tokens", "Mean input length in tokens", 1.0),
     "length_drift": ("length_drift", "PSI of input lengths vs the node's baseline", 1.0),
+    "fidelity": ("fidelity", "Top-1 agreement with the fp32 reference on the release probe, "
+                 "measured on the node's own hardware (0: not measured)", 1.0),
 }
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import re
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +25,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from registry.blobs import BlobStore
 from registry.catalog import Catalog, Node, Target
 from registry.db import connect
-from registry.nodes import STATES, Held, NodeBook
+from registry.nodes import STATES, Held, Measured, NodeBook
 from registry.settings import RegistrySettings
 from serving.manifest import is_valid_name
 from sync import auth
@@ -37,6 +38,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 SHA256 = re.compile(r"[0-9a-f]{64}")
 NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
+FEATURE = re.compile(r"[a-z0-9_]{1,32}")
+MACHINE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
+MAX_FEATURES = 64
+MAX_PROBE_ROWS = 1 << 16
 SERVICE = "tiered.sync.v1.Sync"
 MAX_MESSAGE = 1 << 20  # nodes send small messages only: hello, acks, reports
 KEEPALIVE = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
@@ -133,7 +138,8 @@ class SyncService(pb_grpc.SyncServicer):
             superseded.close()
         self.sessions[session.node.node_id] = session
         self.metrics.connected.set(len(self.sessions))
-        await self.db.run(self.db.nodes.connected, session.node, session.peer, held)
+        await self.db.run(self.db.nodes.connected, session.node, session.peer, held,
+                          platform(hello.platform))
         log.info("node %s (%s, %s) connected from %s holding %s", session.node.node_id,
                  session.node.tier, session.node.region, session.peer, session.active)
         return session
@@ -205,8 +211,16 @@ class SyncService(pb_grpc.SyncServicer):
         self.metrics.acks.labels(state).inc()
         log.info("%s: %s version %s %s%s", session.node.node_id, ack.model, ack.version, state,
                  f" ({ack.reason})" if ack.reason else "")
+        measured = None
+        if ack.fidelity_rows:
+            if not (math.isfinite(ack.fidelity) and 0 <= ack.fidelity <= 1 and
+                    ack.fidelity_rows <= MAX_PROBE_ROWS):
+                log.warning("ignoring malformed ack from %s: fidelity %r on %s rows",
+                            session.node.node_id, ack.fidelity, ack.fidelity_rows)
+                return
+            measured = Measured(ack.fidelity, ack.fidelity_rows, platform(ack.platform))
         await self.db.run(self.db.nodes.acknowledged, session.node, ack.model, ack.version,
-                          state, ack.reason[:1000])
+                          state, ack.reason[:1000], measured)
 
     async def _report(self, session: Session, report: pb.QualityReport) -> None:
         if not is_valid_name(report.model):
@@ -215,6 +229,8 @@ class SyncService(pb_grpc.SyncServicer):
                              always_print_fields_with_no_presence=True)
         for key in ("version", "requests", "rows"):  # proto JSON writes 64-bit ints as strings
             data[key] = int(data[key])
+        if not (math.isfinite(report.fidelity) and 0 <= report.fidelity <= 1):
+            data["fidelity"] = 0.0
         n = session.node
         self.metrics.report([n.node_id, n.tier, n.region, report.model, str(report.version)],
                             data)
@@ -317,3 +333,14 @@ class SyncServer:
         if self._server is not None:
             await self._server.stop(grace)
         self.db.close()
+
+
+def platform(p: pb.Platform) -> dict[str, Any]:
+    """A node's hardware as it said, kept only where it looks like what a node sends: short
+    printable names and known-shaped feature flags (what does not fit is dropped)."""
+    def text(value: str, limit: int = 128) -> str:
+        return "".join(c for c in value[:limit] if c.isprintable())
+
+    features = [f for f in p.features[:MAX_FEATURES] if FEATURE.fullmatch(f)]
+    return {"cpu": text(p.cpu), "machine": p.machine if MACHINE.fullmatch(p.machine) else "",
+            "features": features, "runtime": text(p.runtime)}

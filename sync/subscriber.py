@@ -21,7 +21,9 @@ from dataclasses import dataclass
 import grpc
 from prometheus_client import CollectorRegistry, Gauge
 
+from serving import hardware
 from serving.manifest import Manifest, decode, is_valid_name
+from serving.probe import FidelityRefused, Measured
 from serving.quality import QualityWindow
 from serving.repository import Repository
 from serving.settings import ServingSettings
@@ -149,7 +151,12 @@ class Subscriber:
                 active = self.repository.default_version(folder.name) or 0
                 held.append(pb.Held(model=folder.name, versions=versions, active=active))
         s = self.settings
-        return pb.Hello(node_id=s.node_id, tier=self.tier, region=s.region, held=held)
+        return pb.Hello(node_id=s.node_id, tier=self.tier, region=s.region, held=held,
+                        platform=self._platform())
+
+    def _platform(self, platform: hardware.Platform | None = None) -> pb.Platform:
+        p = platform or hardware.here(self.repository.runtime())
+        return pb.Platform(cpu=p.cpu, machine=p.machine, features=p.features, runtime=p.runtime)
 
     async def _desire(self, release: pb.Release) -> None:
         if hashlib.sha256(release.manifest).hexdigest() != release.manifest_sha256:
@@ -203,6 +210,13 @@ class Subscriber:
                 await self._apply(manifest, wanted.raw, wanted.signature)
             except asyncio.CancelledError:
                 raise
+            except FidelityRefused as exc:  # this hardware gives the same figure next time
+                log.error("refused %s version %s: %s", model, manifest.version, exc)
+                await self._ack(manifest, pb.FAILED, f"{REFUSED} {exc}", exc.measured,
+                                exc.platform)
+                if not wanted.changed.is_set():
+                    return
+                continue
             except Exception as exc:  # any failure: report it, keep serving, try again later
                 log.error("%s version %s failed: %s", model, manifest.version, exc)
                 await self._ack(manifest, pb.FAILED, f"{type(exc).__name__}: {exc}")
@@ -230,13 +244,17 @@ class Subscriber:
         removed = await asyncio.to_thread(self.store.prune, model, keep)
         if removed:
             log.info("removed %s versions %s from the store", model, removed)
-        await self._ack(manifest, pb.ACTIVE)
+        await self._ack(manifest, pb.ACTIVE, "", self.repository.fidelity(model, version))
 
-    async def _ack(self, manifest: Manifest, state: pb.AckState,
-                   reason: str = "") -> None:
-        await self._send(pb.NodeMessage(ack=pb.Ack(model=manifest.name,
-                                                   version=manifest.version, state=state,
-                                                   reason=reason[:1000])))
+    async def _ack(self, manifest: Manifest, state: pb.AckState, reason: str = "",
+                   fidelity: Measured | None = None,
+                   platform: hardware.Platform | None = None) -> None:
+        ack = pb.Ack(model=manifest.name, version=manifest.version, state=state,
+                     reason=reason[:1000])
+        if fidelity is not None:
+            ack.fidelity, ack.fidelity_rows = fidelity.agreement, fidelity.rows
+            ack.platform.CopyFrom(self._platform(platform))
+        await self._send(pb.NodeMessage(ack=ack))
 
     async def _send(self, message: pb.NodeMessage) -> None:
         """Best effort: while disconnected the message is dropped; the next hello tells the
@@ -253,7 +271,10 @@ class Subscriber:
         while True:
             await asyncio.sleep(interval)
             for report in self.quality.drain():
-                await self._send(pb.NodeMessage(report=_report_message(report)))
+                message = _report_message(report)
+                measured = self.repository.fidelity(message.model, message.version)
+                message.fidelity = measured.agreement if measured else 0.0
+                await self._send(pb.NodeMessage(report=message))
 
     async def close(self) -> None:
         for worker in self._workers.values():

@@ -14,6 +14,7 @@ from registry.catalog import Catalog
 from registry.db import connect
 
 REGISTRY = Path(sys.executable).parent / "registry"
+TEST_FLOOR = 0.9
 
 
 @pytest.fixture(scope="session")
@@ -53,8 +54,12 @@ class RegistryCli:
         return result
 
     def env(self) -> dict[str, str]:
+        # The fidelity floor is set here, below the product's 0.97: INT8 agreement depends on
+        # the CPU (and the tiny models are trained on it), and the gate is not what most tests
+        # are about. The gate's own tests pass --min-fidelity.
         return {"PATH": str(REGISTRY.parent), "REGISTRY_HOME": str(self.home),
-                "REGISTRY_ACTOR": "tester@ci", "COLUMNS": "200", "HOME": str(self.home)}
+                "REGISTRY_ACTOR": "tester@ci", "COLUMNS": "200", "HOME": str(self.home),
+                "REGISTRY_MIN_FIDELITY": str(TEST_FLOOR)}
 
     def catalog(self) -> Catalog:
         return Catalog(connect(self.home / "registry.sqlite3"), "tester@ci")

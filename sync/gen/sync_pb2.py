@@ -24,37 +24,39 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13sync/gen/sync.proto\x12\x0etiered.sync.v1\"7\n\x04Held\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08versions\x18\x02 \x03(\x03\x12\x0e\n\x06\x61\x63tive\x18\x03 \x01(\x03\"Z\n\x05Hello\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\"\n\x04held\x18\x04 \x03(\x0b\x32\x14.tiered.sync.v1.Held\"^\n\x03\x41\x63k\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\'\n\x05state\x18\x03 \x01(\x0e\x32\x18.tiered.sync.v1.AckState\x12\x0e\n\x06reason\x18\x04 \x01(\t\"#\n\x06\x42ucket\x12\n\n\x02le\x18\x01 \x01(\x01\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\"\xb0\x02\n\rQualityReport\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x10\n\x08window_s\x18\x03 \x01(\x01\x12\x10\n\x08requests\x18\x04 \x01(\x04\x12\x0c\n\x04rows\x18\x05 \x01(\x04\x12\x17\n\x0f\x65scalation_rate\x18\x06 \x01(\x01\x12\x15\n\rdegraded_rate\x18\x07 \x01(\x01\x12*\n\nconfidence\x18\x08 \x03(\x0b\x32\x16.tiered.sync.v1.Bucket\x12\x13\n\x0bmean_tokens\x18\t \x01(\x01\x12&\n\x06tokens\x18\n \x03(\x0b\x32\x16.tiered.sync.v1.Bucket\x12\x14\n\x0clength_drift\x18\x0b \x01(\x01\x12\x0e\n\x06p50_ms\x18\x0c \x01(\x01\x12\x0e\n\x06p99_ms\x18\r \x01(\x01\"\x92\x01\n\x0bNodeMessage\x12&\n\x05hello\x18\x01 \x01(\x0b\x32\x15.tiered.sync.v1.HelloH\x00\x12\"\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x13.tiered.sync.v1.AckH\x00\x12/\n\x06report\x18\x03 \x01(\x0b\x32\x1d.tiered.sync.v1.QualityReportH\x00\x42\x06\n\x04kind\"\x8e\x01\n\x07Release\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\r\n\x05\x61lias\x18\x03 \x01(\t\x12\x10\n\x08manifest\x18\x04 \x01(\x0c\x12\x17\n\x0fmanifest_sha256\x18\x05 \x01(\t\x12\x11\n\tsignature\x18\x06 \x01(\x0c\x12\x16\n\x0esigning_key_id\x18\x07 \x01(\t\"6\n\x07Welcome\x12\x10\n\x08registry\x18\x01 \x01(\t\x12\x19\n\x11report_interval_s\x18\x02 \x01(\x01\"o\n\rServerMessage\x12*\n\x07welcome\x18\x01 \x01(\x0b\x32\x17.tiered.sync.v1.WelcomeH\x00\x12*\n\x07release\x18\x02 \x01(\x0b\x32\x17.tiered.sync.v1.ReleaseH\x00\x42\x06\n\x04kind\".\n\x0c\x46\x65tchRequest\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\"3\n\x05\x43hunk\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0c\n\x04size\x18\x03 \x01(\x03*N\n\x08\x41\x63kState\x12\x19\n\x15\x41\x43K_STATE_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x44OWNLOADING\x10\x01\x12\n\n\x06\x41\x43TIVE\x10\x02\x12\n\n\x06\x46\x41ILED\x10\x03\x32\x8e\x01\n\x04Sync\x12\x46\n\x04Sync\x12\x1b.tiered.sync.v1.NodeMessage\x1a\x1d.tiered.sync.v1.ServerMessage(\x01\x30\x01\x12>\n\x05\x46\x65tch\x12\x1c.tiered.sync.v1.FetchRequest\x1a\x15.tiered.sync.v1.Chunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13sync/gen/sync.proto\x12\x0etiered.sync.v1\"7\n\x04Held\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08versions\x18\x02 \x03(\x03\x12\x0e\n\x06\x61\x63tive\x18\x03 \x01(\x03\"K\n\x08Platform\x12\x0b\n\x03\x63pu\x18\x01 \x01(\t\x12\x0f\n\x07machine\x18\x02 \x01(\t\x12\x10\n\x08\x66\x65\x61tures\x18\x03 \x03(\t\x12\x0f\n\x07runtime\x18\x04 \x01(\t\"\x86\x01\n\x05Hello\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0c\n\x04tier\x18\x02 \x01(\t\x12\x0e\n\x06region\x18\x03 \x01(\t\x12\"\n\x04held\x18\x04 \x03(\x0b\x32\x14.tiered.sync.v1.Held\x12*\n\x08platform\x18\x05 \x01(\x0b\x32\x18.tiered.sync.v1.Platform\"\xb3\x01\n\x03\x41\x63k\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\'\n\x05state\x18\x03 \x01(\x0e\x32\x18.tiered.sync.v1.AckState\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x10\n\x08\x66idelity\x18\x05 \x01(\x01\x12\x15\n\rfidelity_rows\x18\x06 \x01(\r\x12*\n\x08platform\x18\x07 \x01(\x0b\x32\x18.tiered.sync.v1.Platform\"#\n\x06\x42ucket\x12\n\n\x02le\x18\x01 \x01(\x01\x12\r\n\x05\x63ount\x18\x02 \x01(\x04\"\xc2\x02\n\rQualityReport\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x10\n\x08window_s\x18\x03 \x01(\x01\x12\x10\n\x08requests\x18\x04 \x01(\x04\x12\x0c\n\x04rows\x18\x05 \x01(\x04\x12\x17\n\x0f\x65scalation_rate\x18\x06 \x01(\x01\x12\x15\n\rdegraded_rate\x18\x07 \x01(\x01\x12*\n\nconfidence\x18\x08 \x03(\x0b\x32\x16.tiered.sync.v1.Bucket\x12\x13\n\x0bmean_tokens\x18\t \x01(\x01\x12&\n\x06tokens\x18\n \x03(\x0b\x32\x16.tiered.sync.v1.Bucket\x12\x14\n\x0clength_drift\x18\x0b \x01(\x01\x12\x0e\n\x06p50_ms\x18\x0c \x01(\x01\x12\x0e\n\x06p99_ms\x18\r \x01(\x01\x12\x10\n\x08\x66idelity\x18\x0e \x01(\x01\"\x92\x01\n\x0bNodeMessage\x12&\n\x05hello\x18\x01 \x01(\x0b\x32\x15.tiered.sync.v1.HelloH\x00\x12\"\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x13.tiered.sync.v1.AckH\x00\x12/\n\x06report\x18\x03 \x01(\x0b\x32\x1d.tiered.sync.v1.QualityReportH\x00\x42\x06\n\x04kind\"\x8e\x01\n\x07Release\x12\r\n\x05model\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\r\n\x05\x61lias\x18\x03 \x01(\t\x12\x10\n\x08manifest\x18\x04 \x01(\x0c\x12\x17\n\x0fmanifest_sha256\x18\x05 \x01(\t\x12\x11\n\tsignature\x18\x06 \x01(\x0c\x12\x16\n\x0esigning_key_id\x18\x07 \x01(\t\"6\n\x07Welcome\x12\x10\n\x08registry\x18\x01 \x01(\t\x12\x19\n\x11report_interval_s\x18\x02 \x01(\x01\"o\n\rServerMessage\x12*\n\x07welcome\x18\x01 \x01(\x0b\x32\x17.tiered.sync.v1.WelcomeH\x00\x12*\n\x07release\x18\x02 \x01(\x0b\x32\x17.tiered.sync.v1.ReleaseH\x00\x42\x06\n\x04kind\".\n\x0c\x46\x65tchRequest\x12\x0e\n\x06sha256\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x03\"3\n\x05\x43hunk\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0c\n\x04size\x18\x03 \x01(\x03*N\n\x08\x41\x63kState\x12\x19\n\x15\x41\x43K_STATE_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x44OWNLOADING\x10\x01\x12\n\n\x06\x41\x43TIVE\x10\x02\x12\n\n\x06\x46\x41ILED\x10\x03\x32\x8e\x01\n\x04Sync\x12\x46\n\x04Sync\x12\x1b.tiered.sync.v1.NodeMessage\x1a\x1d.tiered.sync.v1.ServerMessage(\x01\x30\x01\x12>\n\x05\x46\x65tch\x12\x1c.tiered.sync.v1.FetchRequest\x1a\x15.tiered.sync.v1.Chunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sync.gen.sync_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ACKSTATE']._serialized_start=1192
-  _globals['_ACKSTATE']._serialized_end=1270
+  _globals['_ACKSTATE']._serialized_start=1418
+  _globals['_ACKSTATE']._serialized_end=1496
   _globals['_HELD']._serialized_start=39
   _globals['_HELD']._serialized_end=94
-  _globals['_HELLO']._serialized_start=96
-  _globals['_HELLO']._serialized_end=186
-  _globals['_ACK']._serialized_start=188
-  _globals['_ACK']._serialized_end=282
-  _globals['_BUCKET']._serialized_start=284
-  _globals['_BUCKET']._serialized_end=319
-  _globals['_QUALITYREPORT']._serialized_start=322
-  _globals['_QUALITYREPORT']._serialized_end=626
-  _globals['_NODEMESSAGE']._serialized_start=629
-  _globals['_NODEMESSAGE']._serialized_end=775
-  _globals['_RELEASE']._serialized_start=778
-  _globals['_RELEASE']._serialized_end=920
-  _globals['_WELCOME']._serialized_start=922
-  _globals['_WELCOME']._serialized_end=976
-  _globals['_SERVERMESSAGE']._serialized_start=978
-  _globals['_SERVERMESSAGE']._serialized_end=1089
-  _globals['_FETCHREQUEST']._serialized_start=1091
-  _globals['_FETCHREQUEST']._serialized_end=1137
-  _globals['_CHUNK']._serialized_start=1139
-  _globals['_CHUNK']._serialized_end=1190
-  _globals['_SYNC']._serialized_start=1273
-  _globals['_SYNC']._serialized_end=1415
+  _globals['_PLATFORM']._serialized_start=96
+  _globals['_PLATFORM']._serialized_end=171
+  _globals['_HELLO']._serialized_start=174
+  _globals['_HELLO']._serialized_end=308
+  _globals['_ACK']._serialized_start=311
+  _globals['_ACK']._serialized_end=490
+  _globals['_BUCKET']._serialized_start=492
+  _globals['_BUCKET']._serialized_end=527
+  _globals['_QUALITYREPORT']._serialized_start=530
+  _globals['_QUALITYREPORT']._serialized_end=852
+  _globals['_NODEMESSAGE']._serialized_start=855
+  _globals['_NODEMESSAGE']._serialized_end=1001
+  _globals['_RELEASE']._serialized_start=1004
+  _globals['_RELEASE']._serialized_end=1146
+  _globals['_WELCOME']._serialized_start=1148
+  _globals['_WELCOME']._serialized_end=1202
+  _globals['_SERVERMESSAGE']._serialized_start=1204
+  _globals['_SERVERMESSAGE']._serialized_end=1315
+  _globals['_FETCHREQUEST']._serialized_start=1317
+  _globals['_FETCHREQUEST']._serialized_end=1363
+  _globals['_CHUNK']._serialized_start=1365
+  _globals['_CHUNK']._serialized_end=1416
+  _globals['_SYNC']._serialized_start=1499
+  _globals['_SYNC']._serialized_end=1641
 # @@protoc_insertion_point(module_scope)

@@ -28,29 +28,49 @@ class Held(_message.Message):
     active: int
     def __init__(self, model: _Optional[str] = ..., versions: _Optional[_Iterable[int]] = ..., active: _Optional[int] = ...) -> None: ...
 
+class Platform(_message.Message):
+    __slots__ = ("cpu", "machine", "features", "runtime")
+    CPU_FIELD_NUMBER: _ClassVar[int]
+    MACHINE_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    RUNTIME_FIELD_NUMBER: _ClassVar[int]
+    cpu: str
+    machine: str
+    features: _containers.RepeatedScalarFieldContainer[str]
+    runtime: str
+    def __init__(self, cpu: _Optional[str] = ..., machine: _Optional[str] = ..., features: _Optional[_Iterable[str]] = ..., runtime: _Optional[str] = ...) -> None: ...
+
 class Hello(_message.Message):
-    __slots__ = ("node_id", "tier", "region", "held")
+    __slots__ = ("node_id", "tier", "region", "held", "platform")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
+    PLATFORM_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     tier: str
     region: str
     held: _containers.RepeatedCompositeFieldContainer[Held]
-    def __init__(self, node_id: _Optional[str] = ..., tier: _Optional[str] = ..., region: _Optional[str] = ..., held: _Optional[_Iterable[_Union[Held, _Mapping]]] = ...) -> None: ...
+    platform: Platform
+    def __init__(self, node_id: _Optional[str] = ..., tier: _Optional[str] = ..., region: _Optional[str] = ..., held: _Optional[_Iterable[_Union[Held, _Mapping]]] = ..., platform: _Optional[_Union[Platform, _Mapping]] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("model", "version", "state", "reason")
+    __slots__ = ("model", "version", "state", "reason", "fidelity", "fidelity_rows", "platform")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    FIDELITY_FIELD_NUMBER: _ClassVar[int]
+    FIDELITY_ROWS_FIELD_NUMBER: _ClassVar[int]
+    PLATFORM_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     state: AckState
     reason: str
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[AckState, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+    fidelity: float
+    fidelity_rows: int
+    platform: Platform
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[AckState, str]] = ..., reason: _Optional[str] = ..., fidelity: _Optional[float] = ..., fidelity_rows: _Optional[int] = ..., platform: _Optional[_Union[Platform, _Mapping]] = ...) -> None: ...
 
 class Bucket(_message.Message):
     __slots__ = ("le", "count")
@@ -61,7 +81,7 @@ class Bucket(_message.Message):
     def __init__(self, le: _Optional[float] = ..., count: _Optional[int] = ...) -> None: ...
 
 class QualityReport(_message.Message):
-    __slots__ = ("model", "version", "window_s", "requests", "rows", "escalation_rate", "degraded_rate", "confidence", "mean_tokens", "tokens", "length_drift", "p50_ms", "p99_ms")
+    __slots__ = ("model", "version", "window_s", "requests", "rows", "escalation_rate", "degraded_rate", "confidence", "mean_tokens", "tokens", "length_drift", "p50_ms", "p99_ms", "fidelity")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     WINDOW_S_FIELD_NUMBER: _ClassVar[int]
@@ -75,6 +95,7 @@ class QualityReport(_message.Message):
     LENGTH_DRIFT_FIELD_NUMBER: _ClassVar[int]
     P50_MS_FIELD_NUMBER: _ClassVar[int]
     P99_MS_FIELD_NUMBER: _ClassVar[int]
+    FIDELITY_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     window_s: float
@@ -88,7 +109,8 @@ class QualityReport(_message.Message):
     length_drift: float
     p50_ms: float
     p99_ms: float
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., window_s: _Optional[float] = ..., requests: _Optional[int] = ..., rows: _Optional[int] = ..., escalation_rate: _Optional[float] = ..., degraded_rate: _Optional[float] = ..., confidence: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., mean_tokens: _Optional[float] = ..., tokens: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., length_drift: _Optional[float] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ...) -> None: ...
+    fidelity: float
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., window_s: _Optional[float] = ..., requests: _Optional[int] = ..., rows: _Optional[int] = ..., escalation_rate: _Optional[float] = ..., degraded_rate: _Optional[float] = ..., confidence: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., mean_tokens: _Optional[float] = ..., tokens: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., length_drift: _Optional[float] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., fidelity: _Optional[float] = ...) -> None: ...
 
 class NodeMessage(_message.Message):
     __slots__ = ("hello", "ack", "report")

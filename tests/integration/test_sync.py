@@ -23,7 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from registry.blobs import BlobStore
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
-from tests.conftest import RegistryCli
+from tests.conftest import TEST_FLOOR, RegistryCli
 from tests.faults import CutProxy
 from tests.servers import Server, start
 from tiered.processes import RegistryProcess, start_registry
@@ -110,7 +110,7 @@ def node_metric(server: Server, name: str) -> float:
 
 def edge_artifact_bytes(cli: RegistryCli, version: int) -> int:
     manifest = cli("show", f"tiny@{version}", "--json").json()["manifest"]
-    return int(manifest["edge"]["size"] + manifest["tokenizer"]["size"])
+    return int(sum(manifest[role]["size"] for role in ("edge", "tokenizer", "probe")))
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +142,10 @@ def test_nodes_subscribe_and_install_from_empty_stores(fleet: Fleet) -> None:
         row = rows[node_id(server)]
         assert (row["tier"], row["version"], row["state"], row["connected"]) == \
             (server.tier, 1, "ACTIVE", True)
+        # each node measured the release probe on its own hardware before serving it
+        assert row["fidelity_version"] == 1 and row["fidelity_rows"] == 200
+        assert row["fidelity"] >= (0.99 if server.tier == "center" else TEST_FLOOR)
+        assert isinstance(row["cpu_features"], list) and row["machine"] and row["runtime"]
     assert rows[node_id(fleet.edges[0])]["region"] == "eu"
     assert metric(fleet.registry.metrics_url, "registry_sync_nodes_connected") == 3
     # each node fetched only its tier's artifact: edges the INT8 ONNX, the center TorchScript
@@ -149,7 +153,7 @@ def test_nodes_subscribe_and_install_from_empty_stores(fleet: Fleet) -> None:
     for store, tier in (("edge-eu", "edge"), ("center", "center")):
         files = sorted(p.name for p in (fleet.root / store / "tiny" / "1").iterdir())
         assert files == sorted([manifest[tier]["file"], "release.json", "release.sig",
-                                "tokenizer.json"])
+                                "tokenizer.json", "probe.npz"])
 
 
 def test_publish_reaches_every_node_and_each_ack_is_audited(fleet: Fleet,

@@ -1,0 +1,147 @@
+"""The fidelity probe: every node checks a release on its own hardware before serving it.
+
+INT8 kernels differ by CPU (x86 without VNNI saturates where a VNNI or ARM CPU does not), and a
+GPU center may run in fp16/bf16, so the agreement the publisher measured on its own machine
+says little about a node. A release carries ``probe.npz``: a few hundred calibration rows as
+token ids (padded to the longest) with the fp32 edge's and the fp32 center's logits on exactly
+those rows, in batches of ``batch`` rows. At load, after warm-up, a node runs its model on the
+same batches and computes top-1 agreement with its tier's reference; below the floor (the
+release's, or the node's own setting) the version is refused and the previous one keeps serving.
+
+The file is an artifact like the models (sha256 in the signed manifest, verified before load);
+it is still read as untrusted: no pickles, known keys, dtypes and shapes, bounded sizes.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from serving.hardware import Platform
+from serving.text import Encoded
+
+FILE = "probe.npz"
+ROWS = 256
+"""Rows a publish puts in the probe (fewer when the calibration split is smaller)."""
+BATCH = 32
+MAX_ROWS, MAX_LENGTH, MAX_CLASSES = 4096, 4096, 4096
+MAX_BYTES = 64 << 20  # uncompressed, all members together
+KEYS = {"input_ids": np.int64, "attention_mask": np.int64, "edge": np.float32,
+        "center": np.float32, "batch": np.int64}
+
+
+class ProbeError(ValueError):
+    """The probe file is not a probe this node can run."""
+
+
+class FidelityRefused(RuntimeError):
+    """The model agrees with its reference below the floor on this node's hardware."""
+
+    def __init__(self, measured: Measured, floor: float, platform: Platform) -> None:
+        super().__init__(f"fidelity {measured.agreement:.1%} on {measured.rows} probe rows, "
+                         f"below the {floor:.1%} floor, on {platform.describe()} with "
+                         f"{platform.runtime}")
+        self.measured, self.floor, self.platform = measured, floor, platform
+
+
+@dataclass(frozen=True)
+class Measured:
+    agreement: float  # top-1 agreement with the tier's fp32 reference
+    rows: int
+
+
+@dataclass(frozen=True)
+class Probe:
+    input_ids: np.ndarray  # int64 [rows, length]
+    attention_mask: np.ndarray  # int64 [rows, length]
+    edge: np.ndarray  # float32 [rows, classes]: the fp32 edge model's logits
+    center: np.ndarray  # float32 [rows, classes]: the fp32 center model's logits
+    batch: int
+
+    @property
+    def rows(self) -> int:
+        return len(self.input_ids)
+
+    def reference(self, tier: Literal["edge", "center"]) -> np.ndarray:
+        return self.edge if tier == "edge" else self.center
+
+
+def build(inputs: Encoded, rows: int = ROWS) -> Encoded:
+    """The first ``rows`` rows of ``inputs``, re-padded to their own longest row."""
+    ids, mask = inputs.input_ids[:rows], inputs.attention_mask[:rows]
+    length = max(1, int(mask.sum(1).max()))
+    return Encoded(np.ascontiguousarray(ids[:, :length]), np.ascontiguousarray(mask[:, :length]))
+
+
+def run(predict: Callable[[Encoded], np.ndarray], inputs: Encoded,
+        batch: int = BATCH) -> np.ndarray:
+    """Logits of ``predict`` on the probe rows, in the probe's batches."""
+    return np.concatenate([np.asarray(predict(Encoded(inputs.input_ids[i:i + batch],
+                                                      inputs.attention_mask[i:i + batch])),
+                                      dtype=np.float32)
+                           for i in range(0, len(inputs.input_ids), batch)])
+
+
+def save(path: Path, inputs: Encoded, edge: np.ndarray, center: np.ndarray,
+         batch: int = BATCH) -> None:
+    np.savez_compressed(path, input_ids=inputs.input_ids.astype(np.int64),
+                        attention_mask=inputs.attention_mask.astype(np.int64),
+                        edge=edge.astype(np.float32), center=center.astype(np.float32),
+                        batch=np.int64(batch))
+
+
+def load(path: Path) -> Probe:
+    """Read and check a probe file (bounded before anything is decompressed)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            members = archive.infolist()
+            if sum(m.file_size for m in members) > MAX_BYTES:
+                raise ProbeError(f"{path.name}: larger than {MAX_BYTES >> 20} MiB unpacked")
+            if sorted(m.filename for m in members) != sorted(f"{k}.npy" for k in KEYS):
+                raise ProbeError(f"{path.name}: expected the arrays {sorted(KEYS)}")
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {key: data[key] for key in KEYS}
+    except (OSError, zipfile.BadZipFile, ValueError) as exc:
+        if isinstance(exc, ProbeError):
+            raise
+        raise ProbeError(f"{path.name}: not a probe file ({exc})") from exc
+    for key, dtype in KEYS.items():
+        if arrays[key].dtype != dtype:
+            raise ProbeError(f"{path.name}: {key} is {arrays[key].dtype}, expected "
+                             f"{np.dtype(dtype)}")
+    return _checked(arrays, path.name)
+
+
+def _checked(a: dict[str, np.ndarray], name: str) -> Probe:
+    ids, mask, edge, center, batch = (a[k] for k in KEYS)
+    if ids.ndim != 2 or ids.shape != mask.shape or not 0 < ids.shape[0] <= MAX_ROWS or \
+            not 0 < ids.shape[1] <= MAX_LENGTH:
+        raise ProbeError(f"{name}: input_ids/attention_mask of shapes {list(ids.shape)} and "
+                         f"{list(mask.shape)}")
+    rows = ids.shape[0]
+    for logits in (edge, center):
+        if logits.ndim != 2 or logits.shape[0] != rows or not 2 <= logits.shape[1] <= \
+                MAX_CLASSES or not np.isfinite(logits).all():
+            raise ProbeError(f"{name}: reference logits of shape {list(logits.shape)} for "
+                             f"{rows} rows")
+    if batch.ndim != 0 or not 1 <= int(batch) <= MAX_ROWS:
+        raise ProbeError(f"{name}: invalid batch size")
+    if ids.min() < 0 or not np.isin(mask, (0, 1)).all():
+        raise ProbeError(f"{name}: negative token ids or a mask that is not 0/1")
+    return Probe(ids, mask, edge, center, int(batch))
+
+
+def measure(predict: Callable[[Encoded], np.ndarray], probe: Probe,
+            tier: Literal["edge", "center"]) -> Measured:
+    """Top-1 agreement of ``predict`` with the tier's fp32 reference on the probe."""
+    logits = run(predict, Encoded(probe.input_ids, probe.attention_mask), probe.batch)
+    reference = probe.reference(tier)
+    if logits.shape != reference.shape:
+        raise ProbeError(f"the model returned shape {list(logits.shape)} on the probe, its "
+                         f"reference has {list(reference.shape)}")
+    return Measured(float((logits.argmax(1) == reference.argmax(1)).mean()), probe.rows)
