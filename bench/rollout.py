@@ -318,10 +318,12 @@ class Cli:
         return datetime.fromisoformat(records[-1]["at"]).timestamp()
 
     def artifact_bytes(self, version: int) -> dict[str, int]:
-        """Per tier, the bytes a node of that tier needs: its model and the tokenizer."""
+        """Per tier, the bytes a node of that tier needs: its model, the tokenizer and the
+        fidelity probe."""
         manifest = self.json("show", f"{MODEL}@{version}")["manifest"]
-        tokenizer = int(manifest["tokenizer"]["size"]) if manifest.get("tokenizer") else 0
-        return {tier: int(manifest[tier]["size"]) + tokenizer for tier in NODES}
+        shared = sum(int(manifest[role]["size"]) for role in ("tokenizer", "probe")
+                     if manifest.get(role))
+        return {tier: int(manifest[tier]["size"]) + shared for tier in NODES}
 
 
 def start_node(tier: str, store: Path, logs: Path, *flags: str,
