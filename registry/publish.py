@@ -78,6 +78,7 @@ class _Built:
     edge_int8: Path
     probe: Path  # probe.npz: rows and the fp32 references every node checks itself on
     probe_agreement: float  # INT8 vs fp32 edge on the probe, on this CPU
+    probe_rows: int
 
 
 def publish(settings: RegistrySettings, catalog: Catalog, source: ReleaseSource,
@@ -159,7 +160,7 @@ def _build(source: ReleaseSource, work: Path, timed: Step) -> _Built:
         probe.save(work / PROBE_FILE, rows, edge_ref, center_ref)
     return _Built(inputs, center_logits, edge_fp32_logits, edge_int8_logits,
                   edge_fp32.stat().st_size, edge_int8, work / PROBE_FILE,
-                  agreement(int8_probe, edge_ref))
+                  agreement(int8_probe, edge_ref), len(edge_ref))
 
 
 def _probe_rows(inputs: Inputs) -> Encoded:
@@ -174,13 +175,19 @@ def _one(batch: Encoded) -> Inputs:
 
 
 def _fidelity(built: _Built, options: PublishOptions) -> Fidelity:
+    """Both the whole split and the probe must reach the floor: a release whose probe falls
+    below it would be refused by every node, the publisher's own CPU included."""
     value = agreement(built.edge_int8_logits, built.edge_fp32_logits)
-    if value < options.min_fidelity and not options.force:
-        raise FidelityTooLow(f"INT8 edge agrees with the fp32 edge on {value:.1%} of "
-                             f"{built.inputs.rows} {built.inputs.kind} inputs, below the "
-                             f"{options.min_fidelity:.1%} floor (--min-fidelity, or --force)")
-    return Fidelity(top1_agreement=value, rows=built.inputs.rows, minimum=options.min_fidelity,
-                    inputs=built.inputs.kind, forced=value < options.min_fidelity,
+    floor = options.min_fidelity
+    below = value < floor or built.probe_agreement < floor
+    if below and not options.force:
+        where = (f"{value:.1%} of {built.inputs.rows} {built.inputs.kind} inputs"
+                 if value < floor else f"{built.probe_agreement:.1%} of the "
+                 f"{built.probe_rows} probe rows every node re-checks")
+        raise FidelityTooLow(f"INT8 edge agrees with the fp32 edge on {where}, below the "
+                             f"{floor:.1%} floor (--min-fidelity, or --force)")
+    return Fidelity(top1_agreement=value, rows=built.inputs.rows, minimum=floor,
+                    inputs=built.inputs.kind, forced=below,
                     platform=hardware.here(f"onnxruntime {ort.__version__} CPU"),
                     probe_agreement=built.probe_agreement)
 

@@ -71,7 +71,7 @@ def _manifest_table(m: Manifest, title: str, edge_fp32_size: int = 0) -> Table:
         ("measured on", f"{f.platform.describe()}, {f.platform.runtime}" if f.platform
          else "- (published before the CPU was recorded)"),
         ("quantization", _quantization(m)),
-        ("probe", f"{mib(m.probe.size)}, every node checks it (publisher: "
+        ("probe", f"{m.probe.size / 1024:.0f} KiB, every node checks it (publisher: "
                   f"{pct(f.probe_agreement)})" if m.probe else "none: nodes do not check"),
         ("threshold", f"{c.threshold:.4f} ({c.source})"),
         ("escalation rate", pct(c.escalation_rate)),
