@@ -5,6 +5,8 @@
 #            its web UI. The .deb is fetched with a private one-line source list and unpacked;
 #            only usr/bin/consul is kept, as .venv/bin/consul.
 #   nginx  — nginx-light from Debian (apt-get; root or password-less sudo).
+#   qemu   — qemu-user from Debian, x86-64 only: the tests run the INT8 fidelity probe under
+#            `qemu-x86_64 -cpu Haswell` (AVX2, no VNNI), a CPU class the machine may not be.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -38,5 +40,11 @@ if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
     echo "install_tools: installing nginx-light from Debian" >&2
     sudo_if_needed apt-get update -qq
     sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null
+fi
+if [ "$(uname -m)" = x86_64 ] && ! command -v qemu-x86_64 >/dev/null 2>&1; then
+    echo "install_tools: installing qemu-user from Debian" >&2
+    sudo_if_needed apt-get update -qq
+    sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends qemu-user >/dev/null
 fi
 "$BIN/consul" version | head -1 >&2
