@@ -9,25 +9,34 @@ from pathlib import Path
 from tiered.processes import BIN, RegistryProcess, TierProcess, start_registry, start_tier
 
 Server = TierProcess
+# For the RSS bounds: glibc makes up to 8 malloc arenas per core and the model runtimes size
+# their thread pools by the core count, so the same bound would mean something else on another
+# machine. The memory tests pin both (as a deployment sized for its machine would).
+PINNED_ALLOCATOR = {"MALLOC_ARENA_MAX": "8"}
+PINNED_THREADS = ("--threads", "2")
 
 
-def start(tier: str, store: Path, log_dir: Path, *args: str, timeout: float = 60) -> Server:
+def start(tier: str, store: Path, log_dir: Path, *args: str, timeout: float = 60,
+          env: dict[str, str] | None = None) -> Server:
+    """``env``: variables added to the minimal one (PATH only)."""
     return start_tier(tier, store, log_dir, "--poll-interval-s", "0.2", *args, timeout=timeout,
-                      env={"PATH": str(BIN)})
+                      env={"PATH": str(BIN), **(env or {})})
 
 
 @contextmanager
 def subscribed_pair(home: Path, folder: Path, token: str, *sync_flags: str,
-                    env: dict[str, str]) -> Iterator[tuple[RegistryProcess, Server, Server]]:
-    """``registry serve`` on ``home``, and a center and an edge (escalating to it, no response
-    cache) subscribed to it with empty stores under ``folder``; all stopped on exit."""
+                    env: dict[str, str], tier_env: dict[str, str] | None = None,
+                    ) -> Iterator[tuple[RegistryProcess, Server, Server]]:
+    """``registry serve`` on ``home`` (with ``env``), and a center and an edge (escalating to
+    it, no response cache; with ``tier_env``) subscribed to it with empty stores under
+    ``folder``; all stopped on exit."""
     registry = start_registry(home, folder, token, env=env)
     servers: list[Server] = []
     try:
         flags = ("--registry", registry.target, *sync_flags)
-        servers.append(start("center", folder / "center", folder, *flags))
+        servers.append(start("center", folder / "center", folder, *flags, env=tier_env))
         servers.append(start("edge", folder / "edge", folder, *flags, "--center-url",
-                             servers[0].url, "--cache-size", "0"))
+                             servers[0].url, "--cache-size", "0", env=tier_env))
         yield registry, servers[0], servers[1]
     finally:
         for server in servers:

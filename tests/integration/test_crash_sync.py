@@ -1,13 +1,15 @@
 """SIGKILL ``registry serve`` while a real fleet syncs, and ``registry rollback`` mid-run.
 
 One registry, one center and one edge subscribed with ``--registry`` (tiny releases). The
-registry is killed at seeded random moments (a) while the nodes download, install and
-acknowledge a new version (their first sync from empty stores, a real ``publish``, re-published
-versions whose bytes they copy locally) and (b) during ``rollback``/``promote`` rollouts; the
-``registry rollback`` command itself is killed mid-run too. After every kill the database
-passes ``integrity_check``, the audit chain verifies and no half version is visible; after the
-registry is restarted on the same port every node converges: ``registry status`` shows it
-ACTIVE on the desired version, and the node answers with that version.
+registry is killed at moments observed in its database, not after a guessed delay: (a) while a
+node downloads and installs a new version (it has acknowledged DOWNLOADING, not yet ACTIVE:
+their first sync from empty stores, a real ``publish``, re-published versions whose bytes they
+copy locally) and (b) during ``rollback``/``promote`` rollouts (a seeded choice: at once after
+the commit, or once the first node has acknowledged ACTIVE); the ``registry rollback`` command
+itself is killed mid-run too. After every kill the database passes ``integrity_check``, the
+audit chain verifies and no half version is visible; after the registry is restarted on the
+same port every node converges: ``registry status`` shows it ACTIVE on the desired version,
+and the node answers with that version.
 """
 
 from __future__ import annotations
@@ -42,7 +44,6 @@ from tiered.processes import RegistryProcess, start_registry, start_tier
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SEED = 20261201
-KILL_WINDOW_S = 0.3  # after a rollout's commit: the push (0.2 s watch), the swaps, the acks
 
 
 @dataclass
@@ -57,25 +58,31 @@ class Crashes:
 
     def commit_then_kill(self, *args: str | Path, downloads: bool = False) -> int:
         """Run ``registry ARGS`` (a command that moves production), then SIGKILL ``registry
-        serve`` at a random moment of the rollout that follows the commit (the push, the nodes'
-        swaps and acks), or while the nodes download. Returns the new production version."""
-        before = self.production()
+        serve`` during the rollout that follows the commit: while a node downloads
+        (``downloads``), else at once after the commit (before the push) or once the first
+        node has acknowledged the new version ACTIVE (the other still swapping), a seeded
+        choice. Returns the new production version."""
+        before, seen = self.production(), self.last_seq()
         command = subprocess.Popen([str(REGISTRY), *map(str, args)], env=self.cli.env(),
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            wait_for(lambda: self.production() != before, 120, f"registry {args} to commit")
+            wait_for(lambda: self.production() != before, 120, f"registry {args} to commit",
+                     poll=0.005)
             if downloads:
                 self.kill_while_downloading(self.production())
             else:
-                self.kill_registry_after(self.rng.uniform(0, KILL_WINDOW_S))
+                if self.rng.random() < 0.5:
+                    want = self.production()
+                    wait_for(lambda: self.acks(want, "ACTIVE", seen), 30,
+                             f"a node's ACTIVE ack of version {want}", poll=0.005)
+                self.kill_registry()
         finally:
             assert command.wait(timeout=120) == 0
         return self.production()
 
-    def kill_registry_after(self, delay: float) -> None:
-        """SIGKILL ``registry serve`` ``delay`` s from now; count whether the rollout of the
-        production version was still under way (read from the database the kill left)."""
-        time.sleep(delay)
+    def kill_registry(self) -> None:
+        """SIGKILL ``registry serve`` now; count whether the rollout of the production version
+        was still under way (read from the database the kill left)."""
         self.registry.kill()
         self.kills += 1
         want, rows = self.production(), status(self.cli)
@@ -98,16 +105,30 @@ class Crashes:
                           "alias = 'production'")
         return int(str(rows[0][0])) if rows else 0
 
+    def last_seq(self) -> int:
+        rows = self.query("SELECT COALESCE(MAX(seq), 0) FROM audit")
+        return int(str(rows[0][0]))
+
+    def acks(self, version: int, state: str, after: int = 0) -> dict[str, int]:
+        """Node (audit actor) -> seq of its latest ``state`` ack of ``version`` after ``after``."""
+        return {str(actor): int(str(seq)) for actor, seq in self.query(
+            "SELECT actor, MAX(seq) FROM audit WHERE action = 'ack' AND version = ? AND "
+            "json_extract(payload, '$.state') = ? AND seq > ? GROUP BY actor",
+            version, state, after)}
+
     def kill_while_downloading(self, version: int) -> None:
-        """SIGKILL ``registry serve`` in the middle of ack handling: once a node has reported
-        DOWNLOADING ``version`` (it copies or fetches, then loads and swaps; its ACTIVE ack
-        follows within a few hundred ms)."""
-        deadline = time.monotonic() + 30
-        while not self.query("SELECT 1 FROM audit WHERE action = 'ack' AND version = ? AND "
-                             "json_extract(payload, '$.state') = 'DOWNLOADING'", version):
-            assert time.monotonic() < deadline, f"no DOWNLOADING ack of version {version}"
-            time.sleep(0.005)  # tight: the swap that follows takes 0.1-0.3 s
-        self.kill_registry_after(self.rng.uniform(0, 0.05))
+        """SIGKILL ``registry serve`` while a node installs ``version``: it has acknowledged
+        DOWNLOADING and not yet ACTIVE (the copy or fetch, load and swap that follow take
+        0.1-0.3 s, so the kill lands there). Should every node be ACTIVE on it before that is
+        seen (a fast first sync), the kill comes after the rollout instead."""
+        def installing() -> bool:
+            active = self.acks(version, "ACTIVE")
+            return any(seq > active.get(actor, 0)
+                       for actor, seq in self.acks(version, "DOWNLOADING").items()) or \
+                len(active) == len(self.nodes)
+
+        wait_for(installing, 30, f"a node downloading version {version}", poll=0.002)
+        self.kill_registry()
 
     def rollout(self, kind: str) -> tuple[str, ...]:
         """Arguments of a ``registry`` command that moves production: ``rollback`` (a
@@ -190,8 +211,8 @@ def kill_cli_mid_run(fleet: Crashes, full: float, *args: str) -> bool:
 def test_sigkill_registry_serve_during_sync_and_rollouts(crashes: Crashes,
                                                          tiny_release_b: Path) -> None:
     fleet, rng = crashes, crashes.rng
-    # (a) the center's first sync: a download into an empty store
-    fleet.kill_registry_after(rng.uniform(0, 0.3))
+    # (a) the first sync: a download into an empty store
+    fleet.kill_while_downloading(1)
     fleet.check()
     fleet.restart_registry()
     fleet.converged()

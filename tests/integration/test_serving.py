@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import http.client
 import json
+import signal
+import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +50,40 @@ def text_request(texts: list[str], **parameters: Any) -> dict[str, Any]:
 
 def outputs(response: httpx.Response) -> dict[str, list[Any]]:
     assert response.status_code == 200, response.text
-    return {o["name"]: o["data"] for o in response.json()["outputs"]}
+    return outputs_of(response.json())
+
+
+def outputs_of(answer: dict[str, Any]) -> dict[str, list[Any]]:
+    return {o["name"]: o["data"] for o in answer["outputs"]}
+
+
+def check_labels(data: dict[str, list[Any]], labels: list[str]) -> np.ndarray:
+    """The served ``label`` and ``confidence`` of each row are its probabilities' argmax and
+    max; returns the probabilities, one row per input row."""
+    probabilities = np.asarray(data["probabilities"], dtype=np.float64).reshape(
+        len(data["label"]), len(labels))
+    assert np.allclose(probabilities.sum(1), 1, atol=1e-5)
+    assert data["label"] == [labels[i] for i in probabilities.argmax(1)]
+    assert np.allclose(data["confidence"], probabilities.max(1), atol=1e-6)
+    return probabilities
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.01)
+
+
+def metric(server: Server, name: str, **labels: str) -> float:
+    """Sum of the samples of a Prometheus series whose labels include ``labels``."""
+    total = 0.0
+    for line in httpx.get(f"{server.url}/metrics", timeout=10).text.splitlines():
+        series, _, value = line.rpartition(" ")
+        if (series == name or series.startswith(name + "{")) and all(
+                f'{k}="{v}"' in series for k, v in labels.items()):
+            total += float(value)
+    return total
 
 
 @pytest.fixture(scope="module")
@@ -90,8 +126,7 @@ def test_v2_endpoints(stack: Stack) -> None:
             assert response.json()["model_version"] == "1"
             data = outputs(response)
             assert len(data["label"]) == 2 and set(data["label"]) <= {"rotten", "fresh"}
-            probabilities = np.asarray(data["probabilities"]).reshape(2, 2)
-            assert np.allclose(probabilities.sum(1), 1, atol=1e-5)
+            check_labels(data, meta["parameters"]["labels"].split(","))
         generated = stack.infer(server, text_request(["x"])).headers["x-request-id"]
         assert len(generated) == 32
 
@@ -106,6 +141,30 @@ def test_token_tensors_and_nested_data_answer_like_text(stack: Stack) -> None:
     assert np.allclose(by_text["probabilities"], by_ids["probabilities"], atol=1e-5)
     only = stack.infer(stack.edge, {**text_request(["fine"]), "outputs": [{"name": "tier"}]})
     assert [o["name"] for o in only.json()["outputs"]] == ["tier"]
+
+
+def test_served_labels_are_the_models_answers_on_labelled_reviews(stack: Stack) -> None:
+    """On the release's 200 labelled reviews each tier's served labels score what ``registry
+    publish`` measured for its model (~62% for the tiny fixture; labels served inverted would
+    score ~38%). A few rows may differ: batching pads differently, and INT8 differs slightly
+    from CPU to CPU, so a margin of 10 rows."""
+    rows = [json.loads(line) for line in
+            (stack.release / "calibration.jsonl").read_text().splitlines() if line]
+    texts, truth = [r["text"] for r in rows], [r["label"] for r in rows]
+    manifest = stack.cli("show", "tiny@1", "--json").json()["manifest"]
+    labels, calibration = manifest["labels"], manifest["calibration"]
+    for server, measured, parameters in ((stack.center, "center_accuracy", {}),
+                                         (stack.edge, "edge_accuracy", {"threshold": 0})):
+        response = stack.infer(server, text_request(texts, **parameters),
+                               "/v2/models/tiny/versions/1/infer")
+        data = outputs(response)
+        check_labels(data, labels)
+        accuracy = float(np.mean([a == b for a, b in zip(data["label"], truth, strict=True)]))
+        expected = calibration[measured]
+        print(f"{server.tier}: served accuracy {accuracy:.3f}, measured at publish "
+              f"{expected:.3f}")
+        assert abs(expected - 0.5) > 0.1, "the fixture must be far from chance to tell"
+        assert abs(accuracy - expected) <= 10 / len(rows), (server.tier, accuracy, expected)
 
 
 def test_tritonclient_works_unchanged(stack: Stack) -> None:
@@ -140,6 +199,7 @@ def test_unsure_rows_go_to_the_center_in_one_request(stack: Stack) -> None:
         source = center if tier == "center" else edge_only
         assert np.allclose(data["probabilities"][2 * i:2 * i + 2],
                            source["probabilities"][2 * i:2 * i + 2], atol=1e-5)
+    check_labels(data, ["rotten", "fresh"])
     params = mixed.json()["parameters"]
     assert params["escalated"] == expected.count("center") and params["center_version"] == "1"
     everything = stack.infer(stack.edge, text_request(TEXTS[:2], threshold=1),
@@ -236,21 +296,34 @@ def test_center_killed_means_degraded_answers_not_errors(stack: Stack, tmp_path:
 
 def test_overloaded_center_answers_503_and_the_edge_degrades(stack: Stack,
                                                              tmp_path: Path) -> None:
-    center = start("center", stack.root / "center", tmp_path, "--max-queue-rows", "1",
-                   "--max-batch-delay-ms", "1500", "--max-batch-size", "8")
+    """A center whose queue cannot take a request answers 503 with Retry-After at once; an
+    edge in front of it answers those rows itself, marked degraded (200, never the 503), and
+    escalates again once the center's Retry-After has passed."""
+    center = start("center", stack.root / "center", tmp_path, "--max-queue-rows", "2")
+    edge = start("edge", stack.root / "edge", tmp_path, "--center-url", center.url,
+                 "--cache-size", "0")
     try:
-        results: list[httpx.Response] = []
-        threads = [threading.Thread(target=lambda i=i: results.append(
-            stack.infer(center, text_request([f"row {i}"])))) for i in range(3)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        statuses = sorted(r.status_code for r in results)
-        assert statuses[0] == 200 and 503 in statuses
-        busy = next(r for r in results if r.status_code == 503)
+        texts = [f"overloaded {t}" for t in TEXTS[:3]]  # 3 rows: more than the queue takes
+        busy = stack.infer(center, text_request(texts))
+        assert busy.status_code == 503, busy.text
         assert busy.headers["retry-after"] == "1" and "queue" in busy.json()["error"]
+        own = outputs(stack.infer(edge, text_request(texts, threshold=0)))  # the edge model
+        degraded = stack.infer(edge, text_request(texts, threshold=1))  # all 3 escalate
+        data = outputs(degraded)  # 200
+        assert data["tier"] == ["edge-degraded"] * 3
+        assert degraded.json()["parameters"]["degraded"] == 3
+        assert degraded.json()["parameters"]["escalated"] == 0
+        assert data["label"] == own["label"]  # the edge's own answers
+        assert np.allclose(data["probabilities"], own["probabilities"], atol=1e-6)
+        assert metric(center, "center_request_failure_total", reason="Overloaded") == 2
+        # back-pressure honoured, then escalation resumes: a row the queue can take
+        answers: list[dict[str, list[Any]]] = []
+        wait_until(lambda: answers.append(outputs(stack.infer(
+            edge, text_request([f"recovered {len(answers)}"], threshold=1)))) or
+            answers[-1]["tier"] == ["center"], 30, "an escalation answered by the center")
+        assert all(a["tier"] in (["center"], ["edge-degraded"]) for a in answers)
     finally:
+        edge.stop()
         center.stop()
 
 
@@ -296,19 +369,47 @@ def test_version_swap_under_load_fails_no_request(stack: Stack) -> None:
     assert meta["versions"] == ["1", "2"]  # the previous version stays resident
 
 
+def tcp_queues(port: int) -> dict[tuple[int, int], tuple[int, int]]:
+    """(local port, remote port) -> (send queue, receive queue) of the IPv4 TCP sockets on
+    127.0.0.1 that involve ``port`` (Linux: /proc/net/tcp)."""
+    found = {}
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote = (int(a.split(":")[1], 16) for a in fields[1:3])
+        if port in (local, remote):
+            tx, rx = (int(q, 16) for q in fields[4].split(":"))
+            found[(local, remote)] = (tx, rx)
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="reads Linux's /proc/net/tcp")
 def test_sigterm_drains_requests_in_flight(stack: Stack, tmp_path: Path) -> None:
-    center = start("center", stack.root / "center", tmp_path, "--max-batch-delay-ms", "1500",
+    """SIGTERM once the center has read a request that then waits in its batcher (the first
+    batch waits 3 s for company): the request is still answered, after the signal."""
+    center = start("center", stack.root / "center", tmp_path, "--max-batch-delay-ms", "3000",
                    "--max-batch-size", "64")
-    results: list[httpx.Response] = []
+    body = json.dumps(text_request(["still answered"])).encode()
     try:
-        worker = threading.Thread(target=lambda: results.append(
-            stack.infer(center, text_request(["still answered"]))))
-        worker.start()
-        time.sleep(0.5)  # the request now waits in the batcher
-        center.process.send_signal(15)
-        worker.join(timeout=30)
+        client = socket.create_connection(("127.0.0.1", center.port), timeout=30)
+        with client:
+            client.sendall(b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                           b"Content-Type: application/json\r\nConnection: close\r\n"
+                           b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            mine = client.getsockname()[1]
+            # the center's socket has taken every byte: the request is in its hands
+            wait_until(lambda: tcp_queues(center.port).get((mine, center.port)) == (0, 0) and
+                       tcp_queues(center.port).get((center.port, mine)) == (0, 0), 30,
+                       "the center to read the request")
+            center.process.send_signal(signal.SIGTERM)
+            signalled = time.monotonic()
+            response = http.client.HTTPResponse(client)
+            response.begin()
+            answered = time.monotonic()
+            answer = json.loads(response.read())
+        assert response.status == 200, answer
+        assert outputs_of(answer)["label"][0] in ("rotten", "fresh")
+        assert answered > signalled  # it was in flight: answered during the shutdown
         # uvicorn re-raises the signal after its graceful shutdown, hence -15, not 0
         assert center.process.wait(timeout=30) in (0, -15)
     finally:
         center.stop()
-    assert [r.status_code for r in results] == [200]

@@ -8,6 +8,7 @@ resident versions would load nothing). Latency is measured by ``bench/swaps.py``
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,12 +21,15 @@ from registry.catalog import Catalog
 from tests.conftest import RegistryCli
 from tests.integration.test_sync import BODY, REGISTRY_ENV, SYNC_FLAGS, TOKEN, served, wait_for
 from tests.load import Load
-from tests.servers import Server, subscribed_pair
+from tests.servers import PINNED_ALLOCATOR, PINNED_THREADS, Server, subscribed_pair
 from tiered.processes import RegistryProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SWAPS = 50
 SETTLE_S = 0.5
+EARLY = range(2, 6)  # from swap 2 on a node holds two copies and drops one per swap
+LATE = range(SWAPS - 9, SWAPS + 1)
+GROWTH = 1.07
 
 
 @dataclass
@@ -53,7 +57,8 @@ def pair(tmp_path: Path, tiny_release: Path, tiny_release_b: Path) -> Iterator[P
     cli = RegistryCli(tmp_path / "registry")
     cli("publish", tiny_release, "--name", "tiny")  # version 1
     cli("publish", tiny_release_b, "--name", "tiny")  # version 2: other artifacts
-    with subscribed_pair(cli.home, tmp_path, TOKEN, *SYNC_FLAGS, env=REGISTRY_ENV) as fleet:
+    with subscribed_pair(cli.home, tmp_path, TOKEN, *SYNC_FLAGS, *PINNED_THREADS,
+                         env=REGISTRY_ENV, tier_env=PINNED_ALLOCATOR) as fleet:
         yield Pair(cli, *fleet)
 
 
@@ -71,7 +76,7 @@ def test_fifty_swaps_under_load_fail_nothing_and_do_not_grow_memory(pair: Pair) 
             wait_for(lambda v=version: all(served(n) == v for n in pair.nodes), 60,  # type: ignore[misc]
                      f"swap {number}: both nodes on version {version}")
             versions.append(version)
-            if number in (5, SWAPS):
+            if number in EARLY or number in LATE:
                 time.sleep(SETTLE_S)  # the old copy is dropped (and its memory trimmed) just
                 memory[number] = {n.tier: rss(n) for n in pair.nodes}  # after the swap
     finally:
@@ -89,8 +94,12 @@ def test_fifty_swaps_under_load_fail_nothing_and_do_not_grow_memory(pair: Pair) 
         # A leak of one model copy per swap (runtime, weights, batcher, tokenizer never freed)
         # adds ~12 MiB per swap even for the tiny models: measured, +141% (center) and +230%
         # (edge) from swap 5 to 50. Without malloc_trim after a drop (serving/memory.py) the
-        # allocator alone gave +8-20%; with it, about +2%.
-        before, after = memory[5][tier], memory[SWAPS][tier]
-        print(f"{tier}: {len(answered)} requests, RSS after swap 5 {before / 2**20:.1f} MiB, "
-              f"after swap {SWAPS} {after / 2**20:.1f} MiB ({(after / before - 1) * 100:+.1f}%)")
-        assert after < before * 1.10, (tier, before, after)
+        # allocator alone gave, early swaps to late ones, +21-27% on the edge (+4-14% on the
+        # center, whose RSS swings ~10 MiB with the load); with it, +2-3% on both. Medians of
+        # several swaps, so that one sample caught mid-batch does not decide.
+        before = statistics.median(memory[n][tier] for n in EARLY)
+        after = statistics.median(memory[n][tier] for n in LATE)
+        print(f"{tier}: {len(answered)} requests, RSS after swaps {EARLY.start}-{EARLY.stop - 1}"
+              f" {before / 2**20:.1f} MiB, after swaps {LATE.start}-{SWAPS} "
+              f"{after / 2**20:.1f} MiB ({(after / before - 1) * 100:+.1f}%)")
+        assert after < before * GROWTH, (tier, before, after)

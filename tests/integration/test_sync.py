@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -76,13 +77,14 @@ def served(server: Server) -> int | None:
     return int(response.json()["version"]) if response.status_code == 200 else None
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 60, what: str = "") -> float:
-    """Poll until ``condition()``; return the seconds it took."""
+def wait_for(condition: Callable[[], bool], timeout: float = 60, what: str = "",
+             poll: float = 0.05) -> float:
+    """Poll until ``condition()``, every ``poll`` s; return the seconds it took."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:
         if condition():
             return time.monotonic() - started
-        time.sleep(0.05)
+        time.sleep(poll)
     raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
 
 
@@ -297,19 +299,43 @@ def test_registry_down_at_start_then_catch_up(fleet: Fleet) -> None:
 
 
 def test_quality_reports_reach_status_and_metrics(fleet: Fleet) -> None:
+    """The escalation rate the registry shows is the share of rows the edge really sent to
+    the center: every request here escalates the same rows (a threshold between the edge's
+    confidences), so each report window holds exactly that share."""
     edge = fleet.edges[0]
-    for _ in range(20):
-        httpx.post(f"{edge.url}/v2/models/tiny/infer", content=BODY, timeout=10)
+    url = f"{edge.url}/v2/models/tiny/infer"
+    request = json.loads(BODY)
+
+    def answer(threshold: float) -> dict[str, list[Any]]:
+        response = httpx.post(url, json={**request, "parameters": {"threshold": threshold}},
+                              timeout=10)
+        assert response.status_code == 200, response.text
+        return {o["name"]: o["data"] for o in response.json()["outputs"]}
+
+    confidence = sorted(answer(0)["confidence"])  # the edge's own, nothing escalated
+    gaps = [(low + high) / 2 for low, high in pairwise(confidence) if low < high]
+    threshold = gaps[0] if gaps else 1.0  # escalates the least confident row(s) only
+    tiers = answer(threshold)["tier"]
+    expected = tiers.count("center") / len(tiers)
+    assert 0 < expected < 1 or not gaps, tiers
+    assert set(tiers) <= {"edge", "center"}, tiers  # the center answers: nothing degraded
 
     def reported() -> bool:  # by this registry process (its metrics start empty)
+        assert answer(threshold)["tier"] == tiers  # the same rows escalate every time
+        rate = metric(fleet.registry.metrics_url, "registry_node_escalation_rate",
+                      node=node_id(edge))
+        # the first window may still hold the nothing-escalated request above
         return metric(fleet.registry.metrics_url, "registry_node_requests_total",
-                      node=node_id(edge)) > 0
+                      node=node_id(edge)) > 0 and abs(rate - expected) < 1e-9
 
-    wait_for(reported, 15, "a quality report from the edge")
+    wait_for(reported, 30, f"a quality report from the edge with escalation rate {expected}")
     assert metric(fleet.registry.metrics_url, "registry_node_p99_seconds",
                   node=node_id(edge)) > 0
+    assert metric(fleet.registry.metrics_url, "registry_node_degraded_rate",
+                  node=node_id(edge)) == 0
     row = status(fleet.cli)[node_id(edge)]
-    assert 0 <= row["escalation_rate"] <= 1 and row["p99_ms"] > 0 and row["requests"] > 0
+    assert row["escalation_rate"] == pytest.approx(expected, abs=1e-9)
+    assert row["p99_ms"] > 0 and row["requests"] > 0
     table = fleet.cli("status").stdout
     assert node_id(edge) in table and "(offline)" in table  # the cut-stream edge was stopped
     assert re.search(r"lagging .*edge-", table)

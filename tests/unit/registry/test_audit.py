@@ -17,7 +17,7 @@ def db(tmp_path: Path) -> sqlite_utils.Database:
     for i in range(5):
         with transaction(db) as conn:
             audit.append(conn, actor="a", action="publish", model="m", version=i + 1,
-                         payload={"i": i, "text": "é"})
+                         sha256=f"{i:x}" * 64, payload={"i": i, "text": "é"})
     return db
 
 
@@ -42,6 +42,74 @@ def test_tampered_row_is_named(db: sqlite_utils.Database) -> None:
     checked, finding = audit.verify(db)
     assert checked == 2
     assert finding is not None and finding.seq == 3 and "altered" in finding.reason
+
+
+# Every column of the audit table, each with another value a forger might write into row 3.
+TAMPERED = {
+    "at": "2000-01-01T00:00:00.000+00:00",
+    "actor": "mallory",
+    "action": "rollback",
+    "model": "other",
+    "version": 99,
+    "sha256": "f" * 64,
+    "payload": '{"i":2,"text":"e"}',
+}
+
+
+def test_every_audit_column_is_tested_below(db: sqlite_utils.Database) -> None:
+    columns = [row[1] for row in db.conn.execute("PRAGMA table_info(audit)")]
+    assert set(columns) == {"seq", "prev_hash", "hash", *TAMPERED}
+
+
+@pytest.mark.parametrize("column", sorted(TAMPERED))
+def test_each_hashed_column_tampered_is_named(db: sqlite_utils.Database, column: str) -> None:
+    """The hash covers every column: changing any one of them in place is found, in that row."""
+    db.conn.execute("DROP TRIGGER audit_no_update")
+    db.conn.execute(f"UPDATE audit SET {column} = ? WHERE seq = 3", [TAMPERED[column]])
+    checked, finding = audit.verify(db)
+    assert checked == 2
+    assert finding is not None and finding.seq == 3 and "altered" in finding.reason
+
+
+@pytest.mark.parametrize("column", ["model", "version", "sha256"])
+def test_a_nulled_column_is_named(db: sqlite_utils.Database, column: str) -> None:
+    db.conn.execute("DROP TRIGGER audit_no_update")
+    db.conn.execute(f"UPDATE audit SET {column} = NULL WHERE seq = 3")
+    _, finding = audit.verify(db)
+    assert finding is not None and finding.seq == 3 and "altered" in finding.reason
+
+
+def test_tampered_hash_or_link_is_named(db: sqlite_utils.Database) -> None:
+    db.conn.execute("DROP TRIGGER audit_no_update")
+    db.conn.execute("UPDATE audit SET hash = ? WHERE seq = 3", ["e" * 64])
+    _, finding = audit.verify(db)
+    assert finding is not None and finding.seq == 3 and "altered" in finding.reason
+    db.conn.execute("UPDATE audit SET hash = ? WHERE seq = 3", [audit.records(db)[2]
+                                                                .expected_hash()])
+    assert audit.verify(db) == (5, None)
+    db.conn.execute("UPDATE audit SET prev_hash = ? WHERE seq = 3", ["e" * 64])
+    _, finding = audit.verify(db)
+    assert finding is not None and finding.seq == 3 and "previous-hash" in finding.reason
+
+
+def test_renumbered_row_is_named(db: sqlite_utils.Database) -> None:
+    db.conn.execute("DROP TRIGGER audit_no_update")
+    db.conn.execute("UPDATE audit SET seq = 50 WHERE seq = 5")
+    assert audit.verify(db) == (4, audit.Finding(50, "sequence gap: expected record 5"))
+
+
+def test_a_rehashed_renumbering_is_still_found(db: sqlite_utils.Database) -> None:
+    """Rows 4 and 5 moved down to fill a deleted row 3, each re-hashed: the link breaks."""
+    db.conn.execute("DROP TRIGGER audit_no_update")
+    db.conn.execute("DROP TRIGGER audit_no_delete")
+    old = audit.records(db)
+    db.conn.execute("DELETE FROM audit WHERE seq = 3")
+    for record in old[3:]:
+        moved = audit.Record(**{**record.__dict__, "seq": record.seq - 1, "hash": ""})
+        db.conn.execute("UPDATE audit SET seq = ?, hash = ? WHERE seq = ?",
+                        [moved.seq, moved.expected_hash(), record.seq])
+    _, finding = audit.verify(db)
+    assert finding is not None and finding.seq == 3 and "previous-hash" in finding.reason
 
 
 def test_rehashed_row_breaks_the_next_link(db: sqlite_utils.Database) -> None:

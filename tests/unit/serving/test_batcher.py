@@ -112,18 +112,64 @@ def test_queue_bound_answers_overloaded_at_once_and_stop_refuses_new_work() -> N
     run(main())
 
 
-def test_a_lone_request_does_not_wait_for_company() -> None:
-    async def main() -> float:
-        batcher = Batcher(Recorder(), max_batch_size=8, max_delay_ms=300, max_queue_rows=100)
-        batcher.start()
-        await asyncio.gather(batcher.submit(rows(1)), batcher.submit(rows(1)))  # two at once
-        loop = asyncio.get_running_loop()
-        waited = []
-        for _ in range(2):  # the first lone request may still wait once; then none does
-            started = loop.time()
-            await batcher.submit(rows(2))
-            waited.append(loop.time() - started)
-        await batcher.stop()
-        return waited[-1]
+LONG_DELAY_MS = 600_000  # ten minutes: a request that waits for company times the test out
 
-    assert run(main()) < 0.15  # far below the 300 ms delay
+
+def test_a_full_batch_and_then_a_lone_request_do_not_wait_for_the_delay() -> None:
+    """Timed against a ten-minute delay, not against the machine's speed: a request that
+    waited for company would hit the one-minute timeout."""
+    model = Recorder()
+
+    async def main() -> None:
+        batcher = Batcher(model, max_batch_size=4, max_delay_ms=LONG_DELAY_MS,
+                          max_queue_rows=100)
+        batcher.start()
+        full = await asyncio.wait_for(batcher.submit(rows(1, 1, 1, 1)), 60)  # closes at size
+        assert full.shape == (4, 2)
+        for _ in range(3):  # at low load each lone request runs at once
+            lone = await asyncio.wait_for(batcher.submit(rows(2)), 60)
+            assert lone.tolist() == [[3, 2]]
+        await batcher.stop()
+
+    run(main())
+    assert model.shapes == [(4, 1), (1, 2), (1, 2), (1, 2)]
+
+
+class Gated(Recorder):
+    """A model that answers only once the test opens its gate (a batch in progress)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def __call__(self, batch: Encoded) -> np.ndarray:
+        self.entered.set()
+        assert self.gate.wait(60), "the test never opened the gate"
+        return super().__call__(batch)
+
+
+def test_stop_drains_every_queued_request_with_its_real_answer() -> None:
+    """``stop()`` (a version being unloaded, or shutdown) answers what is queued first: a
+    batch in progress and the requests behind it get their results, not errors."""
+    model = Gated()
+
+    async def main() -> None:
+        batcher = Batcher(model, max_batch_size=1, max_delay_ms=0, max_queue_rows=100)
+        batcher.start()
+        loop = asyncio.get_running_loop()
+        requests = [asyncio.ensure_future(batcher.submit(rows(n))) for n in (1, 2, 3, 4)]
+        await loop.run_in_executor(None, model.entered.wait, 60)  # the first batch computes
+        stopping = asyncio.ensure_future(batcher.stop())
+        await asyncio.sleep(0.05)
+        assert not stopping.done()  # still draining: the model has not answered yet
+        with pytest.raises(NotReady):  # no new work meanwhile
+            await batcher.submit(rows(1))
+        model.gate.set()
+        await asyncio.wait_for(stopping, 60)
+        assert all(r.done() for r in requests), "stop() returned with requests unanswered"
+        answers = [r.result() for r in requests]  # raises if one got an error instead
+        assert [a.tolist() for a in answers] == [[[1, 1]], [[3, 2]], [[6, 3]], [[10, 4]]]
+
+    run(main())
+    assert model.shapes == [(1, 1), (1, 2), (1, 3), (1, 4)]
