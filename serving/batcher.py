@@ -59,6 +59,7 @@ class Batcher:
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self._expected = self.max_batch_size  # requests in the last batch (none yet: wait)
+        self._taken: list[_Pending] = []  # the batch off the queue: collecting or computing
 
     def start(self) -> None:
         if self._task is None:
@@ -95,7 +96,7 @@ class Batcher:
         return await pending.future
 
     async def _collect(self) -> list[_Pending]:
-        batch = [await self._queue.get()]
+        self._taken = batch = [await self._queue.get()]
         size = len(batch[0].rows)
         # Wait for company only until the batch holds as many requests as the last one did:
         # a lone request at low load runs at once, and eight clients in lock-step do not
@@ -132,31 +133,40 @@ class Batcher:
             self._queue.put_nowait(item)
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = await self._collect()
-            self._expected = len(batch)
-            rows = [r for p in batch for r in p.rows]
-            timing: list[float] = []
-            try:
-                logits = await loop.run_in_executor(self._executor, self._timed, pad(rows),
-                                                    timing)
-            except Exception as exc:  # every waiter learns why its batch failed
-                for p in batch:
-                    if not p.future.done():
-                        p.future.set_exception(exc)
-            else:
-                offset = 0
-                for p in batch:
-                    if not p.future.done():
-                        p.future.set_result(logits[offset:offset + len(p.rows)])
-                    offset += len(p.rows)
-            finally:
-                self._queued_rows -= len(rows)
-            if self.observe and timing:
-                started, seconds = timing
-                self.observe(BatchStats(len(rows), len(batch), started - batch[0].enqueued,
-                                        seconds))
+        try:
+            while True:
+                await self._run_one(await self._collect())
+        except asyncio.CancelledError:
+            # stop() ran out of grace: the batch taken off the queue (collecting or computing)
+            # is answered too, not left hanging until its clients time out
+            for p in self._taken:
+                if not p.future.done():
+                    p.future.set_exception(NotReady("server shutting down"))
+            raise
+
+    async def _run_one(self, batch: list[_Pending]) -> None:
+        self._expected = len(batch)
+        rows = [r for p in batch for r in p.rows]
+        timing: list[float] = []
+        try:
+            logits = await asyncio.get_running_loop().run_in_executor(
+                self._executor, self._timed, pad(rows), timing)
+        except Exception as exc:  # every waiter learns why its batch failed
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(exc)
+        else:
+            offset = 0
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_result(logits[offset:offset + len(p.rows)])
+                offset += len(p.rows)
+        finally:
+            self._queued_rows -= len(rows)
+        if self.observe and timing:
+            started, seconds = timing
+            self.observe(BatchStats(len(rows), len(batch), started - batch[0].enqueued,
+                                    seconds))
 
     def _timed(self, batch: Encoded, timing: list[float]) -> np.ndarray:
         """Runs in the worker thread, so compute time excludes the hand-back to the loop."""

@@ -173,3 +173,21 @@ def test_stop_drains_every_queued_request_with_its_real_answer() -> None:
 
     run(main())
     assert model.shapes == [(1, 1), (1, 2), (1, 3), (1, 4)]
+
+
+def test_stop_past_its_grace_answers_the_batch_in_flight_instead_of_leaving_it_hanging() -> None:
+    model = Gated()
+
+    async def main() -> None:
+        batcher = Batcher(model, max_batch_size=1, max_delay_ms=0, max_queue_rows=100)
+        batcher.start()
+        loop = asyncio.get_running_loop()
+        requests = [asyncio.ensure_future(batcher.submit(rows(n))) for n in (1, 2)]
+        await loop.run_in_executor(None, model.entered.wait, 60)  # the first batch computes
+        await batcher.stop(grace=0.05)  # the model never answers within the grace
+        for request in requests:
+            with pytest.raises(NotReady):
+                await asyncio.wait_for(request, 5)  # answered, not left waiting
+        model.gate.set()
+
+    run(main())
