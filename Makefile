@@ -24,12 +24,13 @@ demo: $(STAMP)
 serve: demo
 	bash scripts/serve.sh
 
-## bench: every benchmark, side by side on this machine (~35 min): serving (edge/center vs raw
-## runtimes), Tiered vs MLServer and KServe, the cascade report (docs/cascade.png), model sync,
+## bench: every benchmark, side by side on this machine (~45 min): serving (edge/center vs raw
+## runtimes), INT8 quantization settings on this CPU and an emulated AVX2 one, Tiered vs MLServer and KServe, the cascade report (docs/cascade.png), model sync,
 ## chaos replay, fuzzing, 50 hot swaps, a 10-minute soak;
 ## each prints its tables and writes docs/bench/*.md, gathered into docs/benchmarks.md
 bench: demo
 	$(BIN)/python -m bench.tiers --markdown docs/bench/tiers.md
+	$(BIN)/python -m bench.quantization --markdown docs/bench/quantization.md
 	$(BIN)/python -m bench.peers.run --markdown docs/bench/peers.md
 	$(BIN)/python -m bench.cascade --markdown docs/bench/cascade.md --plot docs/cascade.png
 	$(BIN)/python -m bench.rollout --markdown docs/bench/rollout.md

@@ -13,7 +13,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 DOCS = Path("docs")
-ORDER = ["tiers", "peers", "cascade", "rollout", "chaos", "fuzz", "swaps", "soak", "gpu"]
+ORDER = ["tiers", "quantization", "peers", "cascade", "rollout", "chaos", "fuzz", "swaps", "soak",
+         "gpu"]
 
 
 def machine() -> str:
