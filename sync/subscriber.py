@@ -123,6 +123,7 @@ class Subscriber:
             await previous.close()
 
     async def _session(self, backoff: Backoff) -> None:
+        await self._forget_wanted()
         call = self._stub().Sync(metadata=self.metadata)
         await call.write(pb.NodeMessage(hello=self._hello()))
         welcome = await call.read()
@@ -141,6 +142,20 @@ class Subscriber:
             reporter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reporter
+
+    async def _forget_wanted(self) -> None:
+        """A new stream: the registry answers the hello with every release the node must
+        change to, and sends nothing for a model whose desired version the node already
+        serves. So what an earlier stream asked for and is still in flight is void: it may be
+        a version rolled back while the registry was away, which must not be swapped in."""
+        workers = list(self._workers.values())
+        for worker in workers:
+            worker.cancel()
+        for worker in workers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await worker
+        self._workers.clear()
+        self._wanted.clear()
 
     def _hello(self) -> pb.Hello:
         held = []

@@ -194,18 +194,28 @@ def republish(cli: RegistryCli, version: int) -> int:
         catalog.db.conn.close()
 
 
-def kill_cli_mid_run(fleet: Crashes, full: float, *args: str) -> bool:
+def kill_cli_mid_run(fleet: Crashes, full: float, *args: str, blocked: bool = False) -> bool:
     """Run ``registry ARGS`` and SIGKILL it at a random moment of its usual run time; True if
-    it was killed (False: it finished first)."""
-    proc = subprocess.Popen([str(REGISTRY), *args], env=fleet.cli.env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    it was killed (False: it finished first). ``blocked``: the test holds the database's write
+    lock meanwhile, so the command cannot finish (it waits for the lock after start-up) and the
+    kill lands mid-run whatever the machine's speed."""
+    lock = sqlite3.connect(fleet.cli.home / "registry.sqlite3", isolation_level=None)
     try:
-        proc.wait(timeout=fleet.rng.uniform(0.3, 1.1) * full)
-        return False
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
-        return True
+        if blocked:
+            lock.execute("BEGIN IMMEDIATE")
+        proc = subprocess.Popen([str(REGISTRY), *args], env=fleet.cli.env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            proc.wait(timeout=fleet.rng.uniform(0.3, 1.1) * full)
+            return False
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+            return True
+    finally:
+        if blocked:
+            lock.execute("ROLLBACK")
+        lock.close()
 
 
 def test_sigkill_registry_serve_during_sync_and_rollouts(crashes: Crashes,
@@ -240,9 +250,9 @@ def test_sigkill_registry_serve_during_sync_and_rollouts(crashes: Crashes,
     fleet.cli("rollback", "tiny")
     full = time.monotonic() - started
     killed = 0
-    for _ in range(4):
+    for attempt in range(4):  # two kill at a random moment, two while it waits for the lock
         republish(fleet.cli, 2)
-        killed += kill_cli_mid_run(fleet, full, "rollback", "tiny")
+        killed += kill_cli_mid_run(fleet, full, "rollback", "tiny", blocked=attempt % 2 == 1)
         fleet.check()
         fleet.converged()
     print(f"registry serve killed {fleet.kills} times, {fleet.mid_rollout} of them before "
