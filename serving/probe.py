@@ -71,13 +71,6 @@ class Probe:
         return self.edge if tier == "edge" else self.center
 
 
-def build(inputs: Encoded, rows: int = ROWS) -> Encoded:
-    """The first ``rows`` rows of ``inputs``, re-padded to their own longest row."""
-    ids, mask = inputs.input_ids[:rows], inputs.attention_mask[:rows]
-    length = max(1, int(mask.sum(1).max()))
-    return Encoded(np.ascontiguousarray(ids[:, :length]), np.ascontiguousarray(mask[:, :length]))
-
-
 def run(predict: Callable[[Encoded], np.ndarray], inputs: Encoded,
         batch: int = BATCH) -> np.ndarray:
     """Logits of ``predict`` on the probe rows, in the probe's batches."""

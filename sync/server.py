@@ -27,6 +27,7 @@ from registry.catalog import Catalog, Node, Target
 from registry.db import connect
 from registry.nodes import STATES, Held, Measured, NodeBook
 from registry.settings import RegistrySettings
+from serving import probe
 from serving.manifest import is_valid_name
 from sync import auth
 from sync.gen import sync_pb2 as pb
@@ -41,7 +42,6 @@ NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 FEATURE = re.compile(r"[a-z0-9_]{1,32}")
 MACHINE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 MAX_FEATURES = 64
-MAX_PROBE_ROWS = 1 << 16
 SERVICE = "tiered.sync.v1.Sync"
 MAX_MESSAGE = 1 << 20  # nodes send small messages only: hello, acks, reports
 KEEPALIVE = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
@@ -214,7 +214,7 @@ class SyncService(pb_grpc.SyncServicer):
         measured = None
         if ack.fidelity_rows:
             if not (math.isfinite(ack.fidelity) and 0 <= ack.fidelity <= 1 and
-                    ack.fidelity_rows <= MAX_PROBE_ROWS):
+                    ack.fidelity_rows <= probe.MAX_ROWS):
                 log.warning("ignoring malformed ack from %s: fidelity %r on %s rows",
                             session.node.node_id, ack.fidelity, ack.fidelity_rows)
                 return

@@ -57,8 +57,8 @@ def _inputs(rows: int = 70) -> Encoded:
     return pad([rng.integers(1, 100, size=int(n)) for n in rng.integers(2, 20, size=rows)])
 
 
-def _saved(tmp_path: Path, rows: int = 70) -> tuple[Path, Encoded, np.ndarray]:
-    inputs = probe.build(_inputs(rows), rows=64)
+def _saved(tmp_path: Path) -> tuple[Path, Encoded, np.ndarray]:
+    inputs = _inputs(64)
     edge = np.random.default_rng(1).normal(size=(64, 2)).astype(np.float32)
     probe.save(tmp_path / probe.FILE, inputs, edge, -edge)
     return tmp_path / probe.FILE, inputs, edge
