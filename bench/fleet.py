@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "var" / "demo" / "release"
 MODEL = "sentiment"
 TOKEN = "bench-reliability-token-0123456789"
-SYNC_FLAGS = ("--registry-token", TOKEN, "--sync-backoff-max-s", "1")
+SYNC_FLAGS = ("--sync-backoff-max-s", "1")
 PUBLISH_TIMEOUT_S = 600
 
 
@@ -112,10 +112,12 @@ def fleet(work: Path, first: Path, second: Path, *edge_flags: str) -> Iterator[F
         registry = start_registry(home, work, TOKEN)
         processes.append(registry)
         flags = ("--registry", registry.target, *SYNC_FLAGS)
-        center = start_tier("center", work / "center", work, *flags, until="live")
+        center = start_tier("center", work / "center", work, *flags, until="live",
+                            registry_secret=TOKEN)
         processes.append(center)
         edge = start_tier("edge", work / "edge", work, *flags, "--center-url", center.url,
-                          "--cache-size", "0", *edge_flags, until="live")
+                          "--cache-size", "0", *edge_flags, until="live",
+                          registry_secret=TOKEN)
         processes.append(edge)
         wait_serving((center, edge), 2)
         yield Fleet(home, registry, center, edge, processes)

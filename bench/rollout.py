@@ -116,6 +116,7 @@ from bench.tiers import (
 )
 from serving.manifest import decode
 from serving.store import ModelStore
+from serving.tokens import node_token
 from sync import auth
 from sync.download import Downloader, DownloadMetrics
 from sync.gen import sync_pb2 as pb
@@ -132,7 +133,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RELEASE = ROOT / "var" / "demo" / "release"
 MODEL = "sentiment"
 TOKEN = "bench-sync-token-0123456789"
-SYNC_FLAGS = ("--registry-token", TOKEN, "--sync-backoff-max-s", "1")
+SYNC_FLAGS = ("--sync-backoff-max-s", "1")
 EDGE_FLAGS = ("--cache-size", "0")
 NODES = ("center", "edge")
 POLL_S = 0.02  # propagation: /ready polling interval
@@ -330,7 +331,7 @@ def start_node(tier: str, store: Path, logs: Path, *flags: str,
                timeout: float = 60) -> TierProcess:
     """A node with an empty store: waits for /v2/health/live only (sync installs the model)."""
     return start_tier(tier, store, logs, *flags, timeout=timeout, until="live",
-                      env={"PATH": str(BIN), "HOME": str(logs)})
+                      env={"PATH": str(BIN), "HOME": str(logs)}, registry_secret=TOKEN)
 
 
 def node_id(node: TierProcess) -> str:
@@ -521,14 +522,15 @@ def make_sim(index: int, root: Path, target: str) -> Sim:
     channel = auth.channel(target, None, SIM_OPTIONS)
     metrics = CollectorRegistry()
     stub = pb_grpc.SyncStub(channel)
-    downloader = Downloader(lambda: stub, auth.metadata(TOKEN), store,
+    downloader = Downloader(lambda: stub, auth.metadata(node_token(TOKEN, f"sim-{index}")), store,
                             DownloadMetrics("sim", metrics))
     return Sim(index, store, metrics, channel, downloader)
 
 
 async def subscribe(sim: Sim) -> None:
     """Hello, Welcome, then for every Release: download the edge artifacts, ack ACTIVE."""
-    call = pb_grpc.SyncStub(sim.channel).Sync(metadata=auth.metadata(TOKEN))
+    call = pb_grpc.SyncStub(sim.channel).Sync(
+        metadata=auth.metadata(node_token(TOKEN, sim.node_id)))
     try:
         await call.write(pb.NodeMessage(hello=pb.Hello(node_id=sim.node_id, tier="edge",
                                                        region="bench")))

@@ -7,7 +7,9 @@ center answers, the caller answers from the edge, marked degraded.
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import msgspec
@@ -17,6 +19,7 @@ from edge.breaker import CircuitBreaker
 from serving import v2
 from serving.text import pad
 
+CENTER_ROLE = "urn:tiered:role:center"  # registry.pki's URI name for the center role
 
 class CenterUnavailable(Exception):
     """No center answered in time; the reason for each center tried is in the message."""
@@ -31,11 +34,16 @@ class CenterAnswer:
 
 class CenterClient:
     def __init__(self, urls: list[str], timeout_s: float, failures: int, reset_s: float,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 ca: Path | None = None) -> None:
+        """``ca``: the fleet CA; then only HTTPS centers with a center-role certificate."""
         self.urls = [u.rstrip("/") for u in urls]
+        self.pinned = ca is not None
         self._failures, self._reset_s = failures, reset_s
         self.breakers = {url: CircuitBreaker(failures, reset_s) for url in self.urls}
-        self.http = httpx.AsyncClient(timeout=timeout_s, transport=transport,
+        verify: ssl.SSLContext | bool = (ssl.create_default_context(cafile=str(ca))
+                                         if ca is not None else True)
+        self.http = httpx.AsyncClient(timeout=timeout_s, transport=transport, verify=verify,
                                       limits=httpx.Limits(max_connections=64))
         self._turn = 0
 
@@ -65,12 +73,20 @@ class CenterClient:
             if not breaker.allow():
                 reasons.append(f"{url}: circuit open")
                 continue
+            if self.pinned and not url.startswith("https://"):
+                breaker.failure()
+                reasons.append(f"{url}: not HTTPS (center_ca is set)")
+                continue
             try:
                 response = await self.http.post(f"{url}/v2/models/{model}/infer", content=body,
                                                 headers=headers)
             except httpx.HTTPError as exc:
                 breaker.failure()
                 reasons.append(f"{url}: {type(exc).__name__}")
+                continue
+            if self.pinned and not is_center(response):
+                breaker.failure()
+                reasons.append(f"{url}: certificate is not a center's")
                 continue
             if response.status_code != 200:
                 _judge(breaker, response)
@@ -91,6 +107,17 @@ class CenterClient:
 
     async def close(self) -> None:
         await self.http.aclose()
+
+
+def is_center(response: httpx.Response) -> bool:
+    """Whether the peer's certificate (already verified against the fleet CA) has the center
+    role: the registry's certificate chains to the same CA but must not pass for a center."""
+    stream = response.extensions.get("network_stream")
+    ssl_object = stream.get_extra_info("ssl_object") if stream is not None else None
+    if ssl_object is None:
+        return False
+    names = (ssl_object.getpeercert() or {}).get("subjectAltName", ())
+    return ("URI", CENTER_ROLE) in names
 
 
 def _request(texts: list[str] | None, rows: list[np.ndarray]) -> dict[str, object]:

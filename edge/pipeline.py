@@ -37,7 +37,8 @@ class EdgeService:
         self.cache = ResponseCache(settings.cache_size, settings.cache_ttl_s)
         self.static_centers = [u for u in (settings.center_url or "").split(",") if u.strip()]
         self.center = CenterClient(self.static_centers, settings.center_timeout_s,
-                                   settings.breaker_failures, settings.breaker_reset_s)
+                                   settings.breaker_failures, settings.breaker_reset_s,
+                                   ca=settings.center_ca)
 
         def load(manifest: Manifest, folder: Path) -> OnnxRuntime:
             return OnnxRuntime(folder / manifest.edge.file, settings.threads)
@@ -136,7 +137,9 @@ class EdgeService:
 
     def _centers(self, instances: list[Instance]) -> None:
         """Escalate to the centers Consul says are passing; the static list when none is."""
-        self.center.set_urls([i.url for i in instances] or self.static_centers)
+        scheme = "https" if self.settings.center_ca is not None else "http"
+        self.center.set_urls([f"{scheme}://{i.target}" for i in instances]
+                             or self.static_centers)
 
     async def stop(self) -> None:
         await self.center.close()

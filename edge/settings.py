@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from serving.settings import ServingSettings
@@ -23,6 +23,12 @@ class EdgeSettings(ServingSettings):
     center_url: str | None = None
     """Center base URL(s), comma-separated, e.g. http://127.0.0.1:8100 (until discovery)."""
 
+    center_ca: Path | None = None
+    """PEM fleet CA (``registry tls``): when set, rows escalate only over HTTPS to centers whose
+    certificate chains to it and carries the center role, so an instance someone registered
+    in Consul as a center gets neither users' inputs nor a say in their answers; discovered
+    centers are then called at https://. Unset = plain HTTP (one host, or a trusted network)."""
+
     center_timeout_s: float = Field(default=2.0, gt=0)
     """How long one escalation call may take before the rows are answered degraded."""
 
@@ -40,3 +46,11 @@ class EdgeSettings(ServingSettings):
 
     cache_ttl_s: float = Field(default=300.0, gt=0)
     """How long a cached answer stays valid."""
+
+    @model_validator(mode="after")
+    def _centers_over_tls(self) -> EdgeSettings:
+        plain = [u for u in (self.center_url or "").split(",") if u.strip().startswith("http:")]
+        if self.center_ca is not None and plain:
+            raise ValueError(f"center_ca is set, so centers are reached over HTTPS only; "
+                             f"center_url lists {plain[0].strip()}")
+        return self

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from registry.nodes import NodeBook
 from registry.pull import pull
 from registry.settings import RegistrySettings
 from serving.store import ModelStore, StoreError
+from serving.tokens import NODE_ID, TokenError, node_token
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -312,6 +314,71 @@ def status_cmd(ctx: Context, as_json: bool) -> None:
     emit(as_json, rows, lambda: render.status_tables(out, rows))
 
 
+@cli.group("node")
+def node_group() -> None:
+    """Node identities: each edge and center has its own registry token."""
+
+
+@node_group.command("token")
+@click.argument("node_id")
+@click.option("--out", "path", type=click.Path(path_type=Path), default=None,
+              help="Write the token to this file (mode 0600) instead of printing it.")
+@pass_ctx
+def node_token_cmd(ctx: Context, node_id: str, path: Path | None) -> None:
+    """The registry token of NODE_ID (give it to that node as REGISTRY_TOKEN or in its
+    *_REGISTRY_TOKEN_FILE): derived from REGISTRY_TOKEN and the node's current generation, so
+    the registry stores no per-node secret. It proves NODE_ID and no other node."""
+    settings = ctx.settings
+    if settings.token is None:
+        raise click.UsageError("node tokens are derived from the registry's secret: set "
+                               "REGISTRY_TOKEN (or REGISTRY_TOKEN_FILE)")
+    generation = NodeBook(ctx.catalog.db).generations().get(node_id, 1)
+    try:
+        token = node_token(settings.token.get_secret_value(), node_id, generation)
+    except TokenError as exc:
+        raise click.UsageError(str(exc)) from exc
+    if path is None:
+        click.echo(token)
+        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    os.chmod(path, 0o600)
+    err.print(f"wrote {escape(node_id)}'s token to {path}")
+
+
+@node_group.command("revoke")
+@click.argument("node_id")
+@pass_ctx
+def node_revoke_cmd(ctx: Context, node_id: str) -> None:
+    """Void NODE_ID's token (audited): ``registry serve`` closes its stream and refuses the old
+    token; ``registry node token NODE_ID`` then prints the new one."""
+    if not NODE_ID.fullmatch(node_id):
+        raise click.UsageError(f"invalid node id {node_id[:64]!r}")
+    generation = NodeBook(ctx.catalog.db).revoke(node_id, ctx.settings.actor)
+    out.print(f"revoked {escape(node_id)}'s token; its new one is generation {generation} "
+              f"(`registry node token {escape(node_id)}`)")
+
+
+@cli.command("tls")
+@click.option("--out", "folder", type=click.Path(path_type=Path), required=True,
+              help="Folder for ca.pem/ca.key and the server certificates.")
+@click.option("--host", "hosts", multiple=True, default=("127.0.0.1", "localhost"),
+              show_default=True, help="Name or address the servers are reached at (repeat).")
+def tls_cmd(folder: Path, hosts: tuple[str, ...]) -> None:
+    """Make a fleet CA (or reuse the one in --out) and sign a registry and a center
+    certificate with it: registry serve --tls-cert/--tls-key, center *_TLS_CERT/KEY; nodes pin
+    ca.pem (*_REGISTRY_CA, EDGE_CENTER_CA)."""
+    from registry import pki
+
+    try:
+        made = pki.fleet(folder, list(hosts))
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+    for path in made:
+        out.print(str(path))
+
+
 @cli.command("serve")
 @click.option("--host", default=None, help="Interface to listen on. [env: REGISTRY_HOST; "
               "default 127.0.0.1]")
@@ -340,7 +407,8 @@ def serve_cmd(ctx: Context, host: str | None, port: int | None, metrics_port: in
     except ValidationError as exc:
         raise click.UsageError(f"invalid settings: {exc}") from exc
     if settings.token is None:
-        raise click.UsageError("registry serve needs a token: set REGISTRY_TOKEN")
+        raise click.UsageError("registry serve needs its secret: set REGISTRY_TOKEN (at least "
+                               "16 characters) or REGISTRY_TOKEN_FILE")
     if (settings.tls_cert is None) != (settings.tls_key is None):
         raise click.UsageError("TLS needs both --tls-cert and --tls-key")
     ctx.catalog  # noqa: B018 - creates and migrates the database before serving

@@ -112,4 +112,11 @@ ALTER TABLE node_models ADD COLUMN fidelity REAL;
 ALTER TABLE node_models ADD COLUMN fidelity_rows INTEGER;
 ALTER TABLE node_models ADD COLUMN fidelity_version INTEGER;
 """),
+    (5, "per-node token generations", """
+CREATE TABLE node_tokens (
+    node_id TEXT PRIMARY KEY,
+    generation INTEGER NOT NULL CHECK (generation >= 1),
+    updated_at TEXT NOT NULL
+);
+"""),
 ]

@@ -141,6 +141,26 @@ class NodeBook:
                 "machine": platform.get("machine"), "runtime": platform.get("runtime")})
         return rows
 
+    def generations(self) -> dict[str, int]:
+        """Token generations of the nodes whose tokens were ever revoked (others are at 1)."""
+        return {r["node_id"]: r["generation"]
+                for r in self.db.query("SELECT node_id, generation FROM node_tokens")}
+
+    def revoke(self, node_id: str, actor: str) -> int:
+        """Void ``node_id``'s token: its generation goes up by one (audited); the new
+        generation's token is the only one accepted from now on."""
+        with transaction(self.db) as conn:
+            row = conn.execute("SELECT generation FROM node_tokens WHERE node_id = ?",
+                               [node_id]).fetchone()
+            generation = (row[0] if row else 1) + 1
+            audit.append(conn, actor=actor, action="revoke-node-token",
+                         payload={"node": node_id, "generation": generation})
+            conn.execute("INSERT INTO node_tokens (node_id, generation, updated_at) VALUES "
+                         "(?, ?, ?) ON CONFLICT (node_id) DO UPDATE SET generation = "
+                         "excluded.generation, updated_at = excluded.updated_at",
+                         [node_id, generation, now()])
+        return generation
+
     def denied(self, peer: str, method: str) -> None:
         """A call with a missing or wrong token: audited, so probing leaves a trace."""
         with transaction(self.db) as conn:

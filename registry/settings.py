@@ -6,8 +6,10 @@ import getpass
 import socket
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from serving.tokens import check_secret, read_secret
 
 
 def _default_actor() -> str:
@@ -32,7 +34,12 @@ class RegistrySettings(BaseSettings):
     which Consul's agent takes); unset = off."""
 
     token: SecretStr | None = None
-    """Bearer token for sync and admin calls; required by ``registry serve``."""
+    """The registry's secret (at least 16 characters), from the environment only: node tokens
+    are derived from it (``registry node token``); required by ``registry serve``."""
+
+    token_file: Path | None = None
+    """File holding the secret instead of ``REGISTRY_TOKEN`` (one line; e.g. a mounted
+    secret)."""
 
     signing_key: Path | None = None
     """Ed25519 private key (PEM) that ``registry publish`` signs releases with; unset =
@@ -52,7 +59,12 @@ class RegistrySettings(BaseSettings):
 
     consul_http_token: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("consul_http_token", "CONSUL_HTTP_TOKEN"))
-    """Consul ACL token."""
+    """Consul ACL token (from the environment only)."""
+
+    consul_http_token_file: Path | None = Field(
+        default=None, validation_alias=AliasChoices("consul_http_token_file",
+                                                    "CONSUL_HTTP_TOKEN_FILE"))
+    """File holding the Consul ACL token instead of ``CONSUL_HTTP_TOKEN``."""
 
     advertise: str | None = None
     """Address registered in Consul (default: host, or the host name on 0.0.0.0)."""
@@ -79,6 +91,23 @@ class RegistrySettings(BaseSettings):
     confidence: float = Field(default=0.9, ge=0.0, lt=1.0)
     """Calibration: share of bootstrap resamples of the calibration split in which the chosen
     threshold must be within tolerance (0 = judge the split as it is)."""
+
+    @field_validator("token")
+    @classmethod
+    def _long_enough(cls, token: SecretStr | None) -> SecretStr | None:
+        if token is not None:
+            check_secret(token.get_secret_value())
+        return token
+
+    @model_validator(mode="after")
+    def _token_from_file(self) -> RegistrySettings:
+        if self.token_file is not None:
+            secret = read_secret(self.token_file, "REGISTRY_TOKEN_FILE")
+            object.__setattr__(self, "token", SecretStr(check_secret(secret)))
+        if self.consul_http_token_file is not None:
+            object.__setattr__(self, "consul_http_token", SecretStr(
+                read_secret(self.consul_http_token_file, "CONSUL_HTTP_TOKEN_FILE")))
+        return self
 
     @property
     def database(self) -> Path:

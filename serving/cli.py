@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 import uvicorn
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 from pydantic_settings import BaseSettings
 
 from serving.app import Service, create_app
@@ -54,11 +54,14 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
         # uvicorn owns SIGINT/SIGTERM: it stops accepting, drains in-flight requests (up to the
         # grace period), then runs the lifespan shutdown that drains the batchers.
         uvicorn.run(app, host=s.host, port=s.port, loop="uvloop", http="httptools",
-                    log_config=None, access_log=False, timeout_graceful_shutdown=10)
+                    log_config=None, access_log=False, timeout_graceful_shutdown=10,
+                    ssl_certfile=s.tls_cert, ssl_keyfile=s.tls_key)
 
     command = click.Command(name, callback=run, help=f"Run the {name} tier (Open Inference "
                             f"Protocol V2 over HTTP).",
                             context_settings={"help_option_names": ["-h", "--help"]})
     for field_name, field in settings_cls.model_fields.items():
+        if SecretStr in getattr(field.annotation, "__args__", (field.annotation,)):
+            continue  # secrets come from the environment or a *_file setting, never argv
         command = _option(field_name, field, prefix)(command)
     return command

@@ -106,9 +106,12 @@ class Registration:
             log.warning("consul: cannot deregister %s: %s", self.service_id, exc)
 
 
-def http_check(url: str) -> dict[str, Any]:
-    return consul.Check.http(url, CHECK_INTERVAL, timeout=CHECK_TIMEOUT,
-                             deregister=DEREGISTER_AFTER)
+def http_check(url: str, tls: bool = False) -> dict[str, Any]:
+    """An HTTP(S) health check; over HTTPS the agent does not verify the certificate (it only
+    asks whether the node is ready; edges verify centers themselves, against the fleet CA)."""
+    check = consul.Check.http(url, CHECK_INTERVAL, timeout=CHECK_TIMEOUT,
+                              deregister=DEREGISTER_AFTER)
+    return check | ({"TLSSkipVerify": True} if tls else {})
 
 
 def grpc_check(target: str) -> dict[str, Any]:

@@ -62,7 +62,8 @@ class Node:
         assert self.consul is not None
         self.registration = discovery.Registration(
             self.consul, discovery.SERVICES[tier], s.node_id, s.advertised, s.port,
-            discovery.http_check(f"http://{s.advertised}:{s.port}/v2/health/ready"),
+            discovery.http_check(f"{s.scheme}://{s.advertised}:{s.port}/v2/health/ready",
+                                 tls=s.tls_cert is not None),
             tags=[tier, f"region-{s.region}"], meta=self._meta)
         self._spawn(self.registration.run())
 

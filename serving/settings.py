@@ -9,6 +9,8 @@ from typing import Any
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from serving.tokens import check_node_token, read_secret
+
 
 class ServingSettings(BaseSettings):
     model_config = SettingsConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
@@ -35,10 +37,16 @@ class ServingSettings(BaseSettings):
 
     registry_token: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("registry_token", "REGISTRY_TOKEN"))
-    """Bearer token for the registry (the same REGISTRY_TOKEN the registry serves with)."""
+    """This node's own token for the registry (``registry node token NODE_ID`` prints it; it
+    proves this node id and no other), from the environment only."""
+
+    registry_token_file: Path | None = None
+    """File holding this node's registry token instead of ``REGISTRY_TOKEN``."""
 
     registry_ca: Path | None = None
-    """PEM CA certificate to verify the registry's TLS certificate; unset = plaintext."""
+    """PEM CA certificate (the fleet CA) that the registry's TLS certificate must chain to;
+    unset = plaintext, and then a registry found through Consul is not used (the token is
+    only sent to a registry named in ``registry`` or proven by TLS)."""
 
     release_key: Path | None = None
     """Public key (PEM, e.g. the registry's ``signing.pub``) that releases must be signed with:
@@ -51,6 +59,13 @@ class ServingSettings(BaseSettings):
     floor (``registry publish --min-fidelity``). Below it the version is refused and the
     previous one keeps serving."""
 
+    tls_cert: Path | None = None
+    """PEM certificate chain to serve HTTPS with (with ``tls_key``; a center's comes from
+    ``registry tls``, so edges that pin the fleet CA can tell it is a center); unset = HTTP."""
+
+    tls_key: Path | None = None
+    """PEM private key matching ``tls_cert``."""
+
     consul_http_addr: str | None = Field(
         default=None, validation_alias=AliasChoices("consul_http_addr", "CONSUL_HTTP_ADDR"))
     """Consul agent (host:port) to register with and discover centers and the registry
@@ -58,7 +73,12 @@ class ServingSettings(BaseSettings):
 
     consul_http_token: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("consul_http_token", "CONSUL_HTTP_TOKEN"))
-    """Consul ACL token."""
+    """Consul ACL token (from the environment only)."""
+
+    consul_http_token_file: Path | None = Field(
+        default=None, validation_alias=AliasChoices("consul_http_token_file",
+                                                    "CONSUL_HTTP_TOKEN_FILE"))
+    """File holding the Consul ACL token instead of ``CONSUL_HTTP_TOKEN``."""
 
     advertise: str | None = None
     """Address registered in Consul for this node (default: host, or the host name when
@@ -111,6 +131,25 @@ class ServingSettings(BaseSettings):
             port = data.get("port", cls.model_fields["port"].default)
             data = {**data, "node_id": f"{socket.gethostname()}-{port}"}
         return data
+
+    @model_validator(mode="after")
+    def _secrets(self) -> ServingSettings:
+        """Tokens from their files, and a registry token that is this node's."""
+        if self.registry_token_file is not None:
+            object.__setattr__(self, "registry_token", SecretStr(
+                read_secret(self.registry_token_file, "registry_token_file")))
+        if self.consul_http_token_file is not None:
+            object.__setattr__(self, "consul_http_token", SecretStr(
+                read_secret(self.consul_http_token_file, "CONSUL_HTTP_TOKEN_FILE")))
+        if self.registry_token is not None:
+            check_node_token(self.registry_token.get_secret_value(), self.node_id)
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("HTTPS needs both tls_cert and tls_key")
+        return self
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_cert is not None else "http"
 
     @property
     def advertised(self) -> str:

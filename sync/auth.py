@@ -1,18 +1,21 @@
-"""Bearer-token authentication for the sync service and TLS credentials for both ends.
+"""Who may talk to the registry: each node's own bearer token (``serving.tokens``), checked on
+every call, and TLS credentials for both ends.
 
-Every call must carry ``authorization: Bearer <REGISTRY_TOKEN>``; a wrong or missing token is
-answered ``UNAUTHENTICATED`` and reported (the registry audits it). The standard gRPC health
-service is left open: Consul's gRPC checks cannot send metadata.
+A token proves one node id: the Sync stream's hello must name that node, so a node cannot
+connect, ack, report or subscribe as another. The registry's own secret is not a node token
+and opens nothing. The standard gRPC health service is left open: Consul's gRPC checks cannot
+send metadata.
 """
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import grpc
+
+from serving.tokens import NodeToken, TokenError, Verifier, parse
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 OnDenied = Callable[[str, str], Awaitable[None]]  # (method, peer)
@@ -22,17 +25,25 @@ def metadata(token: str | None) -> list[tuple[str, str]]:
     return [("authorization", f"Bearer {token}")] if token else []
 
 
-def _presented(details: grpc.HandlerCallDetails) -> str:
-    for key, value in details.invocation_metadata or ():
+def presented(metadata: Any) -> str:
+    for key, value in metadata or ():
         if key == "authorization":
             text = value.decode("latin-1") if isinstance(value, bytes) else value
-            return text.removeprefix("Bearer ").strip()
+            return str(text).removeprefix("Bearer ").strip()
     return ""
 
 
+def proven(context: grpc.aio.ServicerContext) -> NodeToken | None:
+    """The node token the call carried (the interceptor has verified it)."""
+    try:
+        return parse(presented(context.invocation_metadata()))
+    except TokenError:
+        return None
+
+
 class TokenInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, token: str, on_denied: OnDenied) -> None:
-        self.token = token.encode()
+    def __init__(self, verifier: Verifier, on_denied: OnDenied) -> None:
+        self.verifier = verifier
         self.on_denied = on_denied
 
     async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails],
@@ -41,7 +52,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if details.method.startswith(HEALTH_PREFIX) or handler is None:
             return handler
-        if hmac.compare_digest(_presented(details).encode(), self.token):
+        if self.verifier.node(presented(details.invocation_metadata)) is not None:
             return handler
         return _refusal(handler, details.method, self.on_denied)
 
@@ -51,8 +62,8 @@ def _refusal(handler: Any, method: str, on_denied: OnDenied) -> Any:
 
     async def refuse(_: Any, context: grpc.aio.ServicerContext) -> None:
         await on_denied(method, context.peer())
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token "
-                            "(REGISTRY_TOKEN)")
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing, wrong or revoked node "
+                            "token (`registry node token NODE_ID` prints a node's)")
 
     async def refuse_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
         await refuse(request, context)
@@ -80,3 +91,4 @@ def channel(target: str, ca: Path | None, options: list[tuple[str, Any]] | None 
         return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(ca.read_bytes()),
                                        options=opts)
     return grpc.aio.insecure_channel(target, options=opts)
+

@@ -29,6 +29,7 @@ from registry.nodes import STATES, Held, Measured, NodeBook
 from registry.settings import RegistrySettings
 from serving import probe
 from serving.manifest import is_valid_name
+from serving.tokens import NODE_ID, Verifier
 from sync import auth
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
@@ -38,7 +39,6 @@ from sync.wire import Malformed, ParseInterceptor
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SHA256 = re.compile(r"[0-9a-f]{64}")
-NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 FEATURE = re.compile(r"[a-z0-9_]{1,32}")
 MACHINE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 MAX_FEATURES = 64
@@ -82,6 +82,7 @@ class Session:
     node: Node
     peer: str
     active: dict[str, int]  # what the node said it serves at hello
+    generation: int  # of the token it connected with
     outbox: asyncio.Queue[pb.ServerMessage | None] = field(default_factory=asyncio.Queue)
     sent: dict[str, int] = field(default_factory=dict)  # model -> version pushed or held
     error: str | None = None  # a protocol violation: the stream ends INVALID_ARGUMENT
@@ -124,12 +125,20 @@ class SyncService(pb_grpc.SyncServicer):
         if not NODE_ID.fullmatch(hello.node_id):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid node id "
                                 f"{hello.node_id[:64]!r}")
+        token = auth.proven(context)
+        proven = token.node_id if token else ""
+        if hello.node_id != proven:
+            log.warning("refused a hello as %s from %s: its token is node %s's",
+                        hello.node_id[:64], context.peer(), proven)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"this token is node "
+                                f"{proven!r}'s; it cannot say hello as {hello.node_id[:64]!r}")
         if hello.tier not in ("edge", "center"):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "tier must be edge or center")
         held = [Held(h.model, sorted(h.versions), h.active or None) for h in hello.held
                 if is_valid_name(h.model)]
         session = Session(Node(hello.node_id, hello.tier, hello.region[:64] or "local"),
-                          context.peer(), {h.model: h.active for h in held if h.active})
+                          context.peer(), {h.model: h.active for h in held if h.active},
+                          token.generation if token else 0)
         superseded = self.sessions.get(session.node.node_id)
         if superseded is not None:  # a reconnect before the old stream timed out, or a clash
             log.warning("node %s connected again from %s; closing its stream from %s (two "
@@ -269,8 +278,12 @@ class SyncServer:
 
     def __init__(self, settings: RegistrySettings, metrics: SyncMetrics | None = None) -> None:
         if settings.token is None:
-            raise ValueError("registry serve needs a token: set REGISTRY_TOKEN")
+            raise ValueError("registry serve needs its secret: set REGISTRY_TOKEN (or "
+                             "REGISTRY_TOKEN_FILE)")
         self.settings = settings
+        self.generations: dict[str, int] = {}  # node id -> token generation, if not 1
+        self.verifier = Verifier(settings.token.get_secret_value(),
+                                 lambda node_id: self.generations.get(node_id, 1))
         self.metrics = metrics or SyncMetrics()
         self.db = Database(settings)
         self.service = SyncService(settings, self.db, self.metrics)
@@ -282,10 +295,10 @@ class SyncServer:
     async def start(self) -> int:
         await self.db.open()
         await self.db.run(self.db.nodes.all_disconnected)
-        token = self.settings.token.get_secret_value() if self.settings.token else ""
+        await self._load_generations()
         server = grpc.aio.server(
             # the token is checked first; both see the tolerant deserializer (wire.py)
-            interceptors=[auth.TokenInterceptor(token, self._denied),
+            interceptors=[auth.TokenInterceptor(self.verifier, self._denied),
                           ParseInterceptor(f"/{SERVICE}/")],
             options=[("grpc.max_receive_message_length", MAX_MESSAGE), *KEEPALIVE])
         pb_grpc.add_SyncServicer_to_server(self.service, server)
@@ -309,6 +322,15 @@ class SyncServer:
         log.warning("refused %s from %s: missing or wrong token", method, peer)
         await self.db.run(self.db.nodes.denied, peer, method)
 
+    async def _load_generations(self) -> None:
+        """Token generations (raised by ``registry node revoke``): a revoked node's stream is
+        closed, and its old token refused from now on."""
+        self.generations = await self.db.run(self.db.nodes.generations)
+        for node_id, session in list(self.service.sessions.items()):
+            if self.generations.get(node_id, 1) != session.generation:
+                log.warning("node %s: token revoked; closing its stream", node_id)
+                session.close()
+
     async def _watch(self) -> None:
         seen = await self.db.run(self.db.data_version)
         while True:
@@ -316,6 +338,7 @@ class SyncServer:
             try:
                 version = await self.db.run(self.db.data_version)
                 if version != seen:
+                    await self._load_generations()
                     await self.service.push_all()
                     seen = version  # only once pushed: a failed push is tried again
             except Exception:  # a bad moment must not end pushing for good

@@ -89,6 +89,13 @@ class Subscriber:
         """Stay subscribed until cancelled."""
         await asyncio.to_thread(self.downloads.sweep)
         backoff = Backoff(self.settings.sync_backoff_max_s)
+        if self.settings.registry is None and self.settings.registry_ca is None:
+            # anyone who can register in Consul could name a registry: the token goes only to
+            # a configured address, or to one that proves itself with the fleet CA
+            log.error("not syncing: the registry would come from Consul, and without a CA to "
+                      "check it (registry_ca) the token could go to an impostor; set "
+                      "*_REGISTRY_CA (the fleet CA, `registry tls`) or *_REGISTRY")
+            return
         while True:
             target = self.target()
             if target is None:  # Consul lists no passing registry (yet)

@@ -17,10 +17,13 @@ PINNED_THREADS = ("--threads", "2")
 
 
 def start(tier: str, store: Path, log_dir: Path, *args: str, timeout: float = 60,
-          env: dict[str, str] | None = None) -> Server:
-    """``env``: variables added to the minimal one (PATH only)."""
+          env: dict[str, str] | None = None, registry_secret: str | None = None,
+          ca: Path | None = None) -> Server:
+    """``env``: variables added to the minimal one (PATH only); ``registry_secret``: the
+    registry's, from which the node's own token is derived."""
     return start_tier(tier, store, log_dir, "--poll-interval-s", "0.2", *args, timeout=timeout,
-                      env={"PATH": str(BIN), **(env or {})})
+                      env={"PATH": str(BIN), **(env or {})}, registry_secret=registry_secret,
+                      ca=ca)
 
 
 @contextmanager
@@ -34,9 +37,11 @@ def subscribed_pair(home: Path, folder: Path, token: str, *sync_flags: str,
     servers: list[Server] = []
     try:
         flags = ("--registry", registry.target, *sync_flags)
-        servers.append(start("center", folder / "center", folder, *flags, env=tier_env))
+        servers.append(start("center", folder / "center", folder, *flags, env=tier_env,
+                             registry_secret=token))
         servers.append(start("edge", folder / "edge", folder, *flags, "--center-url",
-                             servers[0].url, "--cache-size", "0", env=tier_env))
+                             servers[0].url, "--cache-size", "0", env=tier_env,
+                             registry_secret=token))
         yield registry, servers[0], servers[1]
     finally:
         for server in servers:

@@ -3,6 +3,7 @@ until ready, stop by PID. Used by the tests and the benchmarks (and the launcher
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -15,6 +16,8 @@ from typing import TypeVar
 
 import grpc
 import httpx
+
+from serving.tokens import node_token
 
 BIN = Path(sys.executable).parent
 
@@ -67,13 +70,19 @@ P = TypeVar("P", bound=Process)
 
 @dataclass
 class TierProcess(Process):
+    scheme: str = "http"
+
     @property
     def tier(self) -> str:
         return self.name
 
     @property
+    def node_id(self) -> str:
+        return f"{self.name}-{self.port}"
+
+    @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
 
 @dataclass
@@ -138,21 +147,29 @@ def _ready(server: P, ready: Callable[[], bool], timeout: float) -> P:
 
 
 def start_tier(tier: str, store: Path, log_dir: Path, *flags: str, timeout: float = 60,
-               env: dict[str, str] | None = None, until: str = "ready") -> TierProcess:
+               env: dict[str, str] | None = None, until: str = "ready",
+               registry_secret: str | None = None, ca: Path | None = None) -> TierProcess:
     """Run ``tier`` on a free 127.0.0.1 port; return once /v2/health/``until`` answers 200
-    (``live`` for a node with an empty store: it is not ready until sync installs a model)."""
+    (``live`` for a node with an empty store: it is not ready until sync installs a model).
+    With ``registry_secret`` the node gets its own token (derived for its node id) in
+    REGISTRY_TOKEN; with ``ca`` it serves HTTPS and readiness is checked against ``ca``."""
     port = free_port()
+    node_id = f"{tier}-{port}"
     log = log_dir / f"{tier}-{port}.log"
+    if registry_secret is not None:
+        env = {**(env if env is not None else os.environ),
+               "REGISTRY_TOKEN": node_token(registry_secret, node_id)}
     with log.open("wb") as out:
         process = subprocess.Popen(
             [str(BIN / tier), "--host", "127.0.0.1", "--port", str(port), "--store", str(store),
-             "--node-id", f"{tier}-{port}", *flags],
+             "--node-id", node_id, *flags],
             stdout=out, stderr=subprocess.STDOUT, env=env)
-    server = TierProcess(tier, port, process, log)
+    server = TierProcess(tier, port, process, log, "https" if ca is not None else "http")
 
     def ready() -> bool:
         try:
-            return httpx.get(f"{server.url}/v2/health/{until}", timeout=1).status_code == 200
+            return httpx.get(f"{server.url}/v2/health/{until}", timeout=1,
+                             verify=str(ca) if ca is not None else True).status_code == 200
         except httpx.HTTPError:
             return False
 

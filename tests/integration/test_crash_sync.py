@@ -172,11 +172,12 @@ def crashes(tmp_path: Path, tiny_release: Path) -> Iterator[Crashes]:
         # empty stores: the first kill lands while they download version 1
         center = start_tier("center", tmp_path / "center", tmp_path, "--registry",
                             registry.target, *SYNC_FLAGS, "--poll-interval-s", "0.2",
-                            until="live")
+                            until="live", registry_secret=TOKEN)
         fleet.nodes.append(center)
         fleet.nodes.append(start_tier("edge", tmp_path / "edge", tmp_path, "--registry",
                                       registry.target, "--center-url", center.url, *SYNC_FLAGS,
-                                      "--poll-interval-s", "0.2", until="live"))
+                                      "--poll-interval-s", "0.2", until="live",
+                                      registry_secret=TOKEN))
         yield fleet
     finally:
         for node in fleet.nodes:

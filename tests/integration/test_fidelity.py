@@ -68,7 +68,7 @@ def test_a_node_refuses_a_version_below_its_floor_and_one_with_a_lower_floor_ser
     servers: list[Server] = []
     try:
         strict = start("edge", root / "strict", root, "--registry", process.target,
-                       *SYNC_FLAGS)
+                       *SYNC_FLAGS, registry_secret=TOKEN)
         servers.append(strict)
         wait_for(lambda: served(strict) == 1, what="the edge on version 1")
 
@@ -103,7 +103,7 @@ def test_a_node_refuses_a_version_below_its_floor_and_one_with_a_lower_floor_ser
         cli("audit", "--verify")
 
         lenient = start("edge", root / "lenient", root, "--registry", process.target,
-                        *SYNC_FLAGS, "--min-fidelity", "0")
+                        *SYNC_FLAGS, "--min-fidelity", "0", registry_secret=TOKEN)
         servers.append(lenient)
         wait_for(lambda: served(lenient) == 2, what="the lenient edge on version 2")
         assert infer_version(lenient) == "2"

@@ -81,7 +81,8 @@ def test_a_release_signed_by_another_key_is_refused_and_the_old_one_keeps_servin
     try:
         # an empty store: the node becomes ready only once it has installed signed version 1
         edge = start("edge", home.root / "edge", home.root, "--registry", registry.target,
-                     "--release-key", home.key()["public_key_path"], *SYNC_FLAGS)
+                     "--release-key", home.key()["public_key_path"], *SYNC_FLAGS,
+                     registry_secret=TOKEN)
         assert served(edge) == 1
         received = node_metric(edge, "sync_bytes_received")
         other = home.cli("keygen", "--out", home.root / "other-key", "--json").json()

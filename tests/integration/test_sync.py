@@ -22,6 +22,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from registry.blobs import BlobStore
+from serving.tokens import node_token
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 from tests.conftest import TEST_FLOOR, RegistryCli
@@ -33,7 +34,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKEN = "test-token-0123456789"
 CHUNK = 64 * 1024
 REGISTRY_ENV = {"REGISTRY_REPORT_INTERVAL_S": "0.5", "REGISTRY_CHUNK_BYTES": str(CHUNK)}
-SYNC_FLAGS = ("--registry-token", TOKEN, "--sync-backoff-max-s", "1")
+SYNC_FLAGS = ("--sync-backoff-max-s", "1")
 BODY = json.dumps({"inputs": [{"name": "text", "shape": [3], "datatype": "BYTES",
                                "data": ["a great film", "dull", "not bad at all"]}]})
 
@@ -54,7 +55,7 @@ class Fleet:
     def start_node(self, tier: str, store: Path, *flags: str,
                    registry: str | None = None) -> Server:
         server = start(tier, store, self.root, "--registry", registry or self.registry.target,
-                       *SYNC_FLAGS, *flags)
+                       *SYNC_FLAGS, *flags, registry_secret=TOKEN)
         self.extra.append(server)
         return server
 
@@ -125,11 +126,11 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Itera
     try:
         # empty stores: each node becomes ready only once sync has installed version 1
         fleet.center = start("center", root / "center", root, "--registry", registry.target,
-                             *SYNC_FLAGS)
+                             *SYNC_FLAGS, registry_secret=TOKEN)
         for region in ("eu", "us"):
             fleet.edges.append(start("edge", root / f"edge-{region}", root, "--registry",
                                      registry.target, "--region", region, "--center-url",
-                                     fleet.center.url, *SYNC_FLAGS))
+                                     fleet.center.url, *SYNC_FLAGS, registry_secret=TOKEN))
         yield fleet
     finally:
         for server in [*fleet.extra, *fleet.edges, *([fleet.center] if fleet.center else [])]:
@@ -371,7 +372,7 @@ def test_fetch_rejects_bad_requests_cleanly(fleet: Fleet) -> None:
     manifest = fleet.cli("show", "tiny@1", "--json").json()["manifest"]
     sha, size = manifest["edge"]["sha256"], manifest["edge"]["size"]
     channel, stub = _stub(fleet)
-    auth = [("authorization", f"Bearer {TOKEN}")]
+    auth = [("authorization", f"Bearer {node_token(TOKEN, 'fetcher')}")]
     cases = [(pb.FetchRequest(sha256="not-a-digest"), grpc.StatusCode.INVALID_ARGUMENT),
              (pb.FetchRequest(sha256="ab" * 32), grpc.StatusCode.NOT_FOUND),
              (pb.FetchRequest(sha256=sha, offset=size + 1), grpc.StatusCode.OUT_OF_RANGE),
@@ -384,6 +385,10 @@ def test_fetch_rejects_bad_requests_cleanly(fleet: Fleet) -> None:
         tail = list(stub.Fetch(pb.FetchRequest(sha256=sha, offset=size - 10), metadata=auth,
                                timeout=5))
         assert [(c.offset, len(c.data), c.size) for c in tail] == [(size - 10, 10, size)]
+        master = [("authorization", f"Bearer {TOKEN}")]  # the registry's secret opens nothing
+        with pytest.raises(grpc.RpcError) as failed:
+            list(stub.Fetch(pb.FetchRequest(sha256=sha), metadata=master, timeout=5))
+        assert failed.value.code() == grpc.StatusCode.UNAUTHENTICATED
         bad_hello = pb.NodeMessage(hello=pb.Hello(node_id="../etc", tier="edge"))
         with pytest.raises(grpc.RpcError) as failed:
             list(stub.Sync(iter([bad_hello]), metadata=auth, timeout=5))

@@ -1,0 +1,106 @@
+"""A small fleet CA: the certificates that let a node check it talks to the real registry and
+an edge check it escalates to a real center, before either sends a token or a user's input.
+
+``registry tls --out DIR`` (and ``tiered up``) make ``ca.pem``/``ca.key`` once and sign
+``registry.pem`` and ``center.pem`` (ECDSA P-256, a year) for the given names. Each server
+certificate carries its role as a URI name (``urn:tiered:role:center``): an edge accepts an
+escalation answer only from a certificate of the center role, so the registry's certificate
+(same CA) cannot stand in for a center. Keys are written mode 0600.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+ROLES = ("registry", "center")
+ROLE_URI = "urn:tiered:role:"
+VALID_DAYS = 365
+
+
+def _name(common: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Tiered fleet"),
+                      x509.NameAttribute(NameOID.COMMON_NAME, common)])
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM,
+                                  serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    os.chmod(path, 0o600)
+
+
+def _san(host: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        return x509.DNSName(host)
+
+
+def ca(folder: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """The fleet CA in ``folder`` (made on first use)."""
+    cert_path, key_path = folder / "ca.pem", folder / "ca.key"
+    if cert_path.is_file() and key_path.is_file():
+        key = serialization.load_pem_private_key(key_path.read_bytes(), None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise ValueError(f"{key_path} is not the EC key this CA uses")
+        return x509.load_pem_x509_certificate(cert_path.read_bytes()), key
+    folder.mkdir(parents=True, exist_ok=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(_name("Tiered fleet CA"))
+            .issuer_name(_name("Tiered fleet CA")).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False,
+                                         False), critical=True)
+            .sign(key, hashes.SHA256()))
+    _write_key(key_path, key)
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert, key
+
+
+def server(folder: Path, role: str, hosts: list[str]) -> tuple[Path, Path]:
+    """A ``role`` certificate for ``hosts`` signed by the fleet CA: ``<role>.pem``/``.key``."""
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}")
+    if not hosts:
+        raise ValueError("a server certificate needs at least one --host")
+    authority, authority_key = ca(folder)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    names = [_san(h) for h in dict.fromkeys(hosts)]
+    cert = (x509.CertificateBuilder().subject_name(_name(f"tiered {role}"))
+            .issuer_name(authority.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
+            .add_extension(x509.SubjectAlternativeName(
+                [*names, x509.UniformResourceIdentifier(f"{ROLE_URI}{role}")]), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .sign(authority_key, hashes.SHA256()))
+    cert_path, key_path = folder / f"{role}.pem", folder / f"{role}.key"
+    _write_key(key_path, key)
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return cert_path, key_path
+
+
+def fleet(folder: Path, hosts: list[str]) -> list[Path]:
+    """The CA and a certificate per role for ``hosts``; the paths written."""
+    made = [folder / "ca.pem"]
+    for role in ROLES:
+        made.extend(server(folder, role, hosts))
+    return made
