@@ -19,7 +19,9 @@ from edge.breaker import CircuitBreaker
 from serving import v2
 from serving.text import pad
 
-CENTER_ROLE = "urn:tiered:role:center"  # registry.pki's URI name for the center role
+# The TLS server name of a center's certificate (registry.pki): checked in the handshake,
+# before the request, so a registry's certificate from the same CA cannot pass for a center.
+CENTER_NAME = "center.tiered.invalid"
 
 class CenterUnavailable(Exception):
     """No center answered in time; the reason for each center tried is in the message."""
@@ -39,6 +41,7 @@ class CenterClient:
         """``ca``: the fleet CA; then only HTTPS centers with a center-role certificate."""
         self.urls = [u.rstrip("/") for u in urls]
         self.pinned = ca is not None
+        self.extensions = {"sni_hostname": CENTER_NAME} if self.pinned else {}
         self._failures, self._reset_s = failures, reset_s
         self.breakers = {url: CircuitBreaker(failures, reset_s) for url in self.urls}
         verify: ssl.SSLContext | bool = (ssl.create_default_context(cafile=str(ca))
@@ -79,14 +82,10 @@ class CenterClient:
                 continue
             try:
                 response = await self.http.post(f"{url}/v2/models/{model}/infer", content=body,
-                                                headers=headers)
+                                                headers=headers, extensions=self.extensions)
             except httpx.HTTPError as exc:
                 breaker.failure()
                 reasons.append(f"{url}: {type(exc).__name__}")
-                continue
-            if self.pinned and not is_center(response):
-                breaker.failure()
-                reasons.append(f"{url}: certificate is not a center's")
                 continue
             if response.status_code != 200:
                 _judge(breaker, response)
@@ -107,17 +106,6 @@ class CenterClient:
 
     async def close(self) -> None:
         await self.http.aclose()
-
-
-def is_center(response: httpx.Response) -> bool:
-    """Whether the peer's certificate (already verified against the fleet CA) has the center
-    role: the registry's certificate chains to the same CA but must not pass for a center."""
-    stream = response.extensions.get("network_stream")
-    ssl_object = stream.get_extra_info("ssl_object") if stream is not None else None
-    if ssl_object is None:
-        return False
-    names = (ssl_object.getpeercert() or {}).get("subjectAltName", ())
-    return ("URI", CENTER_ROLE) in names
 
 
 def _request(texts: list[str] | None, rows: list[np.ndarray]) -> dict[str, object]:

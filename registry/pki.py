@@ -3,9 +3,11 @@ an edge check it escalates to a real center, before either sends a token or a us
 
 ``registry tls --out DIR`` (and ``tiered up``) make ``ca.pem``/``ca.key`` once and sign
 ``registry.pem`` and ``center.pem`` (ECDSA P-256, a year) for the given names. Each server
-certificate carries its role as a URI name (``urn:tiered:role:center``): an edge accepts an
-escalation answer only from a certificate of the center role, so the registry's certificate
-(same CA) cannot stand in for a center. Keys are written mode 0600.
+certificate also carries its role as a name that never resolves (``center.tiered.invalid``):
+an edge connects to a center with that name as the TLS server name, so the handshake fails
+(before a byte of a user's input is sent) unless the certificate is a center's; the
+registry's certificate, from the same CA, cannot stand in for a center. Keys are written mode
+0600.
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 ROLES = ("registry", "center")
-ROLE_URI = "urn:tiered:role:"
+ROLE_DOMAIN = "tiered.invalid"  # RFC 2606: never resolves, so only TLS ever matches it
+
+
+def role_name(role: str) -> str:
+    """The TLS server name a ``role`` certificate answers to (e.g. center.tiered.invalid)."""
+    return f"{role}.{ROLE_DOMAIN}"
 VALID_DAYS = 365
 
 
@@ -87,7 +94,7 @@ def server(folder: Path, role: str, hosts: list[str]) -> tuple[Path, Path]:
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
             .add_extension(x509.SubjectAlternativeName(
-                [*names, x509.UniformResourceIdentifier(f"{ROLE_URI}{role}")]), critical=False)
+                [*names, x509.DNSName(role_name(role))]), critical=False)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
                            critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)

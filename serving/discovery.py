@@ -114,9 +114,11 @@ def http_check(url: str, tls: bool = False) -> dict[str, Any]:
     return check | ({"TLSSkipVerify": True} if tls else {})
 
 
-def grpc_check(target: str) -> dict[str, Any]:
-    return consul.Check.grpc(target, CHECK_INTERVAL, timeout=CHECK_TIMEOUT,
-                             deregister=DEREGISTER_AFTER)
+def grpc_check(target: str, tls: bool = False) -> dict[str, Any]:
+    """A gRPC health check; over TLS the agent does not verify the certificate (nodes do)."""
+    check = consul.Check.grpc(target, CHECK_INTERVAL, timeout=CHECK_TIMEOUT,
+                              deregister=DEREGISTER_AFTER)
+    return check | ({"GRPCUseTLS": True, "TLSSkipVerify": True} if tls else {})
 
 
 OnChange = Callable[[list[Instance]], Awaitable[None] | None]

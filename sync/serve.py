@@ -60,7 +60,8 @@ def _registration(settings: RegistrySettings, port: int) -> discovery.Registrati
     target = f"{settings.advertised}:{port}"
     return discovery.Registration(
         client, discovery.SERVICES["registry"], f"registry-{settings.advertised}-{port}",
-        settings.advertised, port, discovery.grpc_check(target), tags=["registry"],
+        settings.advertised, port,
+        discovery.grpc_check(target, tls=settings.tls_cert is not None), tags=["registry"],
         meta=lambda: {"tier": "registry", "metrics_port": str(settings.metrics_port or "")})
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -165,11 +166,12 @@ def start_tier(tier: str, store: Path, log_dir: Path, *flags: str, timeout: floa
              "--node-id", node_id, *flags],
             stdout=out, stderr=subprocess.STDOUT, env=env)
     server = TierProcess(tier, port, process, log, "https" if ca is not None else "http")
+    verify = ssl.create_default_context(cafile=str(ca)) if ca is not None else True
 
     def ready() -> bool:
         try:
             return httpx.get(f"{server.url}/v2/health/{until}", timeout=1,
-                             verify=str(ca) if ca is not None else True).status_code == 200
+                             verify=verify).status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from serving.tokens import check_secret
 
 
 class TieredSettings(BaseSettings):
@@ -34,4 +36,12 @@ class TieredSettings(BaseSettings):
 
     registry_token: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("registry_token", "REGISTRY_TOKEN"))
-    """Sync token (REGISTRY_TOKEN); a random one per run when unset."""
+    """The registry's secret (REGISTRY_TOKEN, 16+ characters; each node's token is derived
+    from it); a random one per run when unset."""
+
+    @field_validator("registry_token")
+    @classmethod
+    def _long_enough(cls, token: SecretStr | None) -> SecretStr | None:
+        if token is not None:
+            check_secret(token.get_secret_value())
+        return token

@@ -18,7 +18,9 @@ from typing import IO, Any
 
 import httpx
 
+from registry import pki
 from serving.discovery import SERVICES
+from serving.tokens import node_token
 from tiered.processes import BIN, Process, free_port
 
 Echo = Callable[[str, str], None]  # (child name, output line)
@@ -66,9 +68,25 @@ class Stack:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.http_port}"
 
-    def env(self) -> dict[str, str]:
+    @property
+    def tls(self) -> Path:
+        """The fleet CA and the registry's certificate (made on first use)."""
+        return self.root / "tls"
+
+    def env(self, name: str = "", role: str = "") -> dict[str, str]:
+        """A child's environment: secrets go here, never on its command line (``ps``). The
+        registry gets its secret and TLS files; each node its own token (which proves its
+        name and no other) and the fleet CA its registry must prove itself with, since
+        nodes find the registry through Consul."""
         env = {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/bin", "CONSUL_HTTP_ADDR": self.consul,
-               "REGISTRY_TOKEN": self.token, "REGISTRY_HOME": str(self.registry_home)}
+               "REGISTRY_HOME": str(self.registry_home)}
+        if role == "registry":
+            env |= {"REGISTRY_TOKEN": self.token,
+                    "REGISTRY_TLS_CERT": str(self.tls / "registry.pem"),
+                    "REGISTRY_TLS_KEY": str(self.tls / "registry.key")}
+        elif role in ("center", "edge"):
+            env |= {"REGISTRY_TOKEN": node_token(self.token, name),
+                    f"{role.upper()}_REGISTRY_CA": str(self.tls / "ca.pem")}
         return env | ({"CONSUL_HTTP_TOKEN": self.consul_token} if self.consul_token else {})
 
     # -- starting ------------------------------------------------------------------------
@@ -76,6 +94,8 @@ class Stack:
     def up(self, timeout: float = 300) -> float:
         """Start everything, wait until every health check passes; return the seconds taken."""
         started = time.monotonic()
+        if not (self.tls / "registry.pem").is_file():
+            pki.fleet(self.tls, ["127.0.0.1", "localhost"])
         self.start_consul()
         self.start_registry()
         for i in range(1, self.centers + 1):
@@ -93,7 +113,8 @@ class Stack:
         log = self.root / "logs" / f"{name}.log"
         log.touch()
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   env=self.env(), cwd=self.root, start_new_session=True)
+                                   env=self.env(name, role), cwd=self.root,
+                                   start_new_session=True)
         child = Child(name, port or 0, process, log, role, argv)
         assert process.stdout is not None
         threading.Thread(target=self._pump, args=(name, process.stdout, log),

@@ -35,8 +35,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Itera
     root = tmp_path_factory.mktemp("stack")
     cli = RegistryCli(root / "registry")
     cli("publish", tiny_release, "--name", "tiny")
-    fleet = Stack(root, cli.home, "stack-token", http_port=free_port(), consul_port=free_port(),
-                  centers=2, nginx_flags=("--rate", "300", "--burst", "100"))
+    fleet = Stack(root, cli.home, "stack-token-0123456789", http_port=free_port(),
+                  consul_port=free_port(), centers=2,
+                  nginx_flags=("--rate", "300", "--burst", "100"))
     try:
         fleet.up(timeout=120)
         yield fleet
@@ -243,7 +244,7 @@ def test_consul_acl_tokens_are_honoured(tmp_path: Path, tiny_release: Path) -> N
     cli("publish", tiny_release, "--name", "tiny")
     for name, token, allowed in (("edge-good-1", master, True),
                                  ("edge-bad-1", "not-a-token", False)):
-        stack = Stack(tmp_path / name, cli.home, "t", http_port=free_port(),
+        stack = Stack(tmp_path / name, cli.home, "acl-test-token-0123456789", http_port=free_port(),
                       consul_port=free_port(), consul_flags=("-config-file", str(acl)),
                       consul_token=token)
         cli("pull", "tiny", "--tier", "edge", "--store", stack.root / "stores" / name)

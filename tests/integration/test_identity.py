@@ -1,0 +1,307 @@
+"""Who may talk to whom: each node proves its own id to the registry, secrets never come from
+a command line, a token is only sent to a registry that proved itself, and escalations only go
+to centers that prove they are centers. Every attack runs against real processes on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import grpc
+import httpx
+import pytest
+
+from registry import pki
+from serving.tokens import node_token
+from sync.gen import sync_pb2 as pb
+from sync.gen import sync_pb2_grpc as pb_grpc
+from tests.conftest import RegistryCli
+from tests.servers import start
+from tiered.processes import BIN, free_port, start_registry, start_tier
+from tiered.stack import Stack
+
+pytestmark = pytest.mark.integration
+SECRET = "identity-secret-0123456789"
+SYNC = ("--sync-backoff-max-s", "1")
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no {what} within {timeout}s")
+
+
+def status(cli: RegistryCli) -> dict[str, dict[str, Any]]:
+    return {row["node"]: row for row in cli("status", "--json").json()}
+
+
+def connected(server: Any) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=5).text
+    line = next(x for x in text.splitlines() if x.startswith(f"{server.tier}_sync_connected "))
+    return float(line.split()[-1])
+
+
+# -- finding 4: an empty or short secret --------------------------------------------------
+
+
+@pytest.mark.parametrize("secret", ["", "short-secret"])
+def test_registry_serve_refuses_an_empty_or_short_secret(tmp_path: Path, secret: str) -> None:
+    result = subprocess.run([str(BIN / "registry"), "--home", str(tmp_path), "serve",
+                             "--port", str(free_port())], capture_output=True, text=True,
+                            timeout=60, env={"PATH": str(BIN), "REGISTRY_TOKEN": secret})
+    assert result.returncode != 0
+    assert "at least 16 characters" in result.stderr
+
+
+def test_a_node_refuses_a_token_that_is_not_its_own(tmp_path: Path) -> None:
+    for token, message in (("", "not a node token"),
+                           (node_token(SECRET, "edge-other"), "edge-other")):
+        result = subprocess.run([str(BIN / "edge"), "--node-id", "edge-me", "--store",
+                                 str(tmp_path), "--registry", "127.0.0.1:9"],
+                                capture_output=True, text=True, timeout=60,
+                                env={"PATH": str(BIN), "REGISTRY_TOKEN": token})
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+# -- finding 11: secrets never on a command line --------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["edge"], ["center"], ["registry", "serve"]])
+def test_no_command_takes_a_secret_as_a_flag(command: list[str]) -> None:
+    result = subprocess.run([str(BIN / command[0]), *command[1:], "--help"],
+                            capture_output=True, text=True, timeout=60,
+                            env={"PATH": str(BIN), "COLUMNS": "200"})
+    flags = {word.rstrip(",") for word in result.stdout.split() if word.startswith("--")}
+    assert not {f for f in flags if "token" in f and not f.endswith("-file")}, flags
+    if command[0] != "registry":
+        assert {"--registry-token-file", "--consul-http-token-file"} <= flags
+
+
+def test_a_node_reads_its_token_from_a_file(tmp_path: Path, tiny_release: Path) -> None:
+    cli = RegistryCli(tmp_path / "registry")
+    cli("publish", tiny_release, "--name", "tiny")
+    registry = start_registry(cli.home, tmp_path, SECRET)
+    token_file = tmp_path / "edge.token"
+    env = {**cli.env(), "REGISTRY_TOKEN": SECRET}
+    subprocess.run([str(BIN / "registry"), "node", "token", "edge-file", "--out",
+                    str(token_file)], check=True, env=env, capture_output=True, timeout=60)
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    try:
+        edge = start_tier("edge", tmp_path / "edge", tmp_path, "--registry", registry.target,
+                          "--node-id", "edge-file", "--registry-token-file", str(token_file),
+                          *SYNC, env={"PATH": str(BIN)})
+        try:
+            assert "edge-file" in status(cli)  # subscribed (ready = version 1 installed)
+            cmdline = Path(f"/proc/{edge.pid}/cmdline").read_bytes()
+            assert token_file.read_text().strip().encode() not in cmdline
+        finally:
+            edge.stop()
+    finally:
+        registry.stop()
+
+
+# -- finding 6: one identity per node ------------------------------------------------------
+
+
+def test_a_node_cannot_connect_ack_or_report_as_another(tmp_path: Path,
+                                                      tiny_release: Path) -> None:
+    cli = RegistryCli(tmp_path / "registry")
+    cli("publish", tiny_release, "--name", "tiny")
+    registry = start_registry(cli.home, tmp_path, SECRET, env={"REGISTRY_REPORT_INTERVAL_S":
+                                                               "0.5"})
+    try:
+        edge = start("edge", tmp_path / "edge", tmp_path, "--registry", registry.target,
+                     "--region", "eu", *SYNC, registry_secret=SECRET)
+        victim = edge.node_id
+        wait_for(lambda: status(cli).get(victim, {}).get("connected"), 20, "the edge online")
+        before = status(cli)[victim]
+        with grpc.insecure_channel(registry.target) as channel:
+            stub = pb_grpc.SyncStub(channel)
+            hello = pb.NodeMessage(hello=pb.Hello(node_id=victim, tier="center", region="us"))
+            forged = [hello, pb.NodeMessage(report=pb.QualityReport(
+                model="tiny", version=1, requests=10**9))]
+            for credential, code in ((node_token(SECRET, "mallory"),
+                                      grpc.StatusCode.PERMISSION_DENIED),
+                                     (SECRET, grpc.StatusCode.UNAUTHENTICATED)):
+                with pytest.raises(grpc.RpcError) as refused:
+                    list(stub.Sync(iter(forged), timeout=5,
+                                   metadata=[("authorization", f"Bearer {credential}")]))
+                assert refused.value.code() == code
+        time.sleep(1.5)  # three report intervals: a forged stream would have shown by now
+        after = status(cli)[victim]
+        assert connected(edge) == 1 and after["connected"]
+        assert (after["tier"], after["region"]) == ("edge", "eu") == (before["tier"],
+                                                                       before["region"])
+        assert (after["requests"] or 0) < 10**9
+        assert "mallory" not in status(cli)
+        assert "connected again" not in registry.log.read_text()
+
+        # revoking the node's token closes its stream and keeps it out
+        cli("node", "revoke", victim)
+        wait_for(lambda: connected(edge) == 0, 20, "the revoked edge's stream closed")
+        time.sleep(2)  # it retries (backoff <= 1 s) with its old token: refused every time
+        assert connected(edge) == 0 and not status(cli)[victim]["connected"]
+        actions = [r["action"] for r in cli("audit", "--json").json()]
+        assert "revoke-node-token" in actions
+        edge.stop()
+    finally:
+        registry.stop()
+
+
+# -- finding 2: the token only goes to a registry that proved itself -----------------------
+
+
+class Recorder(grpc.GenericRpcHandler):
+    """A fake registry: records the metadata of every call, implements nothing."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, str]] = []
+
+    def service(self, details: grpc.HandlerCallDetails) -> None:
+        self.calls.append({k: str(v) for k, v in details.invocation_metadata or ()})
+        return None
+
+
+@pytest.fixture
+def consul(tmp_path: Path) -> Iterator[Stack]:
+    """A real Consul dev agent (no ACLs: the attacker can register anything)."""
+    stack = Stack(tmp_path / "consul", tmp_path / "home", SECRET, consul_port=free_port())
+    try:
+        stack.start_consul()
+        yield stack
+    finally:
+        stack.stop()
+
+
+def register(consul: Stack, name: str, service_id: str, port: int) -> None:
+    httpx.put(f"http://{consul.consul}/v1/agent/service/register", timeout=5,
+              json={"Name": name, "ID": service_id, "Address": "127.0.0.1",
+                    "Port": port}).raise_for_status()
+
+
+def test_the_token_never_reaches_a_registry_found_in_consul_without_tls(
+        tmp_path: Path, consul: Stack) -> None:
+    recorder, port = Recorder(), free_port()
+    fake = grpc.server(futures.ThreadPoolExecutor(4), handlers=[recorder])
+    fake.add_insecure_port(f"127.0.0.1:{port}")
+    fake.start()
+    register(consul, "tiered-registry", "aaa-first-registry", port)
+    tls = tmp_path / "tls"
+    pki.fleet(tls, ["127.0.0.1"])
+    nodes = []
+    try:
+        env = {"PATH": str(BIN), "CONSUL_HTTP_ADDR": consul.consul}
+        # no CA: a Consul-listed registry is not used at all
+        nodes.append(start_tier("edge", tmp_path / "a", tmp_path, *SYNC, env=env,
+                                registry_secret=SECRET, until="live"))
+        wait_for(lambda: "not syncing" in nodes[0].log.read_text(), 20, "the refusal logged")
+        # the fleet CA: the handshake with the impostor fails before any metadata is sent
+        nodes.append(start_tier("edge", tmp_path / "b", tmp_path, *SYNC, "--registry-ca",
+                                str(tls / "ca.pem"), env=env, registry_secret=SECRET,
+                                until="live"))
+        wait_for(lambda: "registry 127.0.0.1" in nodes[1].log.read_text(), 30,
+                 "the edge trying the listed registry")
+        time.sleep(2)
+        assert recorder.calls == []
+        # the same recorder does see a token a node is configured to send it (the control)
+        nodes.append(start_tier("edge", tmp_path / "c", tmp_path, "--registry",
+                                f"127.0.0.1:{port}", *SYNC, env={"PATH": str(BIN)},
+                                registry_secret=SECRET, until="live"))
+        wait_for(lambda: recorder.calls, 20, "the configured registry called")
+        assert recorder.calls[0]["authorization"].startswith("Bearer edge-")
+    finally:
+        for node in nodes:
+            node.stop()
+        fake.stop(None)
+
+
+# -- finding 3: escalations only to centers that prove they are centers ---------------------
+
+
+class ForgedCenter(BaseHTTPRequestHandler):
+    bodies: ClassVar[list[bytes]] = []
+
+    def do_POST(self) -> None:
+        self.bodies.append(self.rfile.read(int(self.headers["content-length"])))
+        body = json.dumps({"model_name": "tiny", "model_version": "666", "outputs": [
+            {"name": "probabilities", "datatype": "FP32", "shape": [1, 2],
+             "data": [1.0, 0.0]}]}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+def forged_center(cert: tuple[Path, Path] | None) -> ThreadingHTTPServer:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), ForgedCenter)
+    if cert is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(*cert)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+ESCALATE = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
+                        "data": ["a film"]}], "parameters": {"threshold": 1}}
+
+
+def tiers(answer: dict[str, Any]) -> list[str]:
+    return list(next(o["data"] for o in answer["outputs"] if o["name"] == "tier"))
+
+
+def test_escalations_go_only_to_centers_with_a_center_certificate(
+        tmp_path: Path, tiny_release: Path, consul: Stack) -> None:
+    cli = RegistryCli(tmp_path / "registry")
+    cli("publish", tiny_release, "--name", "tiny")
+    for tier in ("center", "edge"):
+        cli("pull", "tiny", "--tier", tier, "--store", tmp_path / tier)
+    tls = tmp_path / "tls"
+    pki.fleet(tls, ["127.0.0.1"])
+    ForgedCenter.bodies = []
+    plain = forged_center(None)  # anyone can serve HTTP
+    impostor = forged_center((tls / "registry.pem", tls / "registry.key"))  # fleet CA, not a
+    for i, fake in enumerate((plain, impostor)):                          # center's cert
+        register(consul, "tiered-center", f"aaa-fake-{i}", fake.server_address[1])
+    center = start("center", tmp_path / "center", tmp_path, "--tls-cert",
+                   str(tls / "center.pem"), "--tls-key", str(tls / "center.key"),
+                   ca=tls / "ca.pem")
+    edge = start("edge", tmp_path / "edge", tmp_path, "--center-ca", str(tls / "ca.pem"),
+                 "--cache-size", "0", "--breaker-failures", "100",
+                 env={"CONSUL_HTTP_ADDR": consul.consul})
+    try:
+        url = f"{edge.url}/v2/models/tiny/infer"
+        wait_for(lambda: "tiered-center passing" in edge.log.read_text(), 20,
+                 "the edge following Consul's centers")
+        for _ in range(4):  # round-robin: every listed fake gets its turn
+            answer = httpx.post(url, json=ESCALATE, timeout=10).json()
+            assert "666" not in json.dumps(answer)
+            assert tiers(answer) == ["edge-degraded"]
+        assert ForgedCenter.bodies == []  # not one user's input reached either impostor
+        # the real center (a center certificate from the fleet CA) is used once listed
+        register(consul, "tiered-center", "real-center", center.port)
+        wait_for(lambda: tiers(httpx.post(url, json=ESCALATE, timeout=10).json()) == ["center"],
+                 30, "an escalation answered by the real center")
+        assert ForgedCenter.bodies == []
+    finally:
+        edge.stop()
+        center.stop()
+        for fake in (plain, impostor):
+            fake.shutdown()
+            fake.server_close()
