@@ -12,9 +12,13 @@ RELEASE_KEY="$($BIN/registry key --path)"
 $BIN/registry sign sentiment > /dev/null  # a registry from before signing: sign what it holds
 $BIN/registry serve --port "$GRPC" &
 registry=$!
+# each node has its own token, derived from the registry's secret (it proves that node only);
+# secrets go in the environment, never on a command line
+REGISTRY_TOKEN="$($BIN/registry node token center-1)" \
 $BIN/center --store var/center --port "${CENTER_PORT:-8100}" --registry "127.0.0.1:$GRPC" \
     --node-id center-1 --release-key "$RELEASE_KEY" &
 center=$!
+REGISTRY_TOKEN="$($BIN/registry node token edge-1)" \
 $BIN/edge --store var/edge --port "${EDGE_PORT:-8200}" --registry "127.0.0.1:$GRPC" \
     --node-id edge-1 --release-key "$RELEASE_KEY" \
     --center-url "${EDGE_CENTER_URL:-http://127.0.0.1:${CENTER_PORT:-8100}}" &

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from serving.tokens import node_token
 from tests.conftest import RegistryCli
 from tiered.processes import free_port
 from tiered.stack import Stack
@@ -86,6 +87,20 @@ def test_every_service_is_passing_in_consul_with_its_tags(stack: Stack) -> None:
 
 def _registry_id(stack: Stack) -> str:
     return f"registry-127.0.0.1-{stack.children['registry'].port}"
+
+
+def test_no_secret_is_on_any_command_line(stack: Stack) -> None:
+    """``ps`` shows every argv: the registry's secret and the nodes' tokens are in their
+    environments only, and each node holds its own token, not the registry's secret."""
+    tokens = {name: node_token(stack.token, name) for name, child in stack.children.items()
+              if child.role in ("center", "edge")}
+    for name, child in stack.children.items():
+        argv = Path(f"/proc/{child.pid}/cmdline").read_bytes()
+        assert stack.token.encode() not in argv, name
+        assert not any(t.encode() in argv for t in tokens.values()), name
+        environ = Path(f"/proc/{child.pid}/environ").read_bytes()
+        if name in tokens:
+            assert tokens[name].encode() in environ and stack.token.encode() not in environ
 
 
 def test_nginx_routes_to_edges_and_escalations_reach_a_center(stack: Stack) -> None:

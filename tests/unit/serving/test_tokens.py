@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from edge.settings import EdgeSettings
+from serving.tokens import TokenError, Verifier, check_node_token, node_token, parse
+
+SECRET = "unit-secret-0123456789"
+
+
+def test_a_token_proves_its_node_and_generation_only() -> None:
+    generations = {"edge-eu-1": 1, "edge-us-1": 3}
+    verifier = Verifier(SECRET, lambda node: generations.get(node, 1))
+    eu = node_token(SECRET, "edge-eu-1")
+    assert verifier.node(eu) == "edge-eu-1"
+    assert verifier.node(node_token(SECRET, "edge-us-1", 3)) == "edge-us-1"
+    assert verifier.node(node_token(SECRET, "edge-us-1", 2)) is None  # revoked generation
+    assert verifier.node(node_token(SECRET, "edge-us-1", 4)) is None  # not issued yet
+    node, generation, mac = eu.rsplit(".", 2)
+    assert verifier.node(f"edge-us-1.{generation}.{mac}") is None  # another node's MAC
+    assert verifier.node(node_token("another-secret-0123456789", "edge-eu-1")) is None
+    for junk in ("", SECRET, "edge-eu-1", f"{eu}x", f"{node}.0.{mac}", eu.upper()):
+        assert verifier.node(junk) is None, junk
+
+
+@pytest.mark.parametrize("secret", ["", "x" * 15, " " * 20])
+def test_short_secrets_are_refused(secret: str) -> None:
+    with pytest.raises(ValueError, match="at least 16"):
+        node_token(secret, "edge-1")
+    with pytest.raises(ValueError, match="at least 16"):
+        Verifier(secret, lambda _: 1)
+
+
+def test_node_ids_in_tokens_may_hold_dots() -> None:
+    token = node_token(SECRET, "edge.eu.1")
+    assert parse(token).node_id == "edge.eu.1" and parse(token).generation == 1
+    with pytest.raises(TokenError):
+        node_token(SECRET, "../etc")
+
+
+def test_a_node_starts_only_with_its_own_token(tmp_path: Path) -> None:
+    with pytest.raises(TokenError, match="edge-b"):
+        check_node_token(node_token(SECRET, "edge-b"), "edge-a")
+    with pytest.raises(ValidationError, match="edge-b"):
+        EdgeSettings(node_id="edge-a", registry_token=node_token(SECRET, "edge-b"))
+    token_file = tmp_path / "token"
+    token_file.write_text(node_token(SECRET, "edge-a") + "\n")
+    settings = EdgeSettings(node_id="edge-a", registry_token_file=token_file)
+    assert settings.registry_token is not None
+    assert settings.registry_token.get_secret_value() == node_token(SECRET, "edge-a")
+
+
+def test_center_ca_means_https_centers_only(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    with pytest.raises(ValidationError, match="HTTPS only"):
+        EdgeSettings(center_ca=ca, center_url="http://127.0.0.1:8100")
+    assert EdgeSettings(center_ca=ca, center_url="https://127.0.0.1:8100").center_ca == ca
