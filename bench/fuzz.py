@@ -221,6 +221,117 @@ def fuzz_bodies(operation: Any, target: Target) -> Tally:
     return tally
 
 
+MAX_BODY = 1 << 20  # the tiers' default max_body_bytes
+DEPTHS = (2_000, 100_000)
+TEXT_INPUT = '{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}'
+NEST_IN = {  # "@" is where the nested arrays go: every field of a V2 request
+    "data": '{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": @}]}',
+    "data row": '{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1, 1], '
+                '"data": [@]}]}',
+    "token data": '{"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [1, 1], '
+                  '"data": @}, {"name": "attention_mask", "datatype": "INT64", "shape": [1, 1], '
+                  '"data": [1]}]}',
+    "shape": '{"inputs": [{"name": "text", "datatype": "BYTES", "shape": @, "data": ["a"]}]}',
+    "name": '{"inputs": [{"name": @, "datatype": "BYTES", "shape": [1], "data": ["a"]}]}',
+    "parameters": '{"inputs": [' + TEXT_INPUT + '], "parameters": {"x": @}}',
+    "input parameters": '{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], '
+                        '"data": ["a"], "parameters": {"x": @}}]}',
+    "outputs": '{"inputs": [' + TEXT_INPUT + '], "outputs": @}',
+    "output parameters": '{"inputs": [' + TEXT_INPUT + '], "outputs": [{"name": "label", '
+                         '"parameters": {"x": @}}]}',
+    "id": '{"inputs": [' + TEXT_INPUT + '], "id": @}',
+    "inputs": '{"inputs": [@]}',
+    "body": "@",
+}
+
+
+def _tokens(shape: str, ids: str, mask: str | None = None) -> bytes:
+    return (f'{{"inputs": [{{"name": "input_ids", "datatype": "INT64", "shape": {shape}, '
+            f'"data": {ids}}}, {{"name": "attention_mask", "datatype": "INT64", '
+            f'"shape": {shape}, "data": {mask or ids}}}]}}').encode()
+
+
+def _id_rows(rows: int, length: int, value: str = "1") -> str:
+    return "[" + ",".join("[" + ",".join([value] * length) + "]" for _ in range(rows)) + "]"
+
+
+def hostile_bodies(max_body: int = MAX_BODY, edge: bool = True) -> list[tuple[str, bytes]]:
+    """Hand-made bodies a correct tier refuses with a 4xx and a ``{"error": ...}`` body,
+    cheaply: nesting thousands deep in every field, declared shapes far over the limits,
+    shapes that do not match their data, token-id bodies of 8 MiB and just under the body
+    limit, numbers no INT64 holds, NaN/inf and floats where integers belong. Schemathesis and
+    ``v2_bodies`` stay small and well-formed, so none of these come from them. ``edge``: add
+    the bad thresholds (the center ignores ``parameters.threshold``)."""
+    out: list[tuple[str, bytes]] = []
+    for where, template in NEST_IN.items():
+        for depth in DEPTHS:
+            out.append((f"{depth} nested arrays in {where}",
+                        template.replace("@", "[" * depth + "]" * depth).encode()))
+    out.append(("100,000 nested objects in parameters",
+                ('{"inputs": [' + TEXT_INPUT + '], "parameters": {"x": ' + '{"a": ' * 100_000
+                 + "1" + "}" * 100_000 + "}}").encode()))
+    for shape in ("[256, 8000]", "[4611686018427387904, 4611686018427387904]",
+                  "[9223372036854775807, 1]", "[18446744073709551616, 1]", "[1e999, 1]",
+                  "[-1, 2]", "[1, -1]", "[1, 2, 3]", "[1, 1, 1, 1, 1, 1, 1, 1, 1]", "[]",
+                  "[257, 1]", "[0, 1]", "[1, 0]"):
+        out.append((f"token shape {shape} with one row of data", _tokens(shape, "[[1]]")))
+    out.append(("text shape [2**62]", b'{"inputs": [{"name": "text", "datatype": "BYTES", '
+                b'"shape": [4611686018427387904], "data": ["a"]}]}'))
+    out.append(("8 MiB of token ids, shape [256, 8000]",
+                _tokens("[256, 8000]", _id_rows(256, 8000))))  # over the limit: 413
+    rows = (max_body // 2 - 200) // (2 * 8000 + 3)  # both tensors just under the body limit
+    out.append((f"{rows} rows of 8000 token ids under the body limit, declared [256, 8000]",
+                _tokens("[256, 8000]", _id_rows(rows, 8000))))
+    flat = ",".join(["1"] * (max_body // 4 - 100))
+    out.append(("~1 MiB of flat token ids, declared [1, 1]", _tokens("[1, 1]", f"[{flat}]")))
+    out.append(("nested rows of uneven length", _tokens("[2, 3]", "[[1, 2, 3], [1]]")))
+    out.append(("more nested rows than declared", _tokens("[1, 2]", "[[1, 2], [1, 2]]")))
+    out.append(("fewer flat values than declared", _tokens("[2, 2]", "[1, 2, 3]")))
+    out.append(("ids and mask of different shapes", _tokens("[1, 2]", "[1, 2]", "[1]")))
+    out.append(("texts: shape [3] for one string", b'{"inputs": [{"name": "text", "datatype": '
+                b'"BYTES", "shape": [3], "data": ["a"]}]}'))
+    out.append(("texts: nested strings in a [1, 1] row", b'{"inputs": [{"name": "text", '
+                b'"datatype": "BYTES", "shape": [1, 1], "data": [["a", ["b"]]]}]}'))
+    for value in ("9223372036854775808", "-9223372036854775809", "1" + "0" * 4000, "1e999",
+                  "-1e999", "1.0e3", "2.5", "NaN", "Infinity", "-Infinity", "true", "null",
+                  '"7"', "{}"):
+        out.append((f"token id {value[:24]}", _tokens("[1, 2]", f"[101, {value}]", "[1, 1]")))
+        out.append((f"mask value {value[:24]}", _tokens("[1, 2]", "[101, 102]", f"[1, {value}]")))
+    for value in ("NaN", "Infinity", "1e999", "-1e999", "1" + "0" * 4000, "[0.5]", '"0.5"'):
+        if not edge and value not in ("NaN", "Infinity"):  # malformed JSON for both tiers
+            continue
+        out.append((f"threshold {value[:24]}", ('{"inputs": [' + TEXT_INPUT + '], '
+                    '"parameters": {"threshold": ' + value + "}}").encode()))
+    out.append(("a text of 1 MiB", b'{"inputs": [{"name": "text", "datatype": "BYTES", '
+                b'"shape": [1], "data": ["' + b"x" * (max_body - 100) + b'"]}]}'))
+    return out
+
+
+def fuzz_hostile(tier: str, base_url: str, model: str = "tiny",
+                 max_body: int = MAX_BODY) -> Tally:
+    """Every ``hostile_bodies`` body, sent once to the infer route: each must get a 4xx with
+    a ``{"error": ...}`` body (anything else is a failure; 5xx are counted apart)."""
+    tally = Tally(tier, "POST /v2/models/{model}/infer (hostile bodies)")
+    started = time.perf_counter()
+    with requests.Session() as session:
+        for name, body in hostile_bodies(max_body, edge=tier == "edge"):
+            response = session.post(f"{base_url}/v2/models/{model}/infer", data=body,
+                                    headers={"content-type": "application/json"}, timeout=60)
+            problems = [] if 400 <= response.status_code < 500 and _error_body(response) else [
+                f"{name}: {response.status_code} {response.text[:200]}"]
+            tally.record(response.status_code, problems)
+    tally.seconds = time.perf_counter() - started
+    return tally
+
+
+def _error_body(response: requests.Response) -> bool:
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and set(body) == {"error"} and isinstance(body["error"], str)
+
+
 def served_model(base_url: str) -> dict[str, str]:
     """Path parameters of the first model the tier serves, at its default version."""
     model = requests.get(f"{base_url}/v2/health/ready", timeout=10).json()["models"][0]
@@ -312,6 +423,7 @@ def main() -> None:
             tallies = []
             for server in (center, edge):
                 tallies += fuzz_tier(server.tier, server.url, args.examples, args.seed)
+                tallies.append(fuzz_hostile(server.tier, server.url))
     show(table(tallies, args.examples, args.seed))
     failures = [f"{t.tier} {t.operation}: {f}" for t in tallies for f in t.failures]
     show(f"{len(failures)} failures shown" if failures else "No 5xx and no schema violation.")

@@ -218,7 +218,7 @@ async def _exit_with(child: subprocess.Popen[bytes], stopping: asyncio.Event) ->
 @click.option("--run-nginx", is_flag=True, help="Run nginx as a child and stop it on exit.")
 @click.option("--rate", default=500, show_default=True, help="Requests per second per client.")
 @click.option("--burst", default=1000, show_default=True, help="Burst above --rate per client.")
-@click.option("--max-body", default="8m", show_default=True, help="client_max_body_size.")
+@click.option("--max-body", default="1m", show_default=True, help="client_max_body_size.")
 def main(prefix: Path, listen: str, consul_addr: str | None, consul_token: str | None,
          nginx_bin: str | None, run_nginx: bool, rate: int, burst: int, max_body: str) -> None:
     """Render nginx's config from the template and keep its upstreams in step with Consul."""

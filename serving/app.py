@@ -5,6 +5,7 @@ Routes only convert data; the tier's ``Service`` does the work.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -30,6 +31,9 @@ from serving.settings import ServingSettings
 
 log = logging.getLogger("serving.access")
 HEADER = "x-request-id"
+# Bodies above this are parsed in a worker thread, off the event loop, so /v2/health/live and
+# the other requests keep being answered meanwhile; below it the hop costs more than the parse.
+PARSE_INLINE_BYTES = 64 * 1024
 
 
 class Service(Protocol):
@@ -164,7 +168,9 @@ async def infer(request: Request[Any, Any, Any], model: FromPath[str],
     labels = {"model": model, "version": str(resident.version)}
     started = time.perf_counter()
     try:
-        parsed = v2.parse(await request.body(), classify.limits(resident, service.settings))
+        body, limits = await request.body(), classify.limits(resident, service.settings)
+        parsed = (v2.parse(body, limits) if len(body) <= PARSE_INLINE_BYTES
+                  else await asyncio.to_thread(v2.parse, body, limits))
         result = await service.infer(resident, parsed)
     except ServingError as exc:
         service.metrics.request_failure.labels(**labels, reason=type(exc).__name__).inc()

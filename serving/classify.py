@@ -16,10 +16,11 @@ OUTPUTS = ("label", "probabilities", "confidence", "tier")
 
 
 def limits(resident: Resident, settings: ServingSettings) -> v2.Limits:
-    tokenizer = resident.tokenizer
+    tokenizer, max_length = resident.tokenizer, resident.manifest.preprocessing.max_length
     return v2.Limits(max_rows=settings.max_request_rows, max_text_bytes=settings.max_text_bytes,
-                     max_length=resident.manifest.preprocessing.max_length,
-                     vocab_size=tokenizer.get_vocab_size() if tokenizer else None)
+                     max_length=max_length,
+                     vocab_size=tokenizer.get_vocab_size() if tokenizer else None,
+                     max_sequence=max(max_length, resident.padded_length))
 
 
 def rows_of(resident: Resident, parsed: v2.Parsed) -> list[np.ndarray]:

@@ -25,7 +25,7 @@ from serving.manifest import Manifest, is_valid_name
 from serving.metrics import Metrics
 from serving.settings import ServingSettings
 from serving.store import ModelStore, StoreError, Tier
-from serving.text import Encoded, load_tokenizer, pad, unpadded
+from serving.text import Encoded, file_length, load_tokenizer, pad, unpadded
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ class Resident:
     batcher: Batcher
     tokenizer: Tokenizer | None  # unpadded: rows are padded per batch
     fidelity: probe.Measured | None = None  # on this node's hardware; None: release has no probe
+    padded_length: int = 0  # longest row the release's tokenizer file produces (text.file_length)
 
     @property
     def version(self) -> int:
@@ -180,15 +181,16 @@ class Repository:
         runtime = self.loader(manifest, folder)
         warm_up(runtime, self.settings.max_batch_size)
         fidelity = self._check_fidelity(manifest, folder, runtime)
-        tokenizer = None
+        tokenizer, padded_length = None, 0
         if manifest.preprocessing.tokenizer:
-            tokenizer = unpadded(load_tokenizer(folder / manifest.preprocessing.tokenizer,
-                                                manifest.preprocessing.max_length))
+            path = folder / manifest.preprocessing.tokenizer
+            tokenizer = unpadded(load_tokenizer(path, manifest.preprocessing.max_length))
+            padded_length = file_length(path)
         s = self.settings
         batcher = Batcher(runtime.predict, max_batch_size=s.max_batch_size,
                           max_delay_ms=s.max_batch_delay_ms, max_queue_rows=s.max_queue_rows,
                           observe=self.metrics.observer(model, version))
-        return Resident(manifest, runtime, batcher, tokenizer, fidelity)
+        return Resident(manifest, runtime, batcher, tokenizer, fidelity, padded_length)
 
     def floor(self, manifest: Manifest) -> float:
         """The node's own floor when set, else the release's."""

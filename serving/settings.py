@@ -103,8 +103,11 @@ class ServingSettings(BaseSettings):
     max_text_bytes: int = Field(default=64 * 1024, ge=1)
     """Longest single text (UTF-8 bytes) accepted before tokenization."""
 
-    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
-    """Largest request body; larger ones get 413."""
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    """Largest request body; larger ones get 413. 1 MiB holds the largest legitimate request
+    three times over (256 rows of 128 padded token ids and masks: 329 KB as json.dumps writes
+    it) and 256 texts of 4 KB each, far more than the model reads; bodies over it only cost
+    parse time and memory."""
 
     threads: int = Field(default=0, ge=0)
     """Intra-op threads of the model runtime (0 = the runtime's default)."""

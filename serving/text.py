@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import numpy as np
 from tokenizers import Tokenizer
 
@@ -30,6 +31,33 @@ def load_tokenizer(path: Path, max_length: int) -> Tokenizer:
     tokenizer.enable_padding(pad_id=padding.get("pad_id", 0),
                              pad_token=padding.get("pad_token", "[PAD]"))
     return tokenizer
+
+
+class _Truncation(msgspec.Struct):
+    max_length: int = 0
+
+
+class _Padding(msgspec.Struct):
+    strategy: dict[str, int] | str = ""  # {"Fixed": n} or "BatchLongest"
+
+
+class _TokenizerFile(msgspec.Struct):
+    truncation: _Truncation | None = None
+    padding: _Padding | None = None
+
+
+def file_length(path: Path) -> int:
+    """The longest row the tokenizer file's own settings produce (its fixed padding or its
+    truncation length; 0 when neither is set). A client tokenizing with the release's file
+    as it is (MiniLM's pads every row to 128) sends rows this long, longer than the model's
+    ``max_length``; the servers accept that much padding and no more."""
+    try:
+        settings = msgspec.json.decode(path.read_bytes(), type=_TokenizerFile)
+    except (msgspec.DecodeError, msgspec.ValidationError):  # a layout we do not know
+        return 0
+    fixed = settings.padding.strategy if settings.padding else ""
+    return max(settings.truncation.max_length if settings.truncation else 0,
+               fixed.get("Fixed", 0) if isinstance(fixed, dict) else 0)
 
 
 def encode(tokenizer: Tokenizer, texts: list[str]) -> Encoded:

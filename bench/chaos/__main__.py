@@ -38,7 +38,7 @@ def main() -> None:
     show(f"Faults: {plan.drop_rate:.0%} of connections dropped mid-request (half after part of "
          f"the body, half after the whole request without reading the answer), "
          f"{plan.corrupt_rate:.0%} of bodies corrupted (truncated JSON, broken UTF-8, wrong "
-         f"datatype, a 1 MiB string), an edge SIGKILLed every {plan.edge_kill_every} requests "
+         f"datatype, a 512 KiB string), an edge SIGKILLed every {plan.edge_kill_every} requests "
          f"(in turn, once the previous one is back), the center at {plan.center_kill_at:.0%} of "
          f"the run, registry serve twice during a publish of the same release at "
          f"{plan.publish_at:.0%}. `tiered up`'s supervisor restarts what was killed.")

@@ -8,7 +8,7 @@ import struct
 from typing import Any
 
 CORRUPTIONS = ("truncated-json", "broken-utf8", "wrong-datatype", "huge-string")
-HUGE = 1 << 20  # one 1 MiB string: over the tiers' 64 KiB per-string limit, under nginx's 8 MiB
+HUGE = 1 << 19  # one 512 KiB string: over the 64 KiB per-string limit, under the 1 MiB body limit
 
 
 def corrupt(body: dict[str, Any], kind: str) -> bytes:

@@ -3,12 +3,15 @@
 A bounded run of ``bench.fuzz`` (the longer one is ``python -m bench.fuzz``) against a real
 center and edge serving a tiny release: no 5xx, every response as documented (4xx bodies are
 ``{"error": "..."}``). Then the regressions it led to, and checks that no error, however it
-arises, carries a traceback, a file path or the exception's text (debug is off).
+arises, carries a traceback, a file path or the exception's text (debug is off). Hostile
+bodies (``bench.fuzz.hostile_bodies``: deep nesting, huge declared shapes, near-limit token
+bodies, numbers no INT64 holds) get a 4xx, log no traceback, and never starve the health check.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +21,7 @@ import numpy as np
 import pytest
 from litestar.testing import TestClient
 
-from bench.fuzz import fill_stores, fuzz_tier, tiers
+from bench.fuzz import MAX_BODY, fill_stores, fuzz_hostile, fuzz_tier, hostile_bodies, tiers
 from center.service import CenterService
 from center.settings import CenterSettings
 from edge.pipeline import EdgeService
@@ -99,6 +102,47 @@ def test_client_errors_are_v2_shaped_and_leak_nothing(served: Tiers) -> None:
         for response in responses:
             assert set(response.json()) == {"error"}
             assert "Traceback" not in response.text and ".py" not in response.text
+
+
+def test_hostile_bodies_get_a_v2_4xx_and_log_no_traceback(served: Tiers) -> None:
+    """Findings 7 and 9: deep nesting was a 500 with a traceback; huge token bodies were
+    parsed in full on the event loop. Each body is refused (400, or 413 over the limit)."""
+    for server in (served.center, served.edge):
+        tally = fuzz_hostile(server.tier, server.url)
+        assert tally.server_errors == 0 and tally.failures == [], tally.failures
+        assert tally.client_errors == tally.cases == len(hostile_bodies(edge=server.tier == "edge"))
+        assert httpx.get(f"{server.url}/v2/health/live", timeout=10).status_code == 200
+        log = server.log.read_text()
+        assert "Traceback" not in log and "RecursionError" not in log
+
+
+LARGE = [body for name, body in hostile_bodies() if len(body) > MAX_BODY // 2]
+SENDERS, ROUNDS = 8, 3  # 8 clients, each sending every large body 3 times
+
+
+def test_health_keeps_answering_while_large_hostile_bodies_are_in_flight(served: Tiers) -> None:
+    """8 clients send the near-limit and over-limit bodies (1 MiB of token ids, a 1 MiB text,
+    700 KB of nested objects, 8 MiB of ids) together; meanwhile every /v2/health/live call
+    must answer 200 within Consul's 1 s check timeout (httpx raises if it does not)."""
+    assert len(LARGE) >= 4
+    for server in (served.edge, served.center):
+        url = f"{server.url}/v2/models/tiny/infer"
+
+        def send(_: int, url: str = url) -> list[int]:
+            with httpx.Client(timeout=120) as client:
+                return [client.post(url, content=body).status_code
+                        for _ in range(ROUNDS) for body in LARGE]
+
+        checks = 0
+        with ThreadPoolExecutor(SENDERS) as pool, httpx.Client(timeout=1.0) as health:
+            futures = [pool.submit(send, i) for i in range(SENDERS)]
+            while not all(f.done() for f in futures) or checks == 0:
+                assert health.get(f"{server.url}/v2/health/live").status_code == 200
+                checks += 1
+            statuses = [status for f in futures for status in f.result()]
+        assert len(statuses) == SENDERS * ROUNDS * len(LARGE)
+        assert set(statuses) <= {400, 413}, statuses
+        assert "Traceback" not in server.log.read_text()
 
 
 class Exploding:

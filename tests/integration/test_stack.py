@@ -130,8 +130,8 @@ def test_nginx_routes_to_edges_and_escalations_reach_a_center(stack: Stack) -> N
                          timeout=10)
     assert too_big.status_code == 413
     # a body nginx buffers to disk (> 16 KiB) reaches the edge, whichever user nginx's workers
-    # run as: the edge refuses the 1 MiB string, nginx does not fail with a 500
-    long = {"inputs": [{**BODY["inputs"][0], "data": ["x" * (1 << 20)]}]}
+    # run as: the edge refuses the 512 KiB string, nginx does not fail with a 500
+    long = {"inputs": [{**BODY["inputs"][0], "data": ["x" * (1 << 19)]}]}
     refused = infer(stack, long)
     assert refused.status_code == 400 and "the limit is" in refused.json()["error"]
 

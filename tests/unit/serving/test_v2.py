@@ -7,7 +7,8 @@ import pytest
 from serving import v2
 from serving.errors import BadRequest
 
-LIMITS = v2.Limits(max_rows=4, max_text_bytes=50, max_length=4, vocab_size=1000)
+LIMITS = v2.Limits(max_rows=4, max_text_bytes=50, max_length=4, vocab_size=1000,
+                   max_sequence=8)  # rows padded up to 8 (the tokenizer file's length) pass
 
 
 def body(**request: object) -> bytes:
@@ -42,7 +43,7 @@ def test_text_and_tensor_requests_parse() -> None:
     (text([]), "empty batch"),
     (text(["a"] * 5), "limit is 4"),
     (text(["x" * 51]), "limit is 50"),
-    (text([1]), "expected a string"),
+    (text([1]), "must hold strings"),
     (text(["a", "b"], [1, 2]), "shape must be"),
     (tensors([1, 2], [1, 1], [1, 3]), "holds 3 elements"),
     (tensors([1, 2], [1, 2], [1, 2]), "only 0 and 1"),
@@ -60,3 +61,107 @@ def test_text_and_tensor_requests_parse() -> None:
 def test_client_mistakes_are_bad_requests(raw: bytes, message: str) -> None:
     with pytest.raises(BadRequest, match=message):
         v2.parse(raw, LIMITS)
+
+
+def test_rows_padded_past_max_length_up_to_the_tokenizer_files_length_pass() -> None:
+    padded = v2.parse(tensors([[7, 8, 9] + [0] * 5], [[1, 1, 1] + [0] * 5], [1, 8]), LIMITS)
+    assert padded.token_rows is not None and padded.token_rows[0].tolist() == [7, 8, 9]
+    strict = v2.Limits(max_rows=4, max_text_bytes=50, max_length=4, vocab_size=1000)
+    with pytest.raises(BadRequest, match="the limit is 4"):  # no max_sequence: max_length
+        v2.parse(tensors([1] * 5, [1] * 5, [1, 5]), strict)
+
+
+def deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    # declared shapes refused before the data is looked at (data here is far too short)
+    (tensors([1], [1], [4, 9]), "9 tokens per row; the limit is 8"),
+    (tensors([1], [1], [5, 2]), "5 rows; the limit is 4"),
+    (tensors([1], [1], [2 ** 62, 2 ** 62]), "the limit is 4"),
+    (tensors([1], [1], [2 ** 63 - 1, 1]), "the limit is 4"),
+    (tensors([1], [1], [1, 2, 3]), "not valid here"),
+    (tensors([1], [1], [-1, 2]), "not valid here"),
+    (text(["a"], [2 ** 63 - 1]), "the limit is 4"),
+    (text(["a"], [2 ** 63]), "invalid inference request"),
+    (body(inputs=[{"name": "text", "datatype": "BYTES", "shape": [2 ** 64], "data": []}]),
+     "invalid inference request"),
+    (body(inputs=[{"name": "text", "datatype": "BYTES", "shape": [1] * 9, "data": []}]),
+     "invalid inference request"),
+    # shape/data mismatches, flat and nested
+    (tensors([[1, 2], [3]], [[1, 1], [1]], [2, 2]), "does not have shape"),
+    (tensors([[1, 2, 3]], [[1, 1, 1]], [2, 3]), "does not have shape"),
+    (tensors([1, 2, 3], [1, 1, 1], [2, 2]), "holds 4 elements but data has 3"),
+    (text([["a"], ["b"]], [3, 1]), "does not have shape"),
+    # numbers that are not INT64 values
+    (tensors([1, 2 ** 63], [1, 1], [1, 2]), "must hold integers"),
+    (tensors([1, -(2 ** 63) - 1], [1, 1], [1, 2]), "must hold integers"),
+    (tensors([1, 10 ** 30], [1, 1], [1, 2]), "must hold integers"),
+    (tensors([1, True], [1, 1], [1, 2]), "must hold integers"),
+    (tensors([1, 2], [1.0, 1], [1, 2]), "must hold integers"),
+    (tensors([1, None], [1, 1], [1, 2]), "must hold integers"),
+    (tensors([1, "2"], [1, 1], [1, 2]), "must hold integers"),
+    (tensors(5, 5, [1, 1]), "must hold integers"),
+    (text("abc", [1]), "must hold strings"),
+    (text([["a", ["b"]]], [1, 1]), "must hold strings"),
+])
+def test_declared_shapes_and_typed_data_are_refused(raw: bytes, message: str) -> None:
+    with pytest.raises(BadRequest, match=message):
+        v2.parse(raw, LIMITS)
+
+
+@pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity", b"1e999", b"1.0e3"])
+def test_nan_inf_and_floats_where_token_ids_belong_are_400(literal: bytes) -> None:
+    raw = tensors([5, 6], [1, 1], [1, 2]).replace(b"[5, 6]", b"[5, " + literal + b"]")
+    with pytest.raises(BadRequest, match=r"malformed JSON|must hold integers"):
+        v2.parse(raw, LIMITS)
+
+
+NEST = "@"  # where the nested arrays go
+DEEP_SOMEWHERE = {
+    "data": '{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": @}]}',
+    "data row": '{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1, 1], '
+                '"data": [@]}]}',
+    "shape": '{"inputs": [{"name": "text", "datatype": "BYTES", "shape": @, "data": ["a"]}]}',
+    "parameters": '{"inputs": [], "parameters": {"truncate": true, "x": @}}',
+    "input parameters": '{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], '
+                        '"data": ["a"], "parameters": {"x": @}}]}',
+    "output parameters": '{"inputs": [], "outputs": [{"name": "label", "parameters": {"x": @}}]}',
+    "id": '{"inputs": [], "id": @}',
+    "outputs": '{"inputs": [], "outputs": @}',
+    "inputs": '{"inputs": [@]}',
+    "top": "@",
+    "objects": '{"inputs": [], "parameters": {"x": OBJECTS}}',
+}
+
+
+@pytest.mark.parametrize("where", list(DEEP_SOMEWHERE))
+@pytest.mark.parametrize("depth", [2_000, 100_000])
+def test_deep_nesting_anywhere_is_a_bad_request(where: str, depth: int) -> None:
+    """Finding 9: msgspec's RecursionError was a 500 with a traceback; typed fields refuse an
+    array at once, ``Any`` fields (parameters) and raw data hit msgspec's depth guard."""
+    raw = DEEP_SOMEWHERE[where].replace(NEST, deep(depth)).replace(
+        "OBJECTS", '{"a": ' * depth + "1" + "}" * depth)
+    with pytest.raises(BadRequest, match=r"nested too deeply|invalid inference request|"
+                                          r"must hold strings"):
+        v2.parse(raw.encode(), LIMITS)
+
+
+def test_moderate_nesting_in_parameters_is_still_accepted() -> None:
+    nested = body(inputs=[{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}],
+                  parameters={"x": [[[[[[[[1]]]]]]]]})
+    assert v2.parse(nested, LIMITS).texts == ["a"]
+
+
+def test_an_8_mib_token_body_with_a_huge_declared_shape_is_refused_unread() -> None:
+    """Finding 7: [256, 8000] token ids; refused by its shape, the data is never decoded."""
+    ids = "[" + ",".join("[" + ",".join(["1"] * 8000) + "]" for _ in range(256)) + "]"
+    raw = (f'{{"inputs": [{{"name": "input_ids", "datatype": "INT64", "shape": [256, 8000], '
+           f'"data": {ids}}}, {{"name": "attention_mask", "datatype": "INT64", '
+           f'"shape": [256, 8000], "data": {ids}}}]}}').encode()
+    assert len(raw) > 7 << 20
+    big = v2.Limits(max_rows=256, max_text_bytes=50, max_length=64, vocab_size=1000,
+                    max_sequence=128)
+    with pytest.raises(BadRequest, match="8000 tokens per row; the limit is 128"):
+        v2.parse(raw, big)
