@@ -3,6 +3,8 @@
 Chunks are appended to ``<sha256>.part``; a broken stream is retried from the file's size, so
 bytes already received are never asked for again. A finished file is checked against its
 sha256 and only then renamed to ``<sha256>``; a mismatch deletes it (the next try starts over).
+The manifest's size bounds the file: a chunk that would run past it (or is empty, or claims
+another size) deletes the ``.part`` and fails the transfer before it is written.
 An artifact some installed version already has is copied locally instead of downloaded.
 """
 

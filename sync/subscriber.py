@@ -4,8 +4,11 @@ One Sync stream to the registry: hello (what the store holds, what is served), t
 pushed by the registry. Per model, a worker converges on the newest desired release: fetch the
 tier's artifacts (resumable, verified), install them into the store, load + warm + swap
 (``Repository.activate``), keep the active and the previous version on disk, ack ``ACTIVE``.
-On failure it acks ``FAILED``, keeps serving what it served, and retries with backoff. A lost
-stream is re-opened with exponential backoff and jitter; meanwhile the node serves its store.
+On failure it acks ``FAILED``, keeps serving what it served, and retries with backoff. With a
+release key, a release also needs a signed directive for this node no older than the newest it
+accepted (``sync.directive``): a replayed older release is refused before anything is fetched.
+A lost stream is re-opened with exponential backoff and jitter; meanwhile the node serves its
+store.
 """
 
 from __future__ import annotations
