@@ -59,6 +59,24 @@ def append(conn: sqlite3.Connection, *, actor: str, action: str, model: str | No
     return record
 
 
+@dataclass(frozen=True)
+class Head:
+    """The newest record of the chain: its seq (monotonic, the log only grows) and hash."""
+
+    seq: int
+    hash: str
+
+
+def head(conn: sqlite3.Connection) -> Head | None:
+    row = conn.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+    return Head(int(row[0]), str(row[1])) if row else None
+
+
+def hash_at(conn: sqlite3.Connection, seq: int) -> str | None:
+    row = conn.execute("SELECT hash FROM audit WHERE seq = ?", [seq]).fetchone()
+    return str(row[0]) if row else None
+
+
 def records(db: sqlite_utils.Database, model: str | None = None,
             limit: int | None = None) -> list[Record]:
     sql, params = "SELECT * FROM audit", []

@@ -12,7 +12,8 @@ import msgspec
 import sqlite_utils
 
 from registry import audit
-from registry.db import now, transaction
+from registry.anchor import Anchor, audited
+from registry.db import now
 from registry.errors import InvalidName, NotFound, RegistryError
 from serving.manifest import Manifest, decode, encode, is_valid_name
 from serving.signing import Signer, decode_signature, encode_signature
@@ -70,9 +71,12 @@ class VersionRow:
 
 
 class Catalog:
-    def __init__(self, db: sqlite_utils.Database, actor: str) -> None:
+    def __init__(self, db: sqlite_utils.Database, actor: str,
+                 anchor: Anchor | None = None) -> None:
+        """``anchor``: where the signed audit head is moved after each change (None: not)."""
         self.db = db
         self.actor = actor
+        self.anchor = anchor
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -169,7 +173,7 @@ class Catalog:
         concurrent publishers get consecutive versions.
         """
         check_name(manifest.name)
-        with transaction(self.db) as conn:
+        with audited(self.db, self.anchor) as conn:
             if not conn.execute("SELECT 1 FROM models WHERE name = ?", [manifest.name]).fetchone():
                 conn.execute("INSERT INTO models VALUES (?, ?)", [manifest.name, now()])
             last = conn.execute("SELECT MAX(version) FROM versions WHERE model = ?",
@@ -203,7 +207,7 @@ class Catalog:
     def sign(self, model: str, signer: Signer, version: int | None = None) -> list[int]:
         """Sign VERSION (default: every unsigned version) of a model published before signing
         existed; each signature is audited (action ``sign``). Signed versions are immutable."""
-        with transaction(self.db) as conn:
+        with audited(self.db, self.anchor) as conn:
             self._require_model(model)
             if version is not None:
                 self._require_version(model, version)
@@ -224,7 +228,7 @@ class Catalog:
 
     def promote(self, model: str, version: int | None = None) -> int:
         """Move ``production`` to VERSION (default: the canary version); clears the canary."""
-        with transaction(self.db) as conn:
+        with audited(self.db, self.anchor) as conn:
             self._require_model(model)
             target = version or self.alias(model, CANARY)
             if target is None:
@@ -239,7 +243,7 @@ class Catalog:
 
     def rollback(self, model: str, to: int | None = None) -> tuple[int, int]:
         """Point ``production`` back to TO (default: the newest version below the current)."""
-        with transaction(self.db) as conn:
+        with audited(self.db, self.anchor) as conn:
             self._require_model(model)
             current = self.alias(model, PRODUCTION)
             if current is None:

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from registry import audit, keys, render
+from registry import anchor, audit, keys, render
 from registry.blobs import BlobStore
 from registry.catalog import Catalog, check_name
 from registry.db import connect
@@ -39,7 +39,8 @@ class Context:
     @property
     def catalog(self) -> Catalog:
         if self._catalog is None:
-            self._catalog = Catalog(connect(self.settings.database), self.settings.actor)
+            self._catalog = Catalog(connect(self.settings.database), self.settings.actor,
+                                    anchor.for_settings(self.settings))
             BlobStore(self.settings.blobs).sweep_temporaries()
         return self._catalog
 
@@ -282,22 +283,38 @@ def rollback_cmd(ctx: Context, name: str, to: int | None, as_json: bool) -> None
 
 
 @cli.command("audit")
-@click.option("--verify", is_flag=True, help="Walk the hash chain; exit 1 at the first bad "
-              "record.")
+@click.option("--verify", is_flag=True, help="Walk the hash chain and compare it with the "
+              "signed head beside the database; exit 1 at the first problem.")
+@click.option("--anchor", "anchor_head", is_flag=True, help="Sign the current head of a chain "
+              "that has none yet (a registry from before signed heads); refused when one "
+              "exists.")
 @click.option("--model", default=None, help="Only records about this model.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Only the last N.")
 @json_flag
 @pass_ctx
-def audit_cmd(ctx: Context, verify: bool, model: str | None, limit: int | None,
-              as_json: bool) -> None:
-    """Show the audit log, or verify its hash chain."""
+def audit_cmd(ctx: Context, verify: bool, anchor_head: bool, model: str | None,
+              limit: int | None, as_json: bool) -> None:
+    """Show the audit log, verify its hash chain and signed head, or anchor its head."""
     db = ctx.catalog.db
-    if verify:
+    if verify or anchor_head:
         checked, finding = audit.verify(db)
-        data = {"ok": finding is None, "checked": checked,
-                "first_bad": None if finding is None else finding.__dict__}
-        emit(as_json, data, lambda: render.audit_verdict(out, checked, finding))
-        if finding is not None:
+        settings = ctx.settings
+        head, problem = anchor.check(db, settings.home / anchor.FILE,
+                                     keys.existing_public(settings), settings.signing_key_path)
+        if anchor_head and finding is None and head is None and problem is not None:
+            try:  # the only problem is the missing head: sign the chain as it is now
+                head = anchor.for_settings(settings).create(db)
+            except anchor.AnchorError as exc:
+                raise RegistryError(str(exc)) from exc
+            problem = None
+        elif anchor_head and problem is None and finding is None:
+            raise RegistryError(f"{settings.home / anchor.FILE} exists or the log is empty: "
+                                f"nothing to anchor")
+        data = {"ok": finding is None and problem is None, "checked": checked,
+                "first_bad": None if finding is None else finding.__dict__,
+                "head": None if head is None else head.to_json(), "head_problem": problem}
+        emit(as_json, data, lambda: render.audit_verdict(out, checked, finding, head, problem))
+        if finding is not None or problem is not None:
             raise SystemExit(AuditChainBroken.exit_code)
         return
     rows = audit.records(db, model=model, limit=limit)
@@ -355,7 +372,8 @@ def node_revoke_cmd(ctx: Context, node_id: str) -> None:
     token; ``registry node token NODE_ID`` then prints the new one."""
     if not NODE_ID.fullmatch(node_id):
         raise click.UsageError(f"invalid node id {node_id[:64]!r}")
-    generation = NodeBook(ctx.catalog.db).revoke(node_id, ctx.settings.actor)
+    catalog = ctx.catalog
+    generation = NodeBook(catalog.db, catalog.anchor).revoke(node_id, ctx.settings.actor)
     out.print(f"revoked {escape(node_id)}'s token; its new one is generation {generation} "
               f"(`registry node token {escape(node_id)}`)")
 

@@ -46,6 +46,14 @@ def signer(settings: RegistrySettings) -> Signer:
     return Signer(key)
 
 
+def existing_public(settings: RegistrySettings) -> Ed25519PublicKey | None:
+    """The signing key's public half when the key exists (None: nothing is created here, for
+    checks that must not mint a key)."""
+    if not settings.signing_key_path.exists():
+        return None
+    return signer(settings).key.public_key()
+
+
 @dataclass(frozen=True)
 class PublicKey:
     key: Ed25519PublicKey

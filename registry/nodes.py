@@ -13,6 +13,7 @@ from typing import Any
 import sqlite_utils
 
 from registry import audit
+from registry.anchor import Anchor, audited
 from registry.catalog import Catalog, Node
 from registry.db import now, transaction
 from sync import REFUSED
@@ -37,8 +38,10 @@ class Measured:
 
 
 class NodeBook:
-    def __init__(self, db: sqlite_utils.Database) -> None:
+    def __init__(self, db: sqlite_utils.Database, anchor: Anchor | None = None) -> None:
+        """``anchor``: where the signed audit head is moved after each audited write."""
         self.db = db
+        self.anchor = anchor
 
     def connected(self, node: Node, peer: str, held: list[Held],
                   platform: dict[str, Any] | None = None) -> None:
@@ -83,7 +86,7 @@ class NodeBook:
         if measured is not None:
             payload |= {"fidelity": measured.fidelity, "fidelity_rows": measured.rows,
                         "platform": measured.platform}
-        with transaction(self.db) as conn:
+        with audited(self.db, self.anchor) as conn:
             audit.append(conn, actor=f"node:{node.node_id}", action=action, model=model,
                          version=version, payload=payload)
             conn.execute("INSERT OR IGNORE INTO node_models (node_id, model, state, updated_at) "
@@ -149,7 +152,7 @@ class NodeBook:
     def revoke(self, node_id: str, actor: str) -> int:
         """Void ``node_id``'s token: its generation goes up by one (audited); the new
         generation's token is the only one accepted from now on."""
-        with transaction(self.db) as conn:
+        with audited(self.db, self.anchor) as conn:
             row = conn.execute("SELECT generation FROM node_tokens WHERE node_id = ?",
                                [node_id]).fetchone()
             generation = (row[0] if row else 1) + 1
@@ -161,8 +164,13 @@ class NodeBook:
                          [node_id, generation, now()])
         return generation
 
-    def denied(self, peer: str, method: str) -> None:
-        """A call with a missing or wrong token: audited, so probing leaves a trace."""
-        with transaction(self.db) as conn:
-            audit.append(conn, actor=f"peer:{peer}", action="auth-denied",
-                         payload={"method": method})
+    def refused_calls(self, rows: list[dict[str, Any]]) -> None:
+        """Calls refused for a missing or wrong token, in aggregate: one audit record per peer
+        host and interval (``sync.limits``), so probing leaves a trace but a flood of refused
+        calls cannot flood the log or the database's one writer."""
+        if not rows:
+            return
+        with audited(self.db, self.anchor) as conn:
+            for row in rows:
+                audit.append(conn, actor=f"peer:{row['peer']}", action="auth-denied",
+                             payload=row)

@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from registry.anchor import SignedHead
 from registry.audit import Finding, Record
 from registry.catalog import VersionRow
 from serving.manifest import Manifest
@@ -146,12 +147,18 @@ def audit_table(console: Console, rows: list[Record]) -> None:
     console.print(table)
 
 
-def audit_verdict(console: Console, checked: int, finding: Finding | None) -> None:
+def audit_verdict(console: Console, checked: int, finding: Finding | None,
+                  head: SignedHead | None = None, problem: str | None = None) -> None:
     if finding is None:
         console.print(f"[green]audit chain intact[/]: {checked} records verified")
     else:
         console.print(f"[red]audit chain broken at record {finding.seq}[/]: "
                       f"{escape(finding.reason)} ({checked} records before it verified)")
+    if problem is not None:
+        console.print(f"[red]signed head check failed[/]: {escape(problem)}")
+    elif head is not None:
+        console.print(f"[green]signed head holds[/]: record {head.head.seq} "
+                      f"({head.head.hash[:16]}), key {head.key_id}, signed {head.at}")
 
 
 def _fidelity(row: dict[str, Any]) -> str:

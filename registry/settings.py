@@ -72,6 +72,18 @@ class RegistrySettings(BaseSettings):
     chunk_bytes: int = Field(default=1 << 20, ge=1024, le=3 << 20)
     """Bytes per Fetch message (below gRPC's 4 MiB default receive limit)."""
 
+    refusal_interval_s: float = Field(default=60.0, gt=0, le=3600)
+    """Calls refused for a missing or wrong token are audited in aggregate: one record per
+    peer host per this many seconds (and at shutdown), with the count and methods."""
+
+    refusal_limit: int = Field(default=100, ge=1)
+    """Refused calls from one peer host per interval that are logged; past it a refusal is
+    only counted (the aggregate audit record says how many)."""
+
+    max_concurrent_streams: int = Field(default=128, ge=1, le=65536)
+    """Concurrent gRPC calls (streams) one connection may have open on ``registry serve``
+    (a node needs its Sync stream and a few Fetches)."""
+
     watch_interval_s: float = Field(default=0.2, gt=0, le=5)
     """How often ``registry serve`` looks for changes committed by other processes
     (publish, promote, rollback) before pushing them."""

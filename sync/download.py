@@ -3,6 +3,8 @@
 Chunks are appended to ``<sha256>.part``; a broken stream is retried from the file's size, so
 bytes already received are never asked for again. A finished file is checked against its
 sha256 and only then renamed to ``<sha256>``; a mismatch deletes it (the next try starts over).
+The manifest's size bounds the file: a chunk that would run past it (or is empty, or claims
+another size) deletes the ``.part`` and fails the transfer before it is written.
 An artifact some installed version already has is copied locally instead of downloaded.
 """
 
@@ -94,9 +96,11 @@ class Downloader:
         # to the file before the next is read, so a resume never skips bytes
         with part.open("ab") as out:
             async for chunk in self.stub().Fetch(request, metadata=self.metadata):
-                if chunk.offset != offset or chunk.size != artifact.size:
-                    raise TransferError(f"fetch {artifact.file}: chunk at {chunk.offset} of "
-                                        f"{chunk.size}, expected {offset} of {artifact.size}")
+                problem = _misfit(chunk, offset, artifact.size)
+                if problem is not None:  # a rogue or broken registry: nothing of it is kept
+                    part.unlink(missing_ok=True)
+                    raise TransferError(f"fetch {artifact.file}: {problem}; the partial "
+                                        f"download was deleted")
                 await asyncio.to_thread(_append, out, chunk.data)
                 offset += len(chunk.data)
                 self.metrics.bytes.inc(len(chunk.data))
@@ -129,6 +133,20 @@ class Downloader:
     def take(self, artifact: Artifact, destination: Path) -> None:
         """ModelStore.install's fetch: move the verified download into the staging folder."""
         os.replace(self.folder / artifact.sha256, destination)
+
+
+def _misfit(chunk: pb.Chunk, offset: int, size: int) -> str | None:
+    """Why a chunk must not be written (None: it fits). The manifest's size (signed, when the
+    node checks signatures) bounds the file: checked before each write, so a registry that
+    streams on never makes the ``.part`` larger than the artifact."""
+    if chunk.offset != offset or chunk.size != size:
+        return f"chunk at {chunk.offset} of {chunk.size}, expected {offset} of {size}"
+    if not chunk.data:
+        return f"empty chunk at {offset} of {size}"
+    if offset + len(chunk.data) > size:
+        return (f"chunk of {len(chunk.data)} bytes at {offset} runs past the artifact's "
+                f"{size} bytes")
+    return None
 
 
 def _append(out: BinaryIO, data: bytes) -> None:

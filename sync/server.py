@@ -22,6 +22,8 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from registry import anchor, audit
+from registry.audit import Head
 from registry.blobs import BlobStore
 from registry.catalog import Catalog, Node, Target
 from registry.db import connect
@@ -29,10 +31,12 @@ from registry.nodes import STATES, Held, Measured, NodeBook
 from registry.settings import RegistrySettings
 from serving import probe
 from serving.manifest import is_valid_name
+from serving.signing import Signer
 from serving.tokens import NODE_ID, Verifier
-from sync import auth
+from sync import auth, directive
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
+from sync.limits import Refusals
 from sync.metrics import SyncMetrics
 from sync.wire import Malformed, ParseInterceptor
 
@@ -43,6 +47,7 @@ FEATURE = re.compile(r"[a-z0-9_]{1,32}")
 MACHINE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 MAX_FEATURES = 64
 SERVICE = "tiered.sync.v1.Sync"
+MAX_UNWRITTEN = 100_000  # refused-call rows kept while the database cannot take them
 MAX_MESSAGE = 1 << 20  # nodes send small messages only: hello, acks, reports
 KEEPALIVE = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
              ("grpc.keepalive_permit_without_calls", 1),
@@ -58,16 +63,31 @@ class Database:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="registry-db")
         self.catalog: Catalog
         self.nodes: NodeBook
+        self.anchor: anchor.Anchor
+        self.signer: Signer
 
     async def open(self) -> None:
         def opened() -> None:
             db = connect(self.settings.database)
-            self.catalog, self.nodes = Catalog(db, self.settings.actor), NodeBook(db)
+            self.anchor = anchor.for_settings(self.settings)
+            self.signer = self.anchor.signer  # directives are signed with it; fails at start
+            self.catalog = Catalog(db, self.settings.actor, self.anchor)
+            self.nodes = NodeBook(db, self.anchor)
 
         await self.run(opened)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+
+    def desired(self, nodes: list[Node]) -> tuple[list[list[Target]], Head | None]:
+        """Every node's desired releases and the audit chain's head, from one snapshot (a
+        read transaction): the head signed into each directive is the one they came from."""
+        conn = self.catalog.db.conn
+        conn.execute("BEGIN")
+        try:
+            return [self.catalog.desired(n) for n in nodes], audit.head(conn)
+        finally:
+            conn.execute("COMMIT")
 
     def data_version(self) -> int:
         return int(self.catalog.db.execute("PRAGMA data_version").fetchone()[0])
@@ -163,29 +183,32 @@ class SyncService(pb_grpc.SyncServicer):
 
     async def push(self, session: Session) -> None:
         """Queue every release whose desired version changed for this node since last time."""
-        self._queue(session, await self.db.run(self.db.catalog.desired, session.node))
+        (targets,), head = await self.db.run(self.db.desired, [session.node])
+        self._queue(session, targets, head)
 
     async def push_all(self) -> None:
         """After a change: every node's desired releases in one database call, then queued."""
         sessions = list(self.sessions.values())
+        desired, head = await self.db.run(self.db.desired, [s.node for s in sessions])
+        for session, targets in zip(sessions, desired, strict=True):
+            self._queue(session, targets, head)
 
-        def desired_for_all() -> list[list[Target]]:
-            return [self.db.catalog.desired(s.node) for s in sessions]
-
-        for session, targets in zip(sessions, await self.db.run(desired_for_all), strict=True):
-            self._queue(session, targets)
-
-    def _queue(self, session: Session, targets: list[Target]) -> None:
+    def _queue(self, session: Session, targets: list[Target], head: Head | None) -> None:
         for t in targets:
             if session.sent.get(t.model) == t.version:
                 continue
             session.sent[t.model] = t.version
             if session.active.pop(t.model, None) == t.version:
                 continue  # it already serves that version
-            session.outbox.put_nowait(pb.ServerMessage(release=pb.Release(
-                model=t.model, version=t.version, alias=t.alias, manifest=t.manifest,
-                manifest_sha256=t.manifest_sha256, signature=t.signature,
-                signing_key_id=t.key_id)))
+            release = pb.Release(model=t.model, version=t.version, alias=t.alias,
+                                 manifest=t.manifest, manifest_sha256=t.manifest_sha256,
+                                 signature=t.signature, signing_key_id=t.key_id)
+            if head is not None:  # there is always one: a desired release was audited
+                release.directive, release.directive_signature = directive.sign(
+                    self.db.signer, directive.Directive(
+                        session.node.node_id, t.model, t.version, t.manifest_sha256, head.seq,
+                        head.hash))
+            session.outbox.put_nowait(pb.ServerMessage(release=release))
             self.metrics.pushes.inc()
             log.info("pushing %s version %s (%s) to %s", t.model, t.version, t.alias,
                      session.node.node_id)
@@ -291,6 +314,9 @@ class SyncServer:
         self.port = 0
         self._server: grpc.aio.Server | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self.refusals = Refusals(settings.refusal_limit, settings.refusal_interval_s)
+        self._unwritten: list[dict[str, Any]] = []
+        self._flusher: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
         await self.db.open()
@@ -300,7 +326,8 @@ class SyncServer:
             # the token is checked first; both see the tolerant deserializer (wire.py)
             interceptors=[auth.TokenInterceptor(self.verifier, self._denied),
                           ParseInterceptor(f"/{SERVICE}/")],
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE), *KEEPALIVE])
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE), *KEEPALIVE,
+                     ("grpc.max_concurrent_streams", self.settings.max_concurrent_streams)])
         pb_grpc.add_SyncServicer_to_server(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         address = f"{self.settings.host}:{self.settings.grpc_port}"
@@ -315,12 +342,34 @@ class SyncServer:
         for name in ("", SERVICE):
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._watcher = asyncio.create_task(self._watch())
+        self._flusher = asyncio.create_task(self._flush_refusals())
         return self.port
 
     async def _denied(self, method: str, peer: str) -> None:
+        """Per refused call: a counter and, at most twice per peer and interval, a log line;
+        the audit record comes in aggregate (``_flush_refusals``), off this path."""
         self.metrics.denied.inc()
-        log.warning("refused %s from %s: missing or wrong token", method, peer)
-        await self.db.run(self.db.nodes.denied, peer, method)
+        said = self.refusals.note(method, peer)
+        if said is not None:
+            log.warning("%s", said)
+
+    async def _flush_refusals(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.refusal_interval_s)
+            await self._write_refusals()
+
+    async def _write_refusals(self) -> None:
+        """The interval's refusals as audit records, one per peer host; rows a failed write
+        left are tried again with the next (at most ``MAX_UNWRITTEN`` kept)."""
+        rows = (self._unwritten + self.refusals.drain())[-MAX_UNWRITTEN:]
+        if not rows:
+            return
+        try:
+            await self.db.run(self.db.nodes.refused_calls, rows)
+            self._unwritten = []
+        except Exception:  # the database is busy or broken: keep them for the next interval
+            log.exception("auditing %d refused-call rows failed; retrying", len(rows))
+            self._unwritten = rows
 
     async def _load_generations(self) -> None:
         """Token generations (raised by ``registry node revoke``): a revoked node's stream is
@@ -355,6 +404,11 @@ class SyncServer:
             session.close()
         if self._server is not None:
             await self._server.stop(grace)
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+            await self._write_refusals()  # the last interval's, once no call can add to it
         self.db.close()
 
 

@@ -4,8 +4,11 @@ One Sync stream to the registry: hello (what the store holds, what is served), t
 pushed by the registry. Per model, a worker converges on the newest desired release: fetch the
 tier's artifacts (resumable, verified), install them into the store, load + warm + swap
 (``Repository.activate``), keep the active and the previous version on disk, ack ``ACTIVE``.
-On failure it acks ``FAILED``, keeps serving what it served, and retries with backoff. A lost
-stream is re-opened with exponential backoff and jitter; meanwhile the node serves its store.
+On failure it acks ``FAILED``, keeps serving what it served, and retries with backoff. With a
+release key, a release also needs a signed directive for this node no older than the newest it
+accepted (``sync.directive``): a replayed older release is refused before anything is fetched.
+A lost stream is re-opened with exponential backoff and jitter; meanwhile the node serves its
+store.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from serving.repository import Repository
 from serving.settings import ServingSettings
 from serving.signing import SigningError
 from serving.store import StoreError, check_release
-from sync import REFUSED, auth
+from sync import REFUSED, auth, directive
+from sync.directive import DirectiveError, Directives
 from sync.download import Downloader, DownloadMetrics, TransferError
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
@@ -81,6 +85,10 @@ class Subscriber:
         self.connected = Gauge(f"{prefix}_sync_connected", "1 while the Sync stream to the "
                                "registry is open", registry=registry)
         self._wanted: dict[str, Wanted] = {}
+        # with a release key, pushed releases also need a signed directive no older than the
+        # newest accepted (downgrade protection); without one nothing is verified at all
+        self.directives = (Directives(self.store.root, settings.node_id, self.store.verifier)
+                           if self.store.verifier is not None else None)
         self._workers: dict[str, asyncio.Task[None]] = {}
         self._call: grpc.aio.StreamStreamCall | None = None
         self._send_lock = asyncio.Lock()
@@ -200,6 +208,8 @@ class Subscriber:
             log.error("refused %s version %s: %s", manifest.name, manifest.version, refusal)
             await self._ack(manifest, pb.FAILED, f"{REFUSED} {refusal}")
             return
+        if self.directives is not None:  # checked above: from now on nothing older passes
+            await asyncio.to_thread(self.directives.accept, directive.parse(release.directive))
         wanted = self._wanted.get(manifest.name)
         if wanted is None:
             wanted = self._wanted[manifest.name] = Wanted(manifest, asyncio.Event())
@@ -217,7 +227,10 @@ class Subscriber:
             if self.store.verifier is not None:
                 self.store.verifier.check(release.manifest, release.signature,
                                           release.signing_key_id)
-        except (StoreError, SigningError) as exc:
+            if self.directives is not None:
+                self.directives.check(release.directive, release.directive_signature,
+                                      manifest.name, manifest.version, release.manifest_sha256)
+        except (StoreError, SigningError, DirectiveError) as exc:
             return str(exc)
         return None
 

@@ -123,7 +123,7 @@ class NodeMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., report: _Optional[_Union[QualityReport, _Mapping]] = ...) -> None: ...
 
 class Release(_message.Message):
-    __slots__ = ("model", "version", "alias", "manifest", "manifest_sha256", "signature", "signing_key_id")
+    __slots__ = ("model", "version", "alias", "manifest", "manifest_sha256", "signature", "signing_key_id", "directive", "directive_signature")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ALIAS_FIELD_NUMBER: _ClassVar[int]
@@ -131,6 +131,8 @@ class Release(_message.Message):
     MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     SIGNING_KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    DIRECTIVE_FIELD_NUMBER: _ClassVar[int]
+    DIRECTIVE_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     alias: str
@@ -138,7 +140,9 @@ class Release(_message.Message):
     manifest_sha256: str
     signature: bytes
     signing_key_id: str
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., alias: _Optional[str] = ..., manifest: _Optional[bytes] = ..., manifest_sha256: _Optional[str] = ..., signature: _Optional[bytes] = ..., signing_key_id: _Optional[str] = ...) -> None: ...
+    directive: bytes
+    directive_signature: bytes
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., alias: _Optional[str] = ..., manifest: _Optional[bytes] = ..., manifest_sha256: _Optional[str] = ..., signature: _Optional[bytes] = ..., signing_key_id: _Optional[str] = ..., directive: _Optional[bytes] = ..., directive_signature: _Optional[bytes] = ...) -> None: ...
 
 class Welcome(_message.Message):
     __slots__ = ("registry", "report_interval_s")

@@ -1,0 +1,231 @@
+"""The audit chain's head, signed and kept outside the database (``<home>/audit-head.json``).
+
+The hash chain proves that no record was altered or taken out of the middle, but a chain cut
+short at its end is still a valid chain: whoever can write the SQLite file (dropping the
+triggers first) can delete the newest records, and the chain alone would still verify. So
+after every audit write the process that wrote it signs the chain's head (seq and hash) with
+the registry's signing key and keeps it in this file, only ever moved forward along the same
+chain (a file lock orders concurrent writers). ``registry audit --verify`` then fails when the
+database holds less than the signed head, or something else at its seq. Nodes hold the head
+too: every release pushed to them carries it in a signed directive (``sync.directive``).
+
+The head may lag the chain (a process killed between its commit and its head write): the next
+audit write catches up, and a chain longer than its signed head verifies. A head is never
+created over a chain it did not see start unless an operator asks (``registry audit
+--anchor``): deleting the file must not let the next write bless a truncated chain.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import fcntl
+import json
+import logging
+import os
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from registry import audit, keys
+from registry.audit import Head, canonical
+from registry.db import now, transaction
+from registry.settings import RegistrySettings
+from serving.signing import Signer, key_id
+
+log = logging.getLogger(__name__)
+FILE, LOCK = "audit-head.json", ".audit-head.lock"
+KIND = "tiered-audit-head-v1"  # what the signature covers says what it is: never a manifest
+
+
+class AnchorError(Exception):
+    """The signed head cannot be read, or the database does not hold the chain it signs."""
+
+
+def body(head: Head) -> bytes:
+    """The signed bytes: canonical JSON of the head, tagged with its kind."""
+    return canonical({"kind": KIND, "seq": head.seq, "hash": head.hash}).encode()
+
+
+@dataclass(frozen=True)
+class SignedHead:
+    head: Head
+    key_id: str
+    signature: bytes
+    at: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": KIND, "seq": self.head.seq, "hash": self.head.hash,
+                "key_id": self.key_id, "signature": base64.b64encode(self.signature).decode(),
+                "at": self.at}
+
+
+def for_settings(settings: RegistrySettings) -> Anchor:
+    """The anchor of this registry home, signing with its release key (created on first use
+    like publish does, unless REGISTRY_SIGNING_KEY names one)."""
+    return Anchor(settings.home, lambda: keys.signer(settings))
+
+
+def read(path: Path) -> SignedHead | None:
+    """The head file as written (None: there is none); its signature is not checked here."""
+    try:
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise AnchorError(f"{path}: unreadable ({exc})") from exc
+    try:
+        if data["kind"] != KIND:
+            raise ValueError(f"kind {data['kind']!r}")
+        seq, digest = data["seq"], data["hash"]
+        if not (isinstance(seq, int) and seq >= 1 and isinstance(digest, str)):
+            raise ValueError("seq or hash of the wrong type")
+        signature = base64.b64decode(data["signature"], validate=True)
+        return SignedHead(Head(seq, digest), str(data["key_id"]), signature, str(data["at"]))
+    except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+        raise AnchorError(f"{path}: not a signed audit head ({exc})") from exc
+
+
+class Anchor:
+    """Moves ``<home>/audit-head.json`` forward after audit writes. ``signer`` is given, or
+    loaded on first use by ``load`` (so read-only commands never touch the key)."""
+
+    def __init__(self, home: Path, load: Callable[[], Signer]) -> None:
+        self.path, self.lock = home / FILE, home / LOCK
+        self._load = load
+        self._signer: Signer | None = None
+
+    @property
+    def signer(self) -> Signer:
+        """The key (loaded now if it was not): call before a change, so a missing or bad key
+        fails before anything is committed."""
+        if self._signer is None:
+            self._signer = self._load()
+        return self._signer
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        self.lock.parent.mkdir(parents=True, exist_ok=True)
+        with self.lock.open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def advance(self, db: sqlite_utils.Database, started: bool = False) -> SignedHead | None:
+        """After a commit that appended audit records (``started``: the first ones of the
+        chain): sign the chain's head now, if it extends the signed one. Never raises: the
+        change is committed already; a head that could not be written lags until the next
+        write (and verify says what is wrong)."""
+        try:
+            return self._advance(db, started)
+        except (AnchorError, OSError) as exc:
+            log.error("audit head not advanced: %s", exc)
+            return None
+
+    def _advance(self, db: sqlite_utils.Database, started: bool) -> SignedHead | None:
+        with self._locked():
+            ours = audit.head(db.conn)
+            if ours is None:
+                return None
+            kept = read(self.path)
+            if kept is None:
+                if not started:  # a chain this process did not see start: see the docstring
+                    raise AnchorError(f"no signed head {self.path} over an existing chain of "
+                                      f"{ours.seq} records; check it and run `registry audit "
+                                      f"--anchor`")
+            elif ours.seq <= kept.head.seq:
+                return kept  # another process signed this far (or further) already
+            elif audit.hash_at(db.conn, kept.head.seq) != kept.head.hash:
+                raise AnchorError(f"record {kept.head.seq} is not the one the signed head names "
+                                  f"(the chain was cut or rewritten); `registry audit --verify`")
+            return self._write(ours)
+
+    def create(self, db: sqlite_utils.Database) -> SignedHead:
+        """``registry audit --anchor``: sign the head of a chain that has no signed head yet
+        (a registry from before heads were signed). Refused when a head file exists."""
+        with self._locked():
+            if self.path.exists():
+                raise AnchorError(f"{self.path} exists; a signed head is only moved forward "
+                                  f"(by audit writes). Investigate before deleting it")
+            ours = audit.head(db.conn)
+            if ours is None:
+                raise AnchorError("the audit log is empty: nothing to anchor yet")
+            return self._write(ours)
+
+    def _write(self, head: Head) -> SignedHead:
+        signer = self.signer
+        signed = SignedHead(head, signer.key_id, signer.sign(body(head)), now())
+        write_atomically(self.path, json.dumps(signed.to_json(), indent=2).encode() + b"\n")
+        return signed
+
+
+@contextmanager
+def audited(db: sqlite_utils.Database, anchor: Anchor | None) -> Iterator[sqlite3.Connection]:
+    """``db.transaction`` for a change that appends audit records: the key is loaded before
+    it (a missing key fails before anything changes), the head is advanced after the commit."""
+    if anchor is not None:
+        anchor.signer  # noqa: B018 - loads the key now
+    with transaction(db) as conn:
+        started = audit.head(conn) is None
+        yield conn
+    if anchor is not None:
+        anchor.advance(db, started)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write beside, fsync, rename over, fsync the folder: a crash leaves the old file or the
+    new one, never half of one."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with temporary.open("wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temporary, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
+
+
+def check(db: sqlite_utils.Database, path: Path, public: Ed25519PublicKey | None,
+          key_path: Path) -> tuple[SignedHead | None, str | None]:
+    """Compare the database's chain with the signed head: the head (None: no file) and what
+    is wrong (None: the chain holds the head, signed by the registry's key)."""
+    ours = audit.head(db.conn)
+    try:
+        kept = read(path)
+    except AnchorError as exc:
+        return None, str(exc)
+    if kept is None:
+        if ours is None:
+            return None, None
+        return None, (f"no signed head ({path}) for a chain of {ours.seq} records: a truncated "
+                      f"chain cannot be told from a whole one. If this registry predates signed "
+                      f"heads, check the records and run `registry audit --anchor`")
+    if public is None:
+        return kept, (f"no signing key at {key_path} to check the signed head with (signed by "
+                      f"key {kept.key_id})")
+    try:
+        public.verify(kept.signature, body(kept.head))
+    except InvalidSignature:
+        return kept, (f"the signed head's signature does not verify with the registry's key "
+                      f"{key_id(public)} (file says key {kept.key_id}): forged or damaged")
+    if ours is None or ours.seq < kept.head.seq:
+        last = ours.seq if ours else 0
+        return kept, (f"the chain ends at record {last} but its signed head is record "
+                      f"{kept.head.seq}: records {last + 1}..{kept.head.seq} were removed "
+                      f"(truncated)")
+    if audit.hash_at(db.conn, kept.head.seq) != kept.head.hash:
+        return kept, (f"record {kept.head.seq} has another hash than the signed head "
+                      f"{kept.head.hash[:16]}: the chain was rewritten")
+    return kept, None
