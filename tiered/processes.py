@@ -72,6 +72,7 @@ P = TypeVar("P", bound=Process)
 @dataclass
 class TierProcess(Process):
     scheme: str = "http"
+    node: str = ""  # its node id, when not <tier>-<port>
 
     @property
     def tier(self) -> str:
@@ -79,7 +80,7 @@ class TierProcess(Process):
 
     @property
     def node_id(self) -> str:
-        return f"{self.name}-{self.port}"
+        return self.node or f"{self.name}-{self.port}"
 
     @property
     def url(self) -> str:
@@ -149,13 +150,14 @@ def _ready(server: P, ready: Callable[[], bool], timeout: float) -> P:
 
 def start_tier(tier: str, store: Path, log_dir: Path, *flags: str, timeout: float = 60,
                env: dict[str, str] | None = None, until: str = "ready",
-               registry_secret: str | None = None, ca: Path | None = None) -> TierProcess:
+               registry_secret: str | None = None, ca: Path | None = None,
+               node_id: str | None = None) -> TierProcess:
     """Run ``tier`` on a free 127.0.0.1 port; return once /v2/health/``until`` answers 200
     (``live`` for a node with an empty store: it is not ready until sync installs a model).
     With ``registry_secret`` the node gets its own token (derived for its node id) in
     REGISTRY_TOKEN; with ``ca`` it serves HTTPS and readiness is checked against ``ca``."""
     port = free_port()
-    node_id = f"{tier}-{port}"
+    node_id = node_id or f"{tier}-{port}"
     log = log_dir / f"{tier}-{port}.log"
     if registry_secret is not None:
         env = {**(env if env is not None else os.environ),
@@ -165,7 +167,7 @@ def start_tier(tier: str, store: Path, log_dir: Path, *flags: str, timeout: floa
             [str(BIN / tier), "--host", "127.0.0.1", "--port", str(port), "--store", str(store),
              "--node-id", node_id, *flags],
             stdout=out, stderr=subprocess.STDOUT, env=env)
-    server = TierProcess(tier, port, process, log, "https" if ca is not None else "http")
+    server = TierProcess(tier, port, process, log, "https" if ca is not None else "http", node_id)
     verify = ssl.create_default_context(cafile=str(ca)) if ca is not None else True
 
     def ready() -> bool:

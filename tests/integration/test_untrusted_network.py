@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from registry import anchor
+from serving.tokens import node_token
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 from tests.conftest import RegistryCli
@@ -29,7 +30,11 @@ from tests.integration.test_sync import TOKEN, metric, served, wait_for
 from tiered.processes import BIN, RegistryProcess, TierProcess, start_registry, start_tier
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-AUTH = [("authorization", f"Bearer {TOKEN}")]
+AUTH = [("authorization", f"Bearer {node_token(TOKEN, 'fetcher')}")]
+
+
+def auth(node_id: str) -> list[tuple[str, str]]:
+    return [("authorization", f"Bearer {node_token(TOKEN, node_id)}")]
 FLOOD = 2000
 CHUNK = 64 * 1024
 
@@ -52,9 +57,10 @@ class Home:
 
     def start_edge(self, name: str, port: int, until: str = "ready") -> TierProcess:
         return start_tier("edge", self.root / name, self.root, "--poll-interval-s", "0.2",
-                          "--node-id", name, "--registry", f"127.0.0.1:{port}",
-                          "--registry-token", TOKEN, "--sync-backoff-max-s", "1",
-                          "--release-key", self.key(), until=until, env={"PATH": str(BIN)})
+                          "--registry", f"127.0.0.1:{port}",
+                          "--sync-backoff-max-s", "1", "--release-key", self.key(),
+                          until=until, env={"PATH": str(BIN)}, registry_secret=TOKEN,
+                          node_id=name)
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +126,7 @@ def capture(target: str, node_id: str) -> pb.Release:
         done.wait(60)  # keep the stream open until the release has come
 
     with grpc.insecure_channel(target) as channel:
-        call = pb_grpc.SyncStub(channel).Sync(requests(), metadata=AUTH, timeout=60)
+        call = pb_grpc.SyncStub(channel).Sync(requests(), metadata=auth(node_id), timeout=60)
         try:
             for message in call:
                 if message.WhichOneof("kind") == "release":
