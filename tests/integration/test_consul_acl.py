@@ -5,6 +5,8 @@ see who may register what."""
 from __future__ import annotations
 
 import stat
+import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tiered.processes import free_port
-from tiered.stack import Stack
+from tiered.processes import BIN, free_port
+from tiered.stack import CONSUL_CONFIG, CONSUL_ROLES, Stack
 
 pytestmark = pytest.mark.integration
 
@@ -90,3 +92,23 @@ def test_the_management_token_is_in_a_private_file_not_in_argv(stack: Stack) -> 
     argv = Path(f"/proc/{stack.children['consul'].pid}/cmdline").read_bytes()
     assert not any(t.encode() in argv for t in stack.consul_tokens.values())
     assert read(stack, "/v1/acl/token/self", token)[0] == 200
+
+
+def test_compose_acl_setup_script_against_a_real_agent(stack: Stack) -> None:
+    """consul/acl-setup.sh (docker-compose.yml's consul-acl job) with other secrets: the
+    policies exist (updated), the tokens are new (created); a second run changes nothing."""
+    secrets = {f"CONSUL_{r.upper()}_TOKEN": str(uuid.uuid4()) for r in CONSUL_ROLES}
+    env = {"PATH": f"{BIN}:/usr/bin:/bin", "CONSUL_HTTP_ADDR": stack.consul,
+           "CONSUL_HTTP_TOKEN": stack.consul_tokens["management"], **secrets}
+    script = str(CONSUL_CONFIG.parent / "acl-setup.sh")
+    for made in ("created", "exists"):
+        run = subprocess.run(["sh", script], env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.count(f"token {made}") == len(CONSUL_ROLES), run.stdout
+    edge = secrets["CONSUL_EDGE_TOKEN"]
+    assert register(stack, "tiered-center", edge).status_code == 403
+    assert register(stack, "tiered-edge", edge).status_code == 200
+    missing = subprocess.run(["sh", script], env={**env, "CONSUL_EDGE_TOKEN": ""},
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "CONSUL_EDGE_TOKEN is not set" in missing.stderr
