@@ -31,6 +31,7 @@ from serving.logs import configure
 log = logging.getLogger("nginx.render")
 TEMPLATE = Path(__file__).with_name("nginx.conf.template")
 NOWHERE = "server 127.0.0.1:9 down;  # none passing"
+skipped = discovery.Throttled(log)
 
 
 @dataclass
@@ -47,13 +48,39 @@ def _servers(instances: list[Instance], backup: list[Instance] | None = None) ->
     connection only costs the next try. nginx's own failure marking is off (``max_fails=0``):
     Consul is the health source. With it on, an edge restarted faster than Consul's check saw
     it dead stayed shut out for ``fail_timeout``, and when the other edge died then, every
-    request got a 502 (the chaos replay found both)."""
+    request got a 502 (the chaos replay found both). (Failing instances stay here: they pass
+    the same checks as passing ones, and only a token holder of the role registers them.)"""
     live = [i for i in instances if i.passing]
     spare = [i for i in backup or [] if i.passing]
     spare += [i for i in [*instances, *(backup or [])] if not i.passing]
-    lines = [f"server {i.target} max_fails=0;" for i in live] or [NOWHERE]
-    lines += [f"server {i.target} max_fails=0 backup;" for i in spare]
+    lines = [f"server {_target(i.address, i.port)} max_fails=0;" for i in live] or [NOWHERE]
+    lines += [f"server {_target(i.address, i.port)} max_fails=0 backup;" for i in spare]
     return lines
+
+
+def _target(address: str, port: object) -> str:
+    """``host:port`` for a ``server`` line, built from checked parts only (an IP address
+    object's text, a host name that passed RFC 1123, an int): even an Instance made without
+    ``discovery.instance`` cannot put another character into the file."""
+    host = discovery.checked_address(address)
+    number = discovery.checked_port(port)
+    return f"[{host}]:{number}" if ":" in host else f"{host}:{number}"
+
+
+def _renderable(instances: list[Instance]) -> list[Instance]:
+    """The instances every value of which the config uses passes the checks (Watch skipped
+    the others already; this holds whatever filled the Fleet)."""
+    kept = []
+    for i in instances:
+        try:
+            _target(i.address, i.port)
+            discovery.checked_region(i.region)
+            _ = i.metrics_port  # checked when present
+        except discovery.InvalidInstance as exc:
+            skipped.warning("not rendering %r: %s", str(i.service_id)[:80], exc)
+            continue
+        kept.append(i)
+    return kept
 
 
 def _upstream(name: str, servers: list[str], balance: str = "least_conn;") -> str:
@@ -62,28 +89,27 @@ def _upstream(name: str, servers: list[str], balance: str = "least_conn;") -> st
 
 
 def upstreams(fleet: Fleet) -> str:
-    """The upstream blocks and the region map: a region's pool is its edges, the rest backup."""
-    regions = sorted({i.meta.get("region", "local") for i in fleet.edges})
+    """The upstream blocks and the region map: a region's pool is its edges, the rest backup.
+    Only instances whose values pass discovery's checks are written, each from checked parts."""
+    edges, centers = _renderable(fleet.edges), _renderable(fleet.centers)
+    registries = _renderable(fleet.registries)
+    regions = sorted({discovery.checked_region(i.region) for i in edges})
     parts = ["# written by nginx/render.py from Consul; rewritten on every change\n",
-             _upstream("tiered_edges", _servers(fleet.edges))]
+             _upstream("tiered_edges", _servers(edges))]
     pools = []
     for region in regions:
-        local = [i for i in fleet.edges if i.meta.get("region", "local") == region]
-        others = [i for i in fleet.edges if i not in local]
-        name = f"tiered_edges_{_safe(region)}"
+        local = [i for i in edges if i.region == region]
+        others = [i for i in edges if i not in local]
+        name = f"tiered_edges_{region.replace('-', '_')}"  # [a-z0-9_]: no two regions collide
         parts.append(_upstream(name, _servers(local, others)))
         pools.append(f'    "{region}" {name};')
     parts.append("map $http_x_tiered_region $tiered_edge_pool {\n    default tiered_edges;\n"
                  + "".join(f"{p}\n" for p in pools) + "}\n")
-    parts.append(_upstream("tiered_centers", _servers(fleet.centers)))
-    metrics = [f"server {i.address}:{i.meta['metrics_port']};" for i in fleet.registries
-               if i.meta.get("metrics_port") and i.passing]
+    parts.append(_upstream("tiered_centers", _servers(centers)))
+    metrics = [f"server {_target(i.address, i.metrics_port)};" for i in registries
+               if i.metrics_port and i.passing]
     parts.append(_upstream("tiered_registry_metrics", metrics or [NOWHERE], balance=""))
     return "\n".join(parts)
-
-
-def _safe(region: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in region)
 
 
 def config(prefix: Path, listen: str, rate: int, burst: int, max_body: str,

@@ -10,7 +10,10 @@ are retried and watchers keep the last list they had.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
+import re
+import time
 import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -33,6 +36,19 @@ RECHECK_S = 2.0  # how often a registration is confirmed (re-registered after an
 WAIT = "30s"  # blocking query wait
 ERRORS = (aiohttp.ClientError, consul.ConsulException, TimeoutError, OSError, ValueError)
 
+# What an instance read from Consul may hold. Anyone who can register a service writes these
+# strings, and they end up in nginx's config, in URLs and in logs: each is checked against a
+# strict pattern before use, and an instance with any value outside it is skipped.
+SERVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")  # = sync's NODE_ID
+TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:=-]{0,63}")
+META_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")  # Consul's own rule, shorter
+META_VALUE = re.compile(r"[A-Za-z0-9._:,=@+-]{0,512}")  # ids, regions, "tiny=1,big=3"; = Consul max
+REGION = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
+HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")  # RFC 1123
+MAX_HOSTNAME = 253
+MAX_TAGS, MAX_META = 16, 16
+SKIP_LOG_EVERY_S = 60.0  # a flood of bad registrations logs once a minute, with a count
+
 
 @dataclass(frozen=True)
 class Instance:
@@ -45,11 +61,85 @@ class Instance:
 
     @property
     def url(self) -> str:
-        return f"http://{self.address}:{self.port}"
+        return f"http://{self.target}"
 
     @property
     def target(self) -> str:
-        return f"{self.address}:{self.port}"
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"{host}:{self.port}"
+
+    @property
+    def region(self) -> str:
+        return self.meta.get("region") or "local"
+
+    @property
+    def metrics_port(self) -> int | None:
+        """Meta ``metrics_port`` (decimal digits; "" = none), checked like a port."""
+        value = self.meta.get("metrics_port")
+        if not value:
+            return None
+        digits = value.isascii() and value.isdigit() and len(value) <= 5
+        return checked_port(int(value) if digits else value)
+
+
+@dataclass
+class Throttled:
+    """A warning logged at most once every ``every_s`` seconds (with how many were held back
+    since the last one): a flood of bad registrations cannot fill the disk."""
+
+    logger: logging.Logger
+    every_s: float = SKIP_LOG_EVERY_S
+    held: int = 0
+    _last: float | None = None
+
+    def warning(self, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if self._last is not None and now - self._last < self.every_s:
+            self.held += 1
+            return
+        self.logger.warning(message + " (%d more like it not logged)", *args, self.held)
+        self.held, self._last = 0, now
+
+
+class InvalidInstance(ValueError):
+    """A service entry from Consul with a value outside what Tiered registers."""
+
+
+def checked_address(value: object) -> str:
+    """An IP literal (normalised, no IPv6 zone: it is free text) or an RFC 1123 host name of
+    at most 253 characters whose last label is not all digits (that would be an IP in disguise,
+    like ``01.2.3.4``)."""
+    if not isinstance(value, str):
+        raise InvalidInstance(f"address is not a string: {type(value).__name__}")
+    try:
+        ip = ipaddress.ip_address(value)
+    except ValueError:
+        labels = value.removesuffix(".").split(".")
+        if (len(value) > MAX_HOSTNAME or not all(HOST_LABEL.fullmatch(x) for x in labels)
+                or labels[-1].isdigit()):
+            raise InvalidInstance(f"address {value[:80]!r} is neither an IP address nor a "
+                                  f"host name") from None
+        return value.removesuffix(".").lower()
+    if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id is not None:
+        raise InvalidInstance(f"address {value[:80]!r} has an IPv6 zone")
+    return str(ip)
+
+
+def checked_port(value: object) -> int:
+    """An int (not a bool) in 1..65535."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 65535:
+        raise InvalidInstance(f"port {str(value)[:20]!r} is not an integer in 1..65535")
+    return value
+
+
+def checked_region(value: object) -> str:
+    return _checked(REGION, "region", value)
+
+
+def _checked(pattern: re.Pattern[str], what: str, value: object) -> str:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise InvalidInstance(f"{what} {str(value)[:80]!r} does not match {pattern.pattern}")
+    return value
 
 
 def client(address: str, token: str | None) -> consul.aio.Consul:
@@ -135,6 +225,7 @@ class Watch:
     on_change: OnChange
     instances: list[Instance] | None = None
     passing_only: bool = True
+    skips: Throttled = field(default_factory=lambda: Throttled(log), repr=False)
 
     async def run(self) -> None:
         index, delay = None, 0.5
@@ -150,7 +241,7 @@ class Watch:
                 delay = min(delay * 2, 10.0)
                 continue
             delay = 0.5
-            found = sorted({_instance(n) for n in nodes}, key=lambda i: i.service_id)
+            found = sorted(self.valid(nodes), key=lambda i: i.service_id)
             if found != self.instances:
                 self.instances = found
                 log.info("consul: %s passing: %s%s", self.service,
@@ -161,10 +252,38 @@ class Watch:
                 if result is not None:
                     await result
 
+    def valid(self, nodes: list[Any]) -> set[Instance]:
+        """The entries that pass every check; the others are skipped (logged, throttled)."""
+        found = set()
+        for node in nodes:
+            try:
+                found.add(instance(node))
+            except InvalidInstance as exc:
+                self.skips.warning("consul: skipping an invalid %s entry: %s", self.service, exc)
+        return found
 
-def _instance(node: dict[str, Any]) -> Instance:
-    service = node["Service"]
-    address = service.get("Address") or node["Node"]["Address"]
-    passing = all(c.get("Status") == "passing" for c in node.get("Checks") or ())
-    return Instance(service["ID"], address, int(service["Port"]), tuple(service.get("Tags") or ()),
-                    dict(service.get("Meta") or {}), passing)
+
+def instance(node: Any) -> Instance:
+    """One entry of ``/v1/health/service/<name>`` as an Instance, every value checked; raises
+    InvalidInstance (whatever the entry's shape) rather than let one through."""
+    try:
+        service, checks = node["Service"], node.get("Checks") or []
+        address = service.get("Address") or node["Node"]["Address"]
+        tags, meta = service.get("Tags") or [], service.get("Meta") or {}
+        if not isinstance(tags, list) or not isinstance(meta, dict) or not isinstance(checks, list):
+            raise InvalidInstance("tags, meta or checks of the wrong type")
+        if len(tags) > MAX_TAGS or len(meta) > MAX_META:
+            raise InvalidInstance(f"{len(tags)} tags, {len(meta)} meta keys: too many")
+        checked_meta = {_checked(META_KEY, "meta key", k): _checked(META_VALUE, f"meta {k}", v)
+                        for k, v in meta.items()}
+        found = Instance(_checked(SERVICE_ID, "service id", service["ID"]),
+                         checked_address(address), checked_port(service["Port"]),
+                         tuple(_checked(TAG, "tag", t) for t in tags), checked_meta,
+                         all(c.get("Status") == "passing" for c in checks))
+        checked_region(found.region)
+        _ = found.metrics_port  # checked if present
+    except InvalidInstance:
+        raise
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise InvalidInstance(f"malformed entry ({type(exc).__name__}: {exc})") from None
+    return found

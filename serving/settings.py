@@ -28,8 +28,9 @@ class ServingSettings(BaseSettings):
     """Name of this node in logs, responses and the registry's status; must be unique per
     node (default: <host name>-<port>, so two tiers on one host differ)."""
 
-    region: str = "local"
-    """Region tag of this node (rollouts can target ``region:R``; routing prefers the nearest)."""
+    region: str = Field(default="local", pattern=r"^[a-z0-9][a-z0-9-]{0,31}$")
+    """Region tag of this node (rollouts can target ``region:R``; routing prefers the nearest):
+    lower-case letters, digits and hyphens (what discovery accepts from Consul)."""
 
     registry: str | None = None
     """host:port of ``registry serve`` to subscribe to for releases; unset = no sync (the store

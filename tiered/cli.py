@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 import shutil
 import signal
@@ -147,6 +148,9 @@ def summary(stack: Stack, s: TieredSettings, seconds: float) -> None:
     table.add_row("entry (nginx)", f"{stack.url}/v2/models/{s.model}/infer")
     table.add_row("full precision", f"{stack.url}/center/v2/models/{s.model}/infer")
     table.add_row("Consul UI", f"http://{stack.consul}/ui")
+    if stack.consul_acl:
+        table.add_row("Consul token", f"{stack.consul_token_file} (management: UI login, "
+                      f"CONSUL_HTTP_TOKEN; keep it private)")
     table.add_row("registry metrics", f"{stack.url}/registry/metrics")
     for child in stack.children.values():
         if child.role in ("edge", "center"):
@@ -215,16 +219,21 @@ def status_cmd(as_json: bool) -> None:
     s = settings_from()
     state = load_state(s.root) or {}
     consul = state.get("consul", f"127.0.0.1:{s.consul_port}")
+    headers = consul_headers(state)
     home = Path(state.get("registry_home", s.registry_home))
     catalog = Catalog(connect(home / "registry.sqlite3"), "tiered")
     rollout = {(r["node"], r["model"]): r for r in NodeBook(catalog.db).status(catalog)}
     rows = []
     for service in ("tiered-registry", "tiered-center", "tiered-edge"):
         try:
-            entries = httpx.get(f"http://{consul}/v1/health/service/{service}",
-                                timeout=3).json()
+            answer = httpx.get(f"http://{consul}/v1/health/service/{service}",
+                               headers=headers, timeout=3)
         except httpx.HTTPError as exc:
             raise click.ClickException(f"Consul at {consul} is not answering: {exc}") from exc
+        if answer.status_code != 200:
+            raise click.ClickException(f"Consul at {consul} refused the health query "
+                                       f"({answer.status_code}: {answer.text[:200]})")
+        entries = answer.json()
         for entry in entries:
             sid = entry["Service"]["ID"]
             checks = [c["Status"] for c in entry["Checks"] if c.get("ServiceID")]
@@ -252,6 +261,17 @@ def status_cmd(as_json: bool) -> None:
                       "-" if r["escalation_rate"] is None else f"{r['escalation_rate']:.1%}",
                       "-" if r["p99_ms"] is None else f"{r['p99_ms']:.1f} ms")
     out.print(table)
+
+
+def consul_headers(state: dict[str, Any]) -> dict[str, str]:
+    """The running stack's management token (its 0600 file), else CONSUL_HTTP_TOKEN, else
+    none: with ACLs on (``tiered up``'s default) an anonymous health query lists nothing."""
+    file = state.get("consul_token_file")
+    try:
+        token = Path(file).read_text().strip() if file else os.environ.get("CONSUL_HTTP_TOKEN")
+    except OSError as exc:
+        raise click.ClickException(f"cannot read the Consul token in {file}: {exc}") from exc
+    return {"X-Consul-Token": token} if token else {}
 
 
 def main() -> None:

@@ -7,10 +7,12 @@ it. Every child is started on loopback, its output goes to ``<root>/logs/<name>.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +27,10 @@ from tiered.processes import BIN, Process, free_port
 
 Echo = Callable[[str, str], None]  # (child name, output line)
 CONSUL_CONFIG = Path(__file__).resolve().parent.parent / "consul" / "dev.hcl"
+CONSUL_POLICIES = CONSUL_CONFIG.parent / "policies"  # <role>.hcl, shared with docker-compose.yml
+CONSUL_ROLES = ("agent", "registry", "center", "edge", "reader")  # a policy and a token each
+CHILD_CONSUL_ROLE = {"registry": "registry", "center": "center", "edge": "edge",
+                     "nginx": "reader"}  # the token each child gets as CONSUL_HTTP_TOKEN
 STATE = "stack.json"
 
 
@@ -53,7 +59,10 @@ class Stack:
     # registry home's own, created when missing)
     nginx_flags: tuple[str, ...] = ()
     consul_flags: tuple[str, ...] = ()
-    consul_token: str | None = None
+    consul_token: str | None = None  # one token for every child instead of the per-role ones
+    consul_acl: bool = True  # Consul with ACLs (default deny) and a token per role
+    consul_tokens: dict[str, str] = field(default_factory=dict)  # role (+ "management") ->
+    # secret; made once per stack, so a restarted (empty) dev agent gets the very same ones
     echo: Echo | None = None
     children: dict[str, Child] = field(default_factory=dict)
     cancelled: threading.Event = field(default_factory=threading.Event)  # Ctrl-C while starting
@@ -113,7 +122,8 @@ class Stack:
         log = self.root / "logs" / f"{name}.log"
         log.touch()
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   env=self.env(name, role), cwd=self.root,
+                                   env=self.env(name, role) | self.consul_env(role),
+                                   cwd=self.root,
                                    start_new_session=True)
         child = Child(name, port or 0, process, log, role, argv)
         assert process.stdout is not None
@@ -135,13 +145,74 @@ class Stack:
                                                 "-serf-wan-port", "-server-port")}
         config = ["-config-file", str(CONSUL_CONFIG)] if CONSUL_CONFIG.is_file() else []
         argv = [str(BIN / "consul"), "agent", "-dev", "-ui", "-node", "tiered", "-bind",
-                "127.0.0.1", "-client", "127.0.0.1", *config, *self.consul_flags,
-                "-http-port", str(self.consul_port),
+                "127.0.0.1", "-client", "127.0.0.1", *config, *self.consul_acl_config(),
+                *self.consul_flags, "-http-port", str(self.consul_port),
                 *[str(x) for pair in ports.items() for x in pair]]
         child = self.spawn("consul", argv, self.consul_port, "consul")
         self._wait(lambda: httpx.get(f"http://{self.consul}/v1/status/leader",
                                      timeout=1).json() != "", 30, "a Consul leader", child)
+        if self.consul_acl:
+            self._wait(self.consul_acl_setup, 30, "Consul's ACL system", child)
         return child
+
+    # -- Consul ACLs: a token per role, handed to each child as CONSUL_HTTP_TOKEN -------------
+
+    @property
+    def consul_token_file(self) -> Path:
+        """The management token (0600): ``tiered status`` reads it; log in to the UI with it."""
+        return self.root / "consul" / "management.token"
+
+    def consul_acl_config(self) -> list[str]:
+        """``-config-file`` of a 0600 file that turns ACLs on (default deny) with this stack's
+        management and agent tokens: secrets stay out of argv (``ps`` shows argv to anyone)."""
+        if not self.consul_acl:
+            return []
+        if not self.consul_tokens:
+            self.consul_tokens = {r: str(uuid.uuid4()) for r in ("management", *CONSUL_ROLES)}
+        folder = self.root / "consul"
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o700)
+        config = folder / "acl.json"  # Consul 1.8: "master" (later "initial_management")
+        tokens = {"master": self.consul_tokens["management"], "agent": self.consul_tokens["agent"]}
+        _write_private(config, json.dumps({"acl": {
+            "enabled": True, "default_policy": "deny", "down_policy": "extend-cache",
+            "tokens": tokens}}, indent=2))
+        _write_private(self.consul_token_file, self.consul_tokens["management"] + "\n")
+        return ["-config-file", str(config)]
+
+    def consul_acl_setup(self) -> bool:
+        """Create each role's policy (``consul/policies/<role>.hcl``) and its token, with the
+        secret the children were given; False while the ACL system is not up yet."""
+        api = httpx.Client(base_url=f"http://{self.consul}/v1", timeout=5,
+                           headers={"X-Consul-Token": self.consul_tokens["management"]})
+        with api:
+            if api.get("/acl/token/self").status_code != 200:
+                return False
+            for role in CONSUL_ROLES:
+                name = f"tiered-{role}"
+                policy = api.put("/acl/policy", json={
+                    "Name": name, "Rules": (CONSUL_POLICIES / f"{role}.hcl").read_text(),
+                    "Description": f"Tiered {role} (consul/policies/{role}.hcl)"})
+                token = api.put("/acl/token", json={
+                    "SecretID": self.consul_tokens[role], "Description": name,
+                    "Policies": [{"Name": name}]})
+                for answer in (policy, token):
+                    if answer.status_code != 200:
+                        raise RuntimeError(f"Consul refused the {name} ACL setup: "
+                                           f"{answer.status_code} {answer.text[:300]}")
+        return True
+
+    def consul_env(self, role: str) -> dict[str, str]:
+        """CONSUL_HTTP_TOKEN for a child of ``role``: its role's token (none for Consul)."""
+        token = self.consul_tokens.get(CHILD_CONSUL_ROLE.get(role, ""))
+        if self.consul_token or token is None:
+            return {}
+        return {"CONSUL_HTTP_TOKEN": token}
+
+    def consul_headers(self) -> dict[str, str]:
+        """What the stack's own health polling sends: the read-only token."""
+        token = self.consul_token or self.consul_tokens.get("reader")
+        return {"X-Consul-Token": token} if token else {}
 
     def start_registry(self) -> Child:
         port = free_port()
@@ -215,7 +286,8 @@ class Stack:
         found = {}
         for service in self.expected():
             rows = httpx.get(f"http://{self.consul}/v1/health/service/{service}",
-                             params={"passing": "1"}, timeout=2).json()
+                             params={"passing": "1"}, headers=self.consul_headers(),
+                             timeout=2).json()
             found[service] = sorted(r["Service"]["ID"] for r in rows)
         return found
 
@@ -251,6 +323,7 @@ class Stack:
 
     def save(self) -> None:
         state = {"url": self.url, "consul": self.consul,
+                 "consul_token_file": str(self.consul_token_file) if self.consul_acl else None,
                  "registry_home": str(self.registry_home),
                  "children": {n: {"pid": c.pid, "port": c.port, "role": c.role}
                               for n, c in self.children.items()}}
@@ -264,6 +337,14 @@ class Stack:
         for child in reversed(list(self.children.values())):
             child.stop()
         (self.root / STATE).unlink(missing_ok=True)
+
+
+def _write_private(path: Path, text: str) -> None:
+    """``path`` with ``text``, readable by its owner only, never for a moment by others."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an older file keeps its mode through O_CREAT
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
 
 
 def load_state(root: Path) -> dict[str, Any] | None:

@@ -183,7 +183,7 @@ class Chaos:
         versions = set()
         for role in ("center", "edge"):
             rows = httpx.get(f"http://{self.stack.consul}/v1/health/service/tiered-{role}",
-                             timeout=2).json()
+                             headers=self.stack.consul_headers(), timeout=2).json()
             for row in rows:
                 served = dict(pair.split("=", 1) for pair in
                               row["Service"]["Meta"].get("versions", "").split(",") if pair)

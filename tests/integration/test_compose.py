@@ -8,12 +8,14 @@ wrapper always exits 0, so the binary is called directly.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
 import secrets
 import subprocess
 import tomllib
+import uuid
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,13 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 TOKEN = f"dummy-{secrets.token_hex(8)}"  # unique, so only interpolation can have put it there
-SERVICES = {"consul", "registry", "center", "edge-eu", "edge-us", "nginx"}
+SERVICES = {"consul", "consul-acl", "registry", "center", "edge-eu", "edge-us", "nginx"}
+CONSUL_SECRETS = {f"CONSUL_{r}_TOKEN": str(uuid.uuid4())
+                  for r in ("MANAGEMENT", "AGENT", "REGISTRY", "CENTER", "EDGE", "READER")}
+CONSUL_SECRETS["CONSUL_ENCRYPT_KEY"] = base64.b64encode(secrets.token_bytes(32)).decode()
+CONSUL_TOKEN_OF = {"registry": "CONSUL_REGISTRY_TOKEN", "center": "CONSUL_CENTER_TOKEN",
+                   "edge-eu": "CONSUL_EDGE_TOKEN", "edge-us": "CONSUL_EDGE_TOKEN",
+                   "nginx": "CONSUL_READER_TOKEN", "consul-acl": "CONSUL_MANAGEMENT_TOKEN"}
 TIERS = {"registry": "REGISTRY", "center": "CENTER", "edge-eu": "EDGE", "edge-us": "EDGE"}
 STORES = {"registry": "REGISTRY_HOME", "center": "CENTER_STORE", "edge-eu": "EDGE_STORE",
           "edge-us": "EDGE_STORE"}
@@ -45,18 +53,22 @@ def compose_binary() -> Path:
 @pytest.fixture(scope="module")
 def compose(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """Runs the binary on docker-compose.yml in a clean environment: no developer .env, no
-    COMPOSE_* variables, no ~/.docker; ``token=None`` leaves REGISTRY_TOKEN unset."""
+    COMPOSE_* variables, no ~/.docker; ``token=None`` leaves REGISTRY_TOKEN unset, ``unset``
+    leaves those variables unset too, ``env_file`` replaces the empty .env."""
     binary, home = compose_binary(), tmp_path_factory.mktemp("compose-home")
     empty_env_file = home / "empty.env"
     empty_env_file.write_text("")
 
-    def run(*args: str, token: str | None = TOKEN) -> subprocess.CompletedProcess[str]:
+    def run(*args: str, token: str | None = TOKEN, unset: tuple[str, ...] = (),
+            env_file: Path | None = None) -> subprocess.CompletedProcess[str]:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home)}
-        if token is not None:
-            env["REGISTRY_TOKEN"] = token
+        if env_file is None:
+            env |= {k: v for k, v in CONSUL_SECRETS.items() if k not in unset}
+            if token is not None:
+                env["REGISTRY_TOKEN"] = token
         return subprocess.run([str(binary), "-f", str(COMPOSE_FILE), "--env-file",
-                               str(empty_env_file), *args], capture_output=True, text=True,
-                              env=env, timeout=60)
+                               str(env_file or empty_env_file), *args], capture_output=True,
+                              text=True, env=env, timeout=60)
 
     return run
 
@@ -105,6 +117,8 @@ def test_entry_points_nginx_8080_and_the_consul_ui_8500(services: dict[str, Any]
 
     assert (8080, "8080") in published("nginx")
     assert (8500, "8500") in published("consul")
+    # Consul's API and UI for this host only (ACLs or not, it is no public service)
+    assert [p.get("host_ip") for p in services["consul"]["ports"]] == ["127.0.0.1"]
     assert {"-ui", "-server"} <= set(services["consul"]["command"])
     assert "--run-nginx" in services["nginx"]["command"]
 
@@ -140,14 +154,19 @@ def test_each_store_is_a_named_volume(services: dict[str, Any], name: str) -> No
 
 def test_health_checks_and_start_order(services: dict[str, Any]) -> None:
     for name, service in services.items():
+        if name == "consul-acl":  # a one-shot job: it exits once the tokens exist
+            assert service["depends_on"]["consul"]["condition"] == "service_healthy"
+            continue
         assert service.get("healthcheck", {}).get("test"), f"{name} has no health check"
         if name != "consul":
             assert service["depends_on"]["consul"]["condition"] == "service_healthy", name
+            assert service["depends_on"]["consul-acl"]["condition"] == (
+                "service_completed_successfully"), name
 
 
 def test_every_built_image_has_its_dockerfile(services: dict[str, Any]) -> None:
     built = {name: s["build"] for name, s in services.items() if "build" in s}
-    assert set(built) == SERVICES - {"consul"}
+    assert set(built) == SERVICES - {"consul", "consul-acl"}
     for build in built.values():
         assert (Path(build["context"]) / build["dockerfile"]).is_file()
     assert (ROOT / ".dockerignore").is_file()
@@ -177,3 +196,55 @@ def test_tiers_trust_the_registry_public_key_read_only(services: dict[str, Any])
         mount = mounts[str(key.parent)]
         assert mount["read_only"] and mount["source"] == registry[str(key.parent)]["source"]
         assert not registry[str(key.parent)].get("read_only")
+
+
+@pytest.mark.parametrize("name", sorted(CONSUL_SECRETS))
+def test_every_consul_secret_is_required(compose: Any, name: str) -> None:
+    proc = compose("config", "-q", unset=(name,))
+    assert proc.returncode != 0
+    assert f"required variable {name} is missing a value" in proc.stderr
+    assert "scripts/compose-env.sh" in proc.stderr
+
+
+def test_consul_runs_with_acls_default_deny_and_gossip_encryption(
+        services: dict[str, Any]) -> None:
+    config = json.loads(services["consul"]["environment"]["CONSUL_LOCAL_CONFIG"])
+    acl = config["acl"]
+    assert acl["enabled"] is True and acl["default_policy"] == "deny"
+    assert acl["tokens"] == {"initial_management": CONSUL_SECRETS["CONSUL_MANAGEMENT_TOKEN"],
+                             "agent": CONSUL_SECRETS["CONSUL_AGENT_TOKEN"]}
+    assert config["encrypt"] == CONSUL_SECRETS["CONSUL_ENCRYPT_KEY"]
+
+
+def test_each_role_gets_its_own_consul_token(services: dict[str, Any]) -> None:
+    for name, var in CONSUL_TOKEN_OF.items():
+        assert services[name]["environment"]["CONSUL_HTTP_TOKEN"] == CONSUL_SECRETS[var], name
+    setup = services["consul-acl"]
+    assert {k: v for k, v in setup["environment"].items() if k in CONSUL_SECRETS} == {
+        k: v for k, v in CONSUL_SECRETS.items() if k.endswith("_TOKEN")
+        and k != "CONSUL_MANAGEMENT_TOKEN"}
+    mounts = {m["target"]: m for m in setup["volumes"]}
+    for target, source in (("/tiered/acl-setup.sh", ROOT / "consul/acl-setup.sh"),
+                           ("/tiered/policies", ROOT / "consul/policies")):
+        assert mounts[target]["read_only"] and Path(mounts[target]["source"]) == source
+    for role in ("agent", "registry", "center", "edge", "reader"):
+        assert (ROOT / "consul/policies" / f"{role}.hcl").is_file()
+
+
+def test_compose_env_writes_every_secret_privately(compose: Any, tmp_path: Path) -> None:
+    env_file = tmp_path / ".env"
+    env_file.write_text("REGISTRY_TOKEN=kept-as-it-was\n")
+    for _ in range(2):  # a second run adds nothing
+        subprocess.run(["sh", str(ROOT / "scripts/compose-env.sh"), str(env_file)], check=True,
+                       capture_output=True, timeout=60)
+    lines = env_file.read_text().splitlines()
+    values = dict(line.split("=", 1) for line in lines)
+    assert len(lines) == len(values) == 1 + len(CONSUL_SECRETS)
+    assert values["REGISTRY_TOKEN"] == "kept-as-it-was"
+    assert set(values) == {"REGISTRY_TOKEN", *CONSUL_SECRETS}
+    assert len(base64.b64decode(values["CONSUL_ENCRYPT_KEY"])) == 32
+    assert all(uuid.UUID(v) for k, v in values.items() if k.endswith("_TOKEN")
+               and k != "REGISTRY_TOKEN")
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    proc = compose("config", "-q", env_file=env_file)
+    assert (proc.returncode, proc.stderr) == (0, "")

@@ -44,3 +44,48 @@ def test_a_failing_registry_is_not_scraped() -> None:
     registry = Instance("registry-1", "127.0.0.1", 50051, (), {"metrics_port": "9300"}, False)
     assert block(upstreams(Fleet(registries=[registry])), "tiered_registry_metrics") == [
         "server 127.0.0.1:9 down;  # none passing"]
+
+
+INJECTION = ('eu" tiered_edges;\n}\nserver { listen 8080 default_server; location /leak/ '
+             '{ alias /etc/; } }\nmap $x $y {\n "a')
+
+
+def hostile_instances() -> list[Instance]:
+    """Instances made directly (not through discovery.instance): the renderer's own checks."""
+    bad_addresses = ["127.0.0.1\nserver 10.0.0.1:80", "a}b", "127.0.0.1;", "127.0.0.1 backup",
+                     "'quoted'", '"quoted"', "$host", "fe80::1%eth0;x", "x" * 300,
+                     ".".join(["a" * 60] * 5), "édge", "01.2.3.4"]
+    found = [Instance(f"bad-{n}", a, 1003, (), {"region": "eu"})
+             for n, a in enumerate(bad_addresses)]
+    found += [Instance(f"bad-port-{p}", "127.0.0.1", p, (), {"region": "eu"})  # type: ignore[arg-type]
+              for p in (0, 70000, -1, "80; x", True)]
+    found += [Instance(f"bad-region-{n}", "127.0.0.1", 1004, (), {"region": r})
+              for n, r in enumerate([INJECTION, 'eu"', "eu us", "$r", "EU", "r" * 33, "eü",
+                                     "eu;", "eu{"])]
+    found += [Instance("bad-failing", "a;b", 1005, (), {"region": "us"}, passing=False)]
+    return found
+
+
+def test_hostile_instances_are_not_rendered_and_change_nothing() -> None:
+    """Whatever reached the Fleet: the text is the text without the hostile instances."""
+    good = Fleet(edges=[edge(1001, "eu"), edge(1002, "us", passing=False)],
+                 centers=[Instance("center-1", "center.example", 8100)],
+                 registries=[Instance("registry-1", "::1", 50051, (), {"metrics_port": "9300"})])
+    metrics = [Instance(f"bad-metrics-{n}", "127.0.0.1", 50052, (), {"metrics_port": m})
+               for n, m in enumerate(["9300; x", "99999", "٩٣٠٠", "0", "9300\n"])]
+    hostile = Fleet(edges=[*good.edges, *hostile_instances()],
+                    centers=[*hostile_instances(), *good.centers],
+                    registries=[*good.registries, *hostile_instances(), *metrics])
+    conf = upstreams(hostile)
+    assert conf == upstreams(good)
+    assert block(conf, "tiered_centers") == ["server center.example:8100 max_fails=0;"]
+    assert block(conf, "tiered_registry_metrics") == ["server [::1]:9300;"]
+    for trace in ("leak", "alias", "default_server", "$", "'", "bad-", "10.0.0.1"):
+        assert trace not in conf.replace("$http_x_tiered_region $tiered_edge_pool", ""), trace
+    assert re.findall(r'"([^"]*)" tiered_edges_', conf) == ["eu", "us"]
+
+
+def test_a_region_with_a_hyphen_gets_a_pool_of_its_own() -> None:
+    conf = upstreams(Fleet(edges=[edge(1001, "eu-west-1"), edge(1002, "eu")]))
+    assert '    "eu-west-1" tiered_edges_eu_west_1;' in conf
+    assert block(conf, "tiered_edges_eu_west_1")[0] == "server 127.0.0.1:1001 max_fails=0;"

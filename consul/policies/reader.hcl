@@ -1,0 +1,14 @@
+# Read-only (CONSUL_HTTP_TOKEN of the nginx renderer; `tiered up`'s own health polling): the three
+# Tiered services and their nodes, nothing written.
+service "tiered-edge" {
+  policy = "read"
+}
+service "tiered-center" {
+  policy = "read"
+}
+service "tiered-registry" {
+  policy = "read"
+}
+node_prefix "" {
+  policy = "read"
+}

@@ -1,0 +1,107 @@
+"""Finding 1 of the security review, replayed: a ``tiered-edge`` registered by whoever reaches
+Consul, whose ``Meta.region`` closes the region map and adds a ``server`` that serves /etc/. A
+real Consul dev agent *without* ACLs (so the registration goes through, as it did), the real
+renderer and nginx; the fake edge is a small HTTP server in this process."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tiered.processes import free_port
+from tiered.stack import Stack
+
+pytestmark = pytest.mark.integration
+
+
+class Edge(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # the stdlib's name
+        body = b'{"ready": true, "fake_edge": true}'
+        self.send_response(200 if self.path.startswith("/v2/health/") else 404)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        return
+
+
+@pytest.fixture
+def edge() -> Iterator[int]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Edge)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[Stack]:
+    front = Stack(tmp_path, tmp_path / "registry", "unused", http_port=free_port(),
+                  consul_port=free_port(), consul_acl=False)
+    try:
+        front.start_consul()
+        front.start_nginx()
+        yield front
+    finally:
+        front.stop()
+
+
+def register(stack: Stack, service: str, sid: str, port: int, **meta: str) -> None:
+    answer = httpx.put(f"http://{stack.consul}/v1/agent/service/register", timeout=5,
+                       json={"Name": service, "ID": sid, "Address": "127.0.0.1", "Port": port,
+                             "Meta": meta})  # no token: ACLs are off on this agent
+    assert answer.status_code == 200, answer.text
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no {what} within {timeout}s")
+
+
+def test_an_injected_region_never_reaches_nginx(stack: Stack, edge: int) -> None:
+    upstreams = stack.root / "nginx" / "upstreams.conf"
+    wait_for(upstreams.is_file, 30, "upstreams.conf")
+    nginx_conf = (stack.root / "nginx" / "nginx.conf").read_text()
+    injection = (f'eu" tiered_edges;\n}}\nserver {{\n    listen 127.0.0.1:{stack.http_port} '
+                 f'default_server;\n    location /leak/ {{ alias /etc/; }}\n}}\n'
+                 f'map $uri $tiered_leak {{\n    "x')
+    register(stack, "tiered-edge", "edge-evil-1", edge, region=injection)
+    register(stack, "tiered-registry", "registry-evil-1", edge,
+             metrics_port=f"9300;\n}}\nserver {{ listen 127.0.0.1:{stack.http_port}; }}")
+    # then a harmless change: once nginx routes to it, the renderer has seen the hostile ones
+    register(stack, "tiered-edge", "edge-eu-1", edge, region="eu", tier="edge")
+    wait_for(lambda: f"server 127.0.0.1:{edge} max_fails=0;" in upstreams.read_text(), 30,
+             "the harmless edge in upstreams.conf")
+    wait_for(lambda: _ready(stack).status_code == 200, 30, "nginx routing to the fake edge")
+
+    text = upstreams.read_text()
+    for trace in ("leak", "alias", "/etc/", "default_server", "evil", "9300", "listen"):
+        assert trace not in text, trace
+    assert '"eu" tiered_edges_eu;' in text
+    assert (stack.root / "nginx" / "nginx.conf").read_text() == nginx_conf
+    leak = httpx.get(f"{stack.url}/leak/passwd", timeout=5)
+    assert leak.status_code == 404 and "root:" not in leak.text
+    ready = _ready(stack)
+    assert ready.status_code == 200 and ready.json() == {"ready": True, "fake_edge": True}
+    log = stack.children["nginx"].log.read_text()
+    assert "skipping an invalid tiered-edge entry" in log and "tiered-registry" in log
+
+
+def _ready(stack: Stack) -> httpx.Response:
+    return httpx.get(f"{stack.url}/v2/health/ready", timeout=5)
