@@ -1,6 +1,6 @@
 #!/bin/sh
 # The secrets docker-compose.yml requires, appended to ./.env (mode 0600; never commit it):
-# REGISTRY_TOKEN, a Consul token per role (UUIDs: Consul's format for a token's secret) and the
+# REGISTRY_TOKEN, each node's registry token derived from it, a Consul token per role (UUIDs: Consul's format for a token's secret) and the
 # gossip encryption key (32 random bytes, base64, what `consul keygen` prints). A variable
 # already in the file is kept.
 #
@@ -19,4 +19,19 @@ for role in MANAGEMENT AGENT REGISTRY CENTER EDGE READER; do
     add "CONSUL_${role}_TOKEN" "$(uuid)"
 done
 add CONSUL_ENCRYPT_KEY "$(python3 -c 'import base64, os; print(base64.b64encode(os.urandom(32)).decode())')"
+# Each node's own registry token, derived from REGISTRY_TOKEN by the project's serving/tokens.py
+# (standard library only): it proves that node id and no other. Recomputed on every run, so a
+# changed REGISTRY_TOKEN gives new ones (generation 1; after `registry node revoke`, print the
+# new one with `docker compose exec registry registry node token NODE_ID`).
+root=$(cd "$(dirname "$0")/.." && pwd)
+secret=$(sed -n 's/^REGISTRY_TOKEN=//p' "$file" | tail -n 1)
+for node in center-eu-1 edge-eu-1 edge-us-1; do
+    var="TIERED_$(echo "$node" | tr 'a-z-' 'A-Z_')_TOKEN"
+    token=$(REGISTRY_TOKEN="$secret" PYTHONPATH="$root" python3 -c \
+        'import os, sys; from serving.tokens import node_token; print(node_token(os.environ["REGISTRY_TOKEN"], sys.argv[1]))' "$node")
+    grep -v "^$var=" "$file" > "$file.tmp" || true
+    echo "$var=$token" >> "$file.tmp"
+    mv "$file.tmp" "$file"
+    chmod 600 "$file"
+done
 echo "secrets in $file (mode 600); the Consul UI login is CONSUL_MANAGEMENT_TOKEN"

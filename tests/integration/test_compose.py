@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from serving.tokens import node_token
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,6 +36,9 @@ CONSUL_SECRETS["CONSUL_ENCRYPT_KEY"] = base64.b64encode(secrets.token_bytes(32))
 CONSUL_TOKEN_OF = {"registry": "CONSUL_REGISTRY_TOKEN", "center": "CONSUL_CENTER_TOKEN",
                    "edge-eu": "CONSUL_EDGE_TOKEN", "edge-us": "CONSUL_EDGE_TOKEN",
                    "nginx": "CONSUL_READER_TOKEN", "consul-acl": "CONSUL_MANAGEMENT_TOKEN"}
+NODE_TOKENS = {"center": ("center-eu-1", "TIERED_CENTER_EU_1_TOKEN"),
+               "edge-eu": ("edge-eu-1", "TIERED_EDGE_EU_1_TOKEN"),
+               "edge-us": ("edge-us-1", "TIERED_EDGE_US_1_TOKEN")}
 TIERS = {"registry": "REGISTRY", "center": "CENTER", "edge-eu": "EDGE", "edge-us": "EDGE"}
 STORES = {"registry": "REGISTRY_HOME", "center": "CENTER_STORE", "edge-eu": "EDGE_STORE",
           "edge-us": "EDGE_STORE"}
@@ -66,6 +71,8 @@ def compose(tmp_path_factory: pytest.TempPathFactory) -> Any:
             env |= {k: v for k, v in CONSUL_SECRETS.items() if k not in unset}
             if token is not None:
                 env["REGISTRY_TOKEN"] = token
+            env |= {var: node_token(TOKEN, node) for node, var in NODE_TOKENS.values()
+                    if var not in unset}
         return subprocess.run([str(binary), "-f", str(COMPOSE_FILE), "--env-file",
                                str(env_file or empty_env_file), *args], capture_output=True,
                               text=True, env=env, timeout=60)
@@ -124,14 +131,26 @@ def test_entry_points_nginx_8080_and_the_consul_ui_8500(services: dict[str, Any]
 
 
 def test_registry_token_is_never_hard_coded(compose: Any, services: dict[str, Any]) -> None:
+    """The registry holds its secret; each node only its own token, from the environment."""
     holders = {n for n, s in services.items() if "REGISTRY_TOKEN" in (s.get("environment") or {})}
     assert holders == set(TIERS)
-    assert {services[n]["environment"]["REGISTRY_TOKEN"] for n in holders} == {TOKEN}
+    assert services["registry"]["environment"]["REGISTRY_TOKEN"] == TOKEN
+    for name, (node, _) in NODE_TOKENS.items():
+        assert services[name]["environment"]["REGISTRY_TOKEN"] == node_token(TOKEN, node)
+        assert services[name]["environment"][f"{TIERS[name]}_NODE_ID"] == node
     raw = compose("config", "--no-interpolate", "--format", "json")
     assert raw.returncode == 0, raw.stderr
     for name in holders:
         value = json.loads(raw.stdout)["services"][name]["environment"]["REGISTRY_TOKEN"]
-        assert re.fullmatch(r"\$\{REGISTRY_TOKEN:\?[^}]*\}", value), (name, value)
+        var = NODE_TOKENS[name][1] if name in NODE_TOKENS else "REGISTRY_TOKEN"
+        assert re.fullmatch(rf"\$\{{{var}:\?[^}}]*\}}", value), (name, value)
+
+
+@pytest.mark.parametrize("name", sorted(NODE_TOKENS))
+def test_each_node_token_is_required(compose: Any, name: str) -> None:
+    var = NODE_TOKENS[name][1]
+    proc = compose("config", "-q", unset=(var,))
+    assert proc.returncode != 0 and f"required variable {var} is missing a value" in proc.stderr
 
 
 @pytest.mark.parametrize("name", sorted(TIERS))
@@ -233,18 +252,21 @@ def test_each_role_gets_its_own_consul_token(services: dict[str, Any]) -> None:
 
 def test_compose_env_writes_every_secret_privately(compose: Any, tmp_path: Path) -> None:
     env_file = tmp_path / ".env"
-    env_file.write_text("REGISTRY_TOKEN=kept-as-it-was\n")
+    env_file.write_text("REGISTRY_TOKEN=kept-as-it-was-0123456789\n")
     for _ in range(2):  # a second run adds nothing
         subprocess.run(["sh", str(ROOT / "scripts/compose-env.sh"), str(env_file)], check=True,
                        capture_output=True, timeout=60)
     lines = env_file.read_text().splitlines()
     values = dict(line.split("=", 1) for line in lines)
-    assert len(lines) == len(values) == 1 + len(CONSUL_SECRETS)
-    assert values["REGISTRY_TOKEN"] == "kept-as-it-was"
-    assert set(values) == {"REGISTRY_TOKEN", *CONSUL_SECRETS}
+    assert len(lines) == len(values) == 1 + len(CONSUL_SECRETS) + len(NODE_TOKENS)
+    assert values["REGISTRY_TOKEN"] == "kept-as-it-was-0123456789"
+    assert set(values) == {"REGISTRY_TOKEN", *CONSUL_SECRETS,
+                           *(var for _, var in NODE_TOKENS.values())}
+    for node, var in NODE_TOKENS.values():  # each node's, derived from the kept secret
+        assert values[var] == node_token("kept-as-it-was-0123456789", node)
     assert len(base64.b64decode(values["CONSUL_ENCRYPT_KEY"])) == 32
-    assert all(uuid.UUID(v) for k, v in values.items() if k.endswith("_TOKEN")
-               and k != "REGISTRY_TOKEN")
+    assert all(uuid.UUID(v) for k, v in values.items() if k.startswith("CONSUL_")
+               and k.endswith("_TOKEN"))
     assert env_file.stat().st_mode & 0o777 == 0o600
     proc = compose("config", "-q", env_file=env_file)
     assert (proc.returncode, proc.stderr) == (0, "")

@@ -176,8 +176,10 @@ class Recorder(grpc.GenericRpcHandler):
 
 @pytest.fixture
 def consul(tmp_path: Path) -> Iterator[Stack]:
-    """A real Consul dev agent (no ACLs: the attacker can register anything)."""
-    stack = Stack(tmp_path / "consul", tmp_path / "home", SECRET, consul_port=free_port())
+    """A real Consul dev agent without ACLs (or an attacker holding a token that may write):
+    the attacker can register anything, and these controls must hold anyway."""
+    stack = Stack(tmp_path / "consul", tmp_path / "home", SECRET, consul_port=free_port(),
+                  consul_acl=False)
     try:
         stack.start_consul()
         yield stack

@@ -255,7 +255,8 @@ def test_consul_acl_tokens_are_honoured(tmp_path: Path, tiny_release: Path) -> N
     (Who may register what, service by service: ``test_consul_acl.py``.)"""
     cli = RegistryCli(tmp_path / "registry")
     cli("publish", tiny_release, "--name", "tiny")
-    stack = Stack(tmp_path / "stack", cli.home, "acl-test-token-0123456789", http_port=free_port(),
+    stack = Stack(tmp_path / "stack", cli.home, "acl-test-token-0123456789",
+                  http_port=free_port(),
                   consul_port=free_port())
     for name in ("edge-good-1", "edge-bad-1"):
         cli("pull", "tiny", "--tier", "edge", "--store", stack.root / "stores" / name)
