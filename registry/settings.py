@@ -80,6 +80,11 @@ class RegistrySettings(BaseSettings):
     """Refused calls from one peer host per interval that are logged; past it a refusal is
     only counted (the aggregate audit record says how many)."""
 
+    fetches_per_node: int = Field(default=8, ge=1, le=1024)
+    """Fetch calls one node (by its token) may have in flight at once; more are refused
+    ``RESOURCE_EXHAUSTED`` (the node retries, resuming), so one node cannot hold every
+    connection slot and file handle of ``registry serve``."""
+
     max_concurrent_streams: int = Field(default=128, ge=1, le=65536)
     """Concurrent gRPC calls (streams) one connection may have open on ``registry serve``
     (a node needs its Sync stream and a few Fetches)."""

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import math
 import re
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -116,6 +117,7 @@ class SyncService(pb_grpc.SyncServicer):
         self.settings, self.db, self.metrics = settings, db, metrics
         self.blobs = BlobStore(settings.blobs)
         self.sessions: dict[str, Session] = {}
+        self.fetching: Counter[str] = Counter()  # node id -> Fetch calls in flight
 
     async def Sync(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         first = await context.read()
@@ -283,17 +285,29 @@ class SyncService(pb_grpc.SyncServicer):
         if not 0 <= offset <= size:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, f"offset {offset} is outside the "
                                 f"artifact (0..{size})")
+        token = auth.proven(context)
+        node = token.node_id if token else ""
+        if self.fetching[node] >= self.settings.fetches_per_node:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"node {node} already has "
+                                f"{self.fetching[node]} fetches in flight (the most "
+                                f"REGISTRY_FETCHES_PER_NODE allows); retry when one ends")
         self.metrics.fetches.labels("true" if offset else "false").inc()
-        with self.blobs.path(sha).open("rb") as blob:
-            blob.seek(offset)
-            while offset < size:
-                data = await asyncio.to_thread(blob.read, min(self.settings.chunk_bytes,
-                                                              size - offset))
-                if not data:
-                    break
-                yield pb.Chunk(offset=offset, data=data, size=size)
-                offset += len(data)
-                self.metrics.bytes_sent.inc(len(data))
+        self.fetching[node] += 1
+        try:
+            with self.blobs.path(sha).open("rb") as blob:
+                blob.seek(offset)
+                while offset < size:
+                    data = await asyncio.to_thread(blob.read, min(self.settings.chunk_bytes,
+                                                                  size - offset))
+                    if not data:
+                        break
+                    yield pb.Chunk(offset=offset, data=data, size=size)
+                    offset += len(data)
+                    self.metrics.bytes_sent.inc(len(data))
+        finally:
+            self.fetching[node] -= 1
+            if not self.fetching[node]:
+                del self.fetching[node]
 
 
 class SyncServer:

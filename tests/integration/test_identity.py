@@ -307,3 +307,45 @@ def test_escalations_go_only_to_centers_with_a_center_certificate(
         for fake in (plain, impostor):
             fake.shutdown()
             fake.server_close()
+
+
+# -- per-node limits ------------------------------------------------------------------------
+
+
+def test_one_node_cannot_hold_more_than_its_share_of_fetches(tmp_path: Path,
+                                                             tiny_release: Path) -> None:
+    cli = RegistryCli(tmp_path / "registry")
+    cli("publish", tiny_release, "--name", "tiny")
+    manifest = cli("show", "tiny@1", "--json").json()["manifest"]
+    sha = manifest["center"]["sha256"]  # megabytes in 1 KiB chunks: a stream stays in flight
+    registry = start_registry(cli.home, tmp_path, SECRET, env={
+        "REGISTRY_FETCHES_PER_NODE": "2", "REGISTRY_CHUNK_BYTES": "1024"})
+    try:
+        with grpc.insecure_channel(registry.target) as channel:
+            stub = pb_grpc.SyncStub(channel)
+
+            def fetch(node: str) -> Any:
+                return stub.Fetch(pb.FetchRequest(sha256=sha), timeout=30, metadata=[
+                    ("authorization", f"Bearer {node_token(SECRET, node)}")])
+
+            held = [fetch("greedy"), fetch("greedy")]
+            for stream in held:
+                assert next(stream).offset == 0  # both in flight
+            with pytest.raises(grpc.RpcError) as refused:
+                next(fetch("greedy"))
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert next(fetch("polite")).offset == 0  # another node is not held up
+            held[0].cancel()
+            wait_for(lambda: _starts(fetch("greedy")), 10, "a slot freed by the cancel")
+            held[1].cancel()
+    finally:
+        registry.stop()
+
+
+def _starts(stream: Any) -> bool:
+    try:
+        return bool(next(stream).offset == 0)
+    except grpc.RpcError:
+        return False
+    finally:
+        stream.cancel()
