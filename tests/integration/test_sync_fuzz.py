@@ -19,13 +19,21 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from serving.tokens import node_token
 from sync.gen import sync_pb2 as pb
 from tests.conftest import RegistryCli
 from tiered.processes import RegistryProcess, start_registry
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKEN = "fuzz-token-0123456789"
-AUTH = [("authorization", f"Bearer {TOKEN}")]
+
+
+def auth(node: str = "fuzz-node") -> list[tuple[str, str]]:
+    """The bearer token of ``node`` (a hello must name the node its token proves)."""
+    return [("authorization", f"Bearer {node_token(TOKEN, node)}")]
+
+
+AUTH = auth()
 FETCH, SYNC = "/tiered.sync.v1.Sync/Fetch", "/tiered.sync.v1.Sync/Sync"
 CLEAN = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
          grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -45,8 +53,9 @@ class Registry:
         call = self.channel.unary_stream(FETCH)  # no serializers: raw bytes both ways
         return list(call(request, metadata=AUTH if metadata is None else metadata, timeout=5))
 
-    def sync(self, messages: list[bytes]) -> list[bytes]:
-        return list(self.channel.stream_stream(SYNC)(iter(messages), metadata=AUTH, timeout=5))
+    def sync(self, messages: list[bytes], node: str = "fuzz-node") -> list[bytes]:
+        return list(self.channel.stream_stream(SYNC)(iter(messages), metadata=auth(node),
+                                                     timeout=5))
 
 
 def status(call: Any, *args: Any) -> grpc.StatusCode:
@@ -151,7 +160,7 @@ def test_unknown_ack_state_is_ignored_not_fatal(registry: Registry) -> None:
     good = pb.NodeMessage(ack=pb.Ack(model="tiny", version=1, state=pb.ACTIVE))
     node = "fuzz-acker"
     assert status(registry.sync, [hello(node), odd.SerializeToString(),
-                                  good.SerializeToString()]) == grpc.StatusCode.OK
+                                  good.SerializeToString()], node) == grpc.StatusCode.OK
     rows = {r["node"]: r for r in registry.cli("status", "--json").json()}
     assert rows[node]["state"] == "ACTIVE" and rows[node]["version"] == 1
 
@@ -194,9 +203,11 @@ def test_random_field_values_never_break_the_server(registry: Registry) -> None:
     rng = random.Random(7)
     seen: dict[grpc.StatusCode, int] = {}
     for i in range(60):
-        code = status(registry.sync, _random_stream(rng, i))
+        code = status(registry.sync, _random_stream(rng, i), f"fz{i}")
         seen[code] = seen.get(code, 0) + 1
-    assert set(seen) <= {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT}, seen
+    # a random node id that is valid but not the token's: PERMISSION_DENIED
+    assert set(seen) <= {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT,
+                         grpc.StatusCode.PERMISSION_DENIED}, seen
     assert seen.get(grpc.StatusCode.OK, 0) > 10
     assert_healthy(registry)
     assert registry.cli("status", "--json").code == 0  # what was recorded still reads back
