@@ -22,7 +22,6 @@ import binascii
 import fcntl
 import json
 import logging
-import os
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,6 +38,7 @@ from registry.audit import Head, canonical
 from registry.db import now, transaction
 from registry.settings import RegistrySettings
 from serving.signing import Signer, key_id
+from serving.store import write_durably
 
 log = logging.getLogger(__name__)
 FILE, LOCK = "audit-head.json", ".audit-head.lock"
@@ -164,7 +164,7 @@ class Anchor:
     def _write(self, head: Head) -> SignedHead:
         signer = self.signer
         signed = SignedHead(head, signer.key_id, signer.sign(body(head)), now())
-        write_atomically(self.path, json.dumps(signed.to_json(), indent=2).encode() + b"\n")
+        write_durably(self.path, json.dumps(signed.to_json(), indent=2).encode() + b"\n")
         return signed
 
 
@@ -179,22 +179,6 @@ def audited(db: sqlite_utils.Database, anchor: Anchor | None) -> Iterator[sqlite
         yield conn
     if anchor is not None:
         anchor.advance(db, started)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write beside, fsync, rename over, fsync the folder: a crash leaves the old file or the
-    new one, never half of one."""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with temporary.open("wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temporary, path)
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
 
 
 def check(db: sqlite_utils.Database, path: Path, public: Ed25519PublicKey | None,

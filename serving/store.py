@@ -48,7 +48,9 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _fsync_write(path: Path, data: bytes) -> None:
+def write_durably(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data``: written beside it, fsynced, renamed over it, the folder
+    fsynced; a crash leaves the old file or the new one, never half of one."""
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -58,6 +60,11 @@ def _fsync_write(path: Path, data: bytes) -> None:
         os.replace(name, path)
     finally:
         Path(name).unlink(missing_ok=True)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)
 
 
 def check_release(manifest: Manifest) -> None:
@@ -113,7 +120,7 @@ class ModelStore:
     def set_current(self, model: str, version: int) -> None:
         if not (self.version_dir(model, version) / MANIFEST).is_file():
             raise StoreError(f"{model} version {version} is not in the store")
-        _fsync_write(self.model_dir(model) / CURRENT, f"{version}\n".encode())
+        write_durably(self.model_dir(model) / CURRENT, f"{version}\n".encode())
 
     def manifest_bytes(self, model: str, version: int) -> bytes:
         path = self.version_dir(model, version) / MANIFEST
@@ -183,9 +190,9 @@ class ModelStore:
                 for artifact in manifest.artifacts(tier):
                     fetch(artifact, staging / artifact.file)
                     _check(staging / artifact.file, artifact)
-                _fsync_write(staging / MANIFEST, raw)
+                write_durably(staging / MANIFEST, raw)
                 if signature:
-                    _fsync_write(staging / SIGNATURE, encode_signature(signature).encode() +
+                    write_durably(staging / SIGNATURE, encode_signature(signature).encode() +
                                  b"\n")
                 if target.exists():  # incomplete, or laid out for the other tier
                     shutil.rmtree(target)

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from serving.signing import Signer, SigningError, Verifier
+from serving.store import write_durably
 
 log = logging.getLogger(__name__)
 KIND = "tiered-directive-v1"  # what the signature covers says what it is: never a manifest
@@ -133,20 +133,7 @@ class Directives:
         self.accepted[directive.model] = Accepted(directive.seq, directive.version,
                                                   directive.manifest_sha256)
         body = {m: asdict(a) for m, a in sorted(self.accepted.items())}
-        _write_atomically(self.path, json.dumps(body, indent=2).encode() + b"\n")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_durably(self.path, json.dumps(body, indent=2).encode() + b"\n")
 
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with temporary.open("wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temporary, path)
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
 

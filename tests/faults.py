@@ -1,10 +1,18 @@
-"""Network faults on loopback: a TCP proxy that can cut every connection mid-stream."""
+"""Network faults on loopback: a TCP proxy that can cut every connection mid-stream, and the
+small HTTP peers an attacker would run (a fake edge or center)."""
 
 from __future__ import annotations
 
+import http.server
+import json
 import socket
+import ssl
 import struct
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 
 class CutProxy:
@@ -82,3 +90,36 @@ def _close(s: socket.socket, reset: bool = False) -> None:
         s.close()
     except OSError:
         pass
+
+
+class JsonHandler(http.server.BaseHTTPRequestHandler):
+    """A stand-in HTTP peer (a fake edge or center an attacker runs): ``reply`` answers JSON,
+    nothing is logged."""
+
+    def reply(self, status: int, body: object) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *_: Any) -> None:
+        return
+
+
+@contextmanager
+def http_peer(handler: type[JsonHandler],
+              cert: tuple[Path, Path] | None = None) -> Iterator[http.server.HTTPServer]:
+    """``handler`` served on a free 127.0.0.1 port (HTTPS with ``cert``), in a thread."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    if cert is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(*cert)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -5,45 +5,30 @@ renderer and nginx; the fake edge is a small HTTP server in this process."""
 
 from __future__ import annotations
 
-import http.server
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
+from tests.faults import JsonHandler, http_peer
 from tiered.processes import free_port
 from tiered.stack import Stack
 
 pytestmark = pytest.mark.integration
 
 
-class Edge(http.server.BaseHTTPRequestHandler):
+class Edge(JsonHandler):
     def do_GET(self) -> None:  # the stdlib's name
-        body = b'{"ready": true, "fake_edge": true}'
-        self.send_response(200 if self.path.startswith("/v2/health/") else 404)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_: Any) -> None:
-        return
+        self.reply(200 if self.path.startswith("/v2/health/") else 404,
+                   {"ready": True, "fake_edge": True})
 
 
 @pytest.fixture
 def edge() -> Iterator[int]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Edge)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with http_peer(Edge) as server:
         yield int(server.server_address[1])
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture

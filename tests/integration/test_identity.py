@@ -5,14 +5,12 @@ to centers that prove they are centers. Every attack runs against real processes
 
 from __future__ import annotations
 
+import contextlib
 import json
-import ssl
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -25,6 +23,7 @@ from serving.tokens import node_token
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 from tests.conftest import RegistryCli
+from tests.faults import JsonHandler, http_peer
 from tests.servers import start
 from tiered.processes import BIN, free_port, start_registry, start_tier
 from tiered.stack import Stack
@@ -232,32 +231,14 @@ def test_the_token_never_reaches_a_registry_found_in_consul_without_tls(
 # -- finding 3: escalations only to centers that prove they are centers ---------------------
 
 
-class ForgedCenter(BaseHTTPRequestHandler):
+class ForgedCenter(JsonHandler):
     bodies: ClassVar[list[bytes]] = []
 
     def do_POST(self) -> None:
         self.bodies.append(self.rfile.read(int(self.headers["content-length"])))
-        body = json.dumps({"model_name": "tiny", "model_version": "666", "outputs": [
+        self.reply(200, {"model_name": "tiny", "model_version": "666", "outputs": [
             {"name": "probabilities", "datatype": "FP32", "shape": [1, 2],
-             "data": [1.0, 0.0]}]}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_: Any) -> None:
-        pass
-
-
-def forged_center(cert: tuple[Path, Path] | None) -> ThreadingHTTPServer:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ForgedCenter)
-    if cert is not None:
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(*cert)
-        server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
+             "data": [1.0, 0.0]}]})
 
 
 ESCALATE = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
@@ -277,9 +258,11 @@ def test_escalations_go_only_to_centers_with_a_center_certificate(
     tls = tmp_path / "tls"
     pki.fleet(tls, ["127.0.0.1"])
     ForgedCenter.bodies = []
-    plain = forged_center(None)  # anyone can serve HTTP
-    impostor = forged_center((tls / "registry.pem", tls / "registry.key"))  # fleet CA, not a
-    for i, fake in enumerate((plain, impostor)):                          # center's cert
+    peers = contextlib.ExitStack()
+    plain = peers.enter_context(http_peer(ForgedCenter))  # anyone can serve HTTP
+    impostor = peers.enter_context(http_peer(  # the fleet CA's, but not a center's certificate
+        ForgedCenter, (tls / "registry.pem", tls / "registry.key")))
+    for i, fake in enumerate((plain, impostor)):
         register(consul, "tiered-center", f"aaa-fake-{i}", fake.server_address[1])
     center = start("center", tmp_path / "center", tmp_path, "--tls-cert",
                    str(tls / "center.pem"), "--tls-key", str(tls / "center.key"),
@@ -304,9 +287,7 @@ def test_escalations_go_only_to_centers_with_a_center_certificate(
     finally:
         edge.stop()
         center.stop()
-        for fake in (plain, impostor):
-            fake.shutdown()
-            fake.server_close()
+        peers.close()
 
 
 # -- per-node limits ------------------------------------------------------------------------
