@@ -58,7 +58,7 @@ class Tally:
     retried: int = 0  # sent again once: the connection closed before an answer came
     degraded: int = 0  # 2xx answers with rows the edge answered alone (center unreachable)
     same_as_recorded: int = 0
-    comparable: int = 0  # 2xx answers from the recorded version, not degraded
+    comparable: int = 0  # 2xx answers from the recorded version on both tiers, not degraded
     statuses: Counter[int] = field(default_factory=Counter)
     errors: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
@@ -312,7 +312,11 @@ def _count(response: httpx.Response, rec: Recorded, corrupted: bool, tally: Tall
     if status == 200 and not corrupted:
         parameters = response.json().get("parameters", {})
         degraded = bool(parameters.get("degraded"))
-        if not degraded and parameters.get("edge_version") == recorded_version:
+        # comparable: answered by the recorded version on both tiers (while a new version
+        # rolls out, an edge still on it may escalate rows to a center already on the next)
+        centers = set(str(parameters.get("center_version") or "").split(",")) - {""}
+        if (not degraded and parameters.get("edge_version") == recorded_version
+                and centers <= {str(recorded_version)}):
             comparable, same = True, labels_of(response) == rec.labels
     with lock:
         tally.statuses[status] += 1

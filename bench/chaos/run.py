@@ -85,7 +85,7 @@ def tables(outcome: Outcome) -> list[Table]:
         ("well-formed with no HTTP answer", t.transport_errors, "0"),
         ("retried once (connection closed before an answer)", t.retried, ""),
         ("degraded answers (center unreachable)", t.degraded, "> 0 while the center is down"),
-        ("same labels as recorded (v1, not degraded)",
+        ("same labels as recorded (v1 on edge and center, not degraded)",
          f"{t.same_as_recorded}/{t.comparable}", ""),
     ]
     for row in rows:
