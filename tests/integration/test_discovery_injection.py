@@ -5,14 +5,14 @@ renderer and nginx; the fake edge is a small HTTP server in this process."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.faults import JsonHandler, http_peer
+from tests.integration.test_sync import wait_for
 from tiered.processes import free_port
 from tiered.stack import Stack
 
@@ -48,15 +48,6 @@ def register(stack: Stack, service: str, sid: str, port: int, **meta: str) -> No
                        json={"Name": service, "ID": sid, "Address": "127.0.0.1", "Port": port,
                              "Meta": meta})  # no token: ACLs are off on this agent
     assert answer.status_code == 200, answer.text
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"no {what} within {timeout}s")
 
 
 def test_an_injected_region_never_reaches_nginx(stack: Stack, edge: int) -> None:

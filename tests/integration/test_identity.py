@@ -9,7 +9,7 @@ import contextlib
 import json
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent import futures
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,6 +24,7 @@ from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 from tests.conftest import RegistryCli
 from tests.faults import JsonHandler, http_peer
+from tests.integration.test_sync import wait_for
 from tests.servers import start
 from tiered.processes import BIN, free_port, start_registry, start_tier
 from tiered.stack import Stack
@@ -31,15 +32,6 @@ from tiered.stack import Stack
 pytestmark = pytest.mark.integration
 SECRET = "identity-secret-0123456789"
 SYNC = ("--sync-backoff-max-s", "1")
-
-
-def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"no {what} within {timeout}s")
 
 
 def status(cli: RegistryCli) -> dict[str, dict[str, Any]]:
@@ -124,7 +116,7 @@ def test_a_node_cannot_connect_ack_or_report_as_another(tmp_path: Path,
         edge = start("edge", tmp_path / "edge", tmp_path, "--registry", registry.target,
                      "--region", "eu", *SYNC, registry_secret=SECRET)
         victim = edge.node_id
-        wait_for(lambda: status(cli).get(victim, {}).get("connected"), 20, "the edge online")
+        wait_for(lambda: bool(status(cli).get(victim, {}).get("connected")), 20, "the edge online")
         before = status(cli)[victim]
         with grpc.insecure_channel(registry.target) as channel:
             stub = pb_grpc.SyncStub(channel)
@@ -220,7 +212,7 @@ def test_the_token_never_reaches_a_registry_found_in_consul_without_tls(
         nodes.append(start_tier("edge", tmp_path / "c", tmp_path, "--registry",
                                 f"127.0.0.1:{port}", *SYNC, env={"PATH": str(BIN)},
                                 registry_secret=SECRET, until="live"))
-        wait_for(lambda: recorder.calls, 20, "the configured registry called")
+        wait_for(lambda: bool(recorder.calls), 20, "the configured registry called")
         assert recorder.calls[0]["authorization"].startswith("Bearer edge-")
     finally:
         for node in nodes:
