@@ -27,6 +27,7 @@ import uvloop
 from serving import discovery
 from serving.discovery import Instance
 from serving.logs import configure
+from serving.tokens import read_secret
 
 log = logging.getLogger("nginx.render")
 TEMPLATE = Path(__file__).with_name("nginx.conf.template")
@@ -237,15 +238,17 @@ async def _exit_with(child: subprocess.Popen[bytes], stopping: asyncio.Event) ->
               help="Address nginx listens on (TIERED_HTTP_PORT in `tiered up`).")
 @click.option("--consul", "consul_addr", envvar="CONSUL_HTTP_ADDR", default=None,
               help="Consul agent host:port. [env: CONSUL_HTTP_ADDR]")
-@click.option("--consul-token", envvar="CONSUL_HTTP_TOKEN", default=None,
-              help="Consul ACL token. [env: CONSUL_HTTP_TOKEN]")
+@click.option("--consul-token-file", type=click.Path(path_type=Path, dir_okay=False),
+              envvar="CONSUL_HTTP_TOKEN_FILE", default=None,
+              help="File holding the Consul ACL token; the token itself comes only from the "
+                   "environment (CONSUL_HTTP_TOKEN), never a flag. [env: CONSUL_HTTP_TOKEN_FILE]")
 @click.option("--nginx", "nginx_bin", default=None, help="nginx binary (default: from PATH, "
               "else /usr/sbin/nginx).")
 @click.option("--run-nginx", is_flag=True, help="Run nginx as a child and stop it on exit.")
 @click.option("--rate", default=500, show_default=True, help="Requests per second per client.")
 @click.option("--burst", default=1000, show_default=True, help="Burst above --rate per client.")
 @click.option("--max-body", default="1m", show_default=True, help="client_max_body_size.")
-def main(prefix: Path, listen: str, consul_addr: str | None, consul_token: str | None,
+def main(prefix: Path, listen: str, consul_addr: str | None, consul_token_file: Path | None,
          nginx_bin: str | None, run_nginx: bool, rate: int, burst: int, max_body: str) -> None:
     """Render nginx's config from the template and keep its upstreams in step with Consul."""
     configure("nginx-render", "INFO", None, 10 * 1024 * 1024, 3)
@@ -259,11 +262,23 @@ def main(prefix: Path, listen: str, consul_addr: str | None, consul_token: str |
     if run_nginx:
         renderer.start_nginx()
     try:
-        uvloop.run(serve(renderer, consul_addr, consul_token))
+        uvloop.run(serve(renderer, consul_addr, consul_token(consul_token_file)))
     finally:
         renderer.stop_nginx()
         if temp != prefix / "tmp":
             shutil.rmtree(temp, ignore_errors=True)
+
+
+def consul_token(path: Path | None) -> str | None:
+    """CONSUL_HTTP_TOKEN from the environment, else from ``path`` (a secret never on argv)."""
+    if os.environ.get("CONSUL_HTTP_TOKEN"):
+        return os.environ["CONSUL_HTTP_TOKEN"]
+    if path is None:
+        return None
+    try:
+        return read_secret(path, "CONSUL_HTTP_TOKEN_FILE")
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
 
 
 def temp_dir(prefix: Path) -> Path:

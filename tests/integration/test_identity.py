@@ -69,15 +69,18 @@ def test_a_node_refuses_a_token_that_is_not_its_own(tmp_path: Path) -> None:
 # -- finding 11: secrets never on a command line --------------------------------------------
 
 
-@pytest.mark.parametrize("command", [["edge"], ["center"], ["registry", "serve"]])
+@pytest.mark.parametrize("command", [["edge"], ["center"], ["registry", "serve"],
+                                     ["python", "-m", "nginx.render"]])
 def test_no_command_takes_a_secret_as_a_flag(command: list[str]) -> None:
     result = subprocess.run([str(BIN / command[0]), *command[1:], "--help"],
                             capture_output=True, text=True, timeout=60,
                             env={"PATH": str(BIN), "COLUMNS": "200"})
     flags = {word.rstrip(",") for word in result.stdout.split() if word.startswith("--")}
     assert not {f for f in flags if "token" in f and not f.endswith("-file")}, flags
-    if command[0] != "registry":
+    if command[0] in ("edge", "center"):
         assert {"--registry-token-file", "--consul-http-token-file"} <= flags
+    if command[0] == "python":
+        assert "--consul-token-file" in flags
 
 
 def test_a_node_reads_its_token_from_a_file(tmp_path: Path, tiny_release: Path) -> None:
