@@ -73,11 +73,17 @@ def test_an_injected_region_never_reaches_nginx(stack: Stack, edge: int) -> None
     assert (stack.root / "nginx" / "nginx.conf").read_text() == nginx_conf
     leak = httpx.get(f"{stack.url}/leak/passwd", timeout=5)
     assert leak.status_code == 404 and "root:" not in leak.text
-    ready = _ready(stack)
-    assert ready.status_code == 200 and ready.json() == {"ready": True, "fake_edge": True}
+    # /v2/ still goes to the edge (retried: the fake edge is a small HTTP/1.0 server, and a
+    # connection it closed under nginx can cost one 502, which is not what this test is about)
+    wait_for(lambda: _routed_to_the_edge(stack), 10, "/v2/ still routed to the edge")
     log = stack.children["nginx"].log.read_text()
     assert "skipping an invalid tiered-edge entry" in log and "tiered-registry" in log
 
 
 def _ready(stack: Stack) -> httpx.Response:
     return httpx.get(f"{stack.url}/v2/health/ready", timeout=5)
+
+
+def _routed_to_the_edge(stack: Stack) -> bool:
+    ready = _ready(stack)
+    return ready.status_code == 200 and ready.json() == {"ready": True, "fake_edge": True}
