@@ -48,8 +48,8 @@ def append(conn: sqlite3.Connection, *, actor: str, action: str, model: str | No
            version: int | None = None, sha256: str | None = None,
            payload: dict[str, Any] | None = None) -> Record:
     """Append one record; call inside ``db.transaction`` so it commits with its change."""
-    last = conn.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
-    seq, prev = (last[0] + 1, last[1]) if last else (1, GENESIS)
+    last = head(conn)
+    seq, prev = (last.seq + 1, last.hash) if last else (1, GENESIS)
     unsigned = Record(seq, now(), actor, action, model, version, sha256,
                       canonical(payload or {}), prev, "")
     record = Record(**{**unsigned.__dict__, "hash": unsigned.expected_hash()})
