@@ -63,9 +63,7 @@ def _target(address: str, port: object) -> str:
     """``host:port`` for a ``server`` line, built from checked parts only (an IP address
     object's text, a host name that passed RFC 1123, an int): even an Instance made without
     ``discovery.instance`` cannot put another character into the file."""
-    host = discovery.checked_address(address)
-    number = discovery.checked_port(port)
-    return f"[{host}]:{number}" if ":" in host else f"{host}:{number}"
+    return discovery.host_port(discovery.checked_address(address), discovery.checked_port(port))
 
 
 def _renderable(instances: list[Instance]) -> list[Instance]:

@@ -26,6 +26,9 @@ with warnings.catch_warnings():  # py-consul's aio module passes aiohttp a depre
     import consul
     import consul.aio
 
+from serving import settings
+from serving.tokens import NODE_ID
+
 log = logging.getLogger(__name__)
 SERVICES = {"edge": "tiered-edge", "center": "tiered-center", "registry": "tiered-registry"}
 CHECK_INTERVAL = "1s"
@@ -39,11 +42,11 @@ ERRORS = (aiohttp.ClientError, consul.ConsulException, TimeoutError, OSError, Va
 # What an instance read from Consul may hold. Anyone who can register a service writes these
 # strings, and they end up in nginx's config, in URLs and in logs: each is checked against a
 # strict pattern before use, and an instance with any value outside it is skipped.
-SERVICE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")  # = sync's NODE_ID
+SERVICE_ID = NODE_ID  # a node registers under its node id
 TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:=-]{0,63}")
 META_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")  # Consul's own rule, shorter
 META_VALUE = re.compile(r"[A-Za-z0-9._:,=@+-]{0,512}")  # ids, regions, "tiny=1,big=3"; = Consul max
-REGION = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
+REGION = re.compile(settings.REGION)
 HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")  # RFC 1123
 MAX_HOSTNAME = 253
 MAX_TAGS, MAX_META = 16, 16
@@ -65,8 +68,7 @@ class Instance:
 
     @property
     def target(self) -> str:
-        host = f"[{self.address}]" if ":" in self.address else self.address
-        return f"{host}:{self.port}"
+        return host_port(self.address, self.port)
 
     @property
     def region(self) -> str:
@@ -99,6 +101,11 @@ class Throttled:
             return
         self.logger.warning(message + " (%d more like it not logged)", *args, self.held)
         self.held, self._last = 0, now
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port``, an IPv6 address in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class InvalidInstance(ValueError):

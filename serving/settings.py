@@ -11,6 +11,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from serving.tokens import check_node_token, read_secret
 
+REGION = r"[a-z0-9][a-z0-9-]{0,31}"  # a region tag: what discovery accepts from Consul too
+
 
 class ServingSettings(BaseSettings):
     model_config = SettingsConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
@@ -28,7 +30,7 @@ class ServingSettings(BaseSettings):
     """Name of this node in logs, responses and the registry's status; must be unique per
     node (default: <host name>-<port>, so two tiers on one host differ)."""
 
-    region: str = Field(default="local", pattern=r"^[a-z0-9][a-z0-9-]{0,31}$")
+    region: str = Field(default="local", pattern=rf"^{REGION}$")
     """Region tag of this node (rollouts can target ``region:R``; routing prefers the nearest):
     lower-case letters, digits and hyphens (what discovery accepts from Consul)."""
 
