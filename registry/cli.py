@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,7 +24,7 @@ from registry.nodes import NodeBook
 from registry.pull import pull
 from registry.settings import RegistrySettings
 from serving.store import ModelStore, StoreError
-from serving.tokens import NODE_ID, TokenError, node_token
+from serving.tokens import NODE_ID, TokenError, node_token, write_secret
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -357,10 +356,7 @@ def node_token_cmd(ctx: Context, node_id: str, path: Path | None) -> None:
     if path is None:
         click.echo(token)
         return
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    os.chmod(path, 0o600)
+    write_secret(path, f"{token}\n".encode())
     err.print(f"wrote {escape(node_id)}'s token to {path}")
 
 

@@ -6,9 +6,10 @@ import getpass
 import socket
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, model_validator
+from pydantic_settings import SettingsConfigDict
 
+from serving.settings import ConsulSettings, RegistrySecret
 from serving.tokens import check_secret, read_secret
 
 
@@ -16,7 +17,7 @@ def _default_actor() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}"
 
 
-class RegistrySettings(BaseSettings):
+class RegistrySettings(ConsulSettings):
     model_config = SettingsConfigDict(env_prefix="REGISTRY_", extra="forbid", frozen=True,
                                       use_attribute_docstrings=True)
 
@@ -33,7 +34,7 @@ class RegistrySettings(BaseSettings):
     """HTTP port of the registry's Prometheus /metrics (sync and node quality; not 8300,
     which Consul's agent takes); unset = off."""
 
-    token: SecretStr | None = None
+    token: RegistrySecret | None = None
     """The registry's secret (at least 16 characters), from the environment only: node tokens
     are derived from it (``registry node token``); required by ``registry serve``."""
 
@@ -51,20 +52,6 @@ class RegistrySettings(BaseSettings):
 
     tls_key: Path | None = None
     """PEM private key matching ``tls_cert``."""
-
-    consul_http_addr: str | None = Field(
-        default=None, validation_alias=AliasChoices("consul_http_addr", "CONSUL_HTTP_ADDR"))
-    """Consul agent (host:port) ``registry serve`` registers with (gRPC health check);
-    unset = no Consul."""
-
-    consul_http_token: SecretStr | None = Field(
-        default=None, validation_alias=AliasChoices("consul_http_token", "CONSUL_HTTP_TOKEN"))
-    """Consul ACL token (from the environment only)."""
-
-    consul_http_token_file: Path | None = Field(
-        default=None, validation_alias=AliasChoices("consul_http_token_file",
-                                                    "CONSUL_HTTP_TOKEN_FILE"))
-    """File holding the Consul ACL token instead of ``CONSUL_HTTP_TOKEN``."""
 
     advertise: str | None = None
     """Address registered in Consul (default: host, or the host name on 0.0.0.0)."""
@@ -109,21 +96,11 @@ class RegistrySettings(BaseSettings):
     """Calibration: share of bootstrap resamples of the calibration split in which the chosen
     threshold must be within tolerance (0 = judge the split as it is)."""
 
-    @field_validator("token")
-    @classmethod
-    def _long_enough(cls, token: SecretStr | None) -> SecretStr | None:
-        if token is not None:
-            check_secret(token.get_secret_value())
-        return token
-
     @model_validator(mode="after")
     def _token_from_file(self) -> RegistrySettings:
         if self.token_file is not None:
             secret = read_secret(self.token_file, "REGISTRY_TOKEN_FILE")
             object.__setattr__(self, "token", SecretStr(check_secret(secret)))
-        if self.consul_http_token_file is not None:
-            object.__setattr__(self, "consul_http_token", SecretStr(
-                read_secret(self.consul_http_token_file, "CONSUL_HTTP_TOKEN_FILE")))
         return self
 
     @property

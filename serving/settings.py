@@ -4,17 +4,53 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Self
 
-from pydantic import AliasChoices, Field, SecretStr, model_validator
+from pydantic import AfterValidator, AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from serving.tokens import check_node_token, read_secret
+from serving.tokens import check_node_token, check_secret, read_secret
 
 REGION = r"[a-z0-9][a-z0-9-]{0,31}"  # a region tag: what discovery accepts from Consul too
 
 
-class ServingSettings(BaseSettings):
+def _long_enough(secret: SecretStr) -> SecretStr:
+    check_secret(secret.get_secret_value())
+    return secret
+
+
+RegistrySecret = Annotated[SecretStr, AfterValidator(_long_enough)]
+"""The registry's secret (``REGISTRY_TOKEN``): refused when empty or under 16 characters."""
+
+
+class ConsulSettings(BaseSettings):
+    """Consul's own variables, for every process that registers or discovers through it."""
+
+    model_config = SettingsConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    consul_http_addr: str | None = Field(
+        default=None, validation_alias=AliasChoices("consul_http_addr", "CONSUL_HTTP_ADDR"))
+    """Consul agent (host:port) to register with (and, for the tiers, discover centers and
+    the registry through); unset = no Consul (static settings apply)."""
+
+    consul_http_token: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("consul_http_token", "CONSUL_HTTP_TOKEN"))
+    """Consul ACL token (from the environment only)."""
+
+    consul_http_token_file: Path | None = Field(
+        default=None, validation_alias=AliasChoices("consul_http_token_file",
+                                                    "CONSUL_HTTP_TOKEN_FILE"))
+    """File holding the Consul ACL token instead of ``CONSUL_HTTP_TOKEN``."""
+
+    @model_validator(mode="after")
+    def _consul_token_from_file(self) -> Self:
+        if self.consul_http_token_file is not None:
+            object.__setattr__(self, "consul_http_token", SecretStr(
+                read_secret(self.consul_http_token_file, "CONSUL_HTTP_TOKEN_FILE")))
+        return self
+
+
+class ServingSettings(ConsulSettings):
     model_config = SettingsConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     host: str = "127.0.0.1"
@@ -68,20 +104,6 @@ class ServingSettings(BaseSettings):
 
     tls_key: Path | None = None
     """PEM private key matching ``tls_cert``."""
-
-    consul_http_addr: str | None = Field(
-        default=None, validation_alias=AliasChoices("consul_http_addr", "CONSUL_HTTP_ADDR"))
-    """Consul agent (host:port) to register with and discover centers and the registry
-    through; unset = no Consul (static settings apply)."""
-
-    consul_http_token: SecretStr | None = Field(
-        default=None, validation_alias=AliasChoices("consul_http_token", "CONSUL_HTTP_TOKEN"))
-    """Consul ACL token (from the environment only)."""
-
-    consul_http_token_file: Path | None = Field(
-        default=None, validation_alias=AliasChoices("consul_http_token_file",
-                                                    "CONSUL_HTTP_TOKEN_FILE"))
-    """File holding the Consul ACL token instead of ``CONSUL_HTTP_TOKEN``."""
 
     advertise: str | None = None
     """Address registered in Consul for this node (default: host, or the host name when
@@ -144,9 +166,6 @@ class ServingSettings(BaseSettings):
         if self.registry_token_file is not None:
             object.__setattr__(self, "registry_token", SecretStr(
                 read_secret(self.registry_token_file, "registry_token_file")))
-        if self.consul_http_token_file is not None:
-            object.__setattr__(self, "consul_http_token", SecretStr(
-                read_secret(self.consul_http_token_file, "CONSUL_HTTP_TOKEN_FILE")))
         if self.registry_token is not None:
             check_node_token(self.registry_token.get_secret_value(), self.node_id)
         if (self.tls_cert is None) != (self.tls_key is None):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -115,3 +116,12 @@ def read_secret(path: Path, what: str) -> str:
     if not text:
         raise ValueError(f"{what}: {path} is empty")
     return text.splitlines()[0].strip()
+
+
+def write_secret(path: Path, data: bytes) -> None:
+    """``path`` holding ``data``, readable by its owner only and never for a moment by others
+    (a token, a private key, a config with tokens in it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # an older file keeps its mode through O_CREAT
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from serving.tokens import check_secret
+from serving.settings import RegistrySecret
 
 
 class TieredSettings(BaseSettings):
@@ -34,14 +34,8 @@ class TieredSettings(BaseSettings):
                                 validation_alias=AliasChoices("registry_home", "REGISTRY_HOME"))
     """The registry the stack serves from (REGISTRY_HOME)."""
 
-    registry_token: SecretStr | None = Field(
+    registry_token: RegistrySecret | None = Field(
         default=None, validation_alias=AliasChoices("registry_token", "REGISTRY_TOKEN"))
     """The registry's secret (REGISTRY_TOKEN, 16+ characters; each node's token is derived
     from it); a random one per run when unset."""
 
-    @field_validator("registry_token")
-    @classmethod
-    def _long_enough(cls, token: SecretStr | None) -> SecretStr | None:
-        if token is not None:
-            check_secret(token.get_secret_value())
-        return token

@@ -7,7 +7,6 @@ it. Every child is started on loopback, its output goes to ``<root>/logs/<name>.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -22,7 +21,7 @@ import httpx
 
 from registry import pki
 from serving.discovery import SERVICES
-from serving.tokens import node_token
+from serving.tokens import node_token, write_secret
 from tiered.processes import BIN, Process, free_port
 
 Echo = Callable[[str, str], None]  # (child name, output line)
@@ -174,10 +173,10 @@ class Stack:
         folder.chmod(0o700)
         config = folder / "acl.json"  # Consul 1.8: "master" (later "initial_management")
         tokens = {"master": self.consul_tokens["management"], "agent": self.consul_tokens["agent"]}
-        _write_private(config, json.dumps({"acl": {
+        write_secret(config, json.dumps({"acl": {
             "enabled": True, "default_policy": "deny", "down_policy": "extend-cache",
-            "tokens": tokens}}, indent=2))
-        _write_private(self.consul_token_file, self.consul_tokens["management"] + "\n")
+            "tokens": tokens}}, indent=2).encode())
+        write_secret(self.consul_token_file, f"{self.consul_tokens['management']}\n".encode())
         return ["-config-file", str(config)]
 
     def consul_acl_setup(self) -> bool:
@@ -337,14 +336,6 @@ class Stack:
         for child in reversed(list(self.children.values())):
             child.stop()
         (self.root / STATE).unlink(missing_ok=True)
-
-
-def _write_private(path: Path, text: str) -> None:
-    """``path`` with ``text``, readable by its owner only, never for a moment by others."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)  # an older file keeps its mode through O_CREAT
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
 
 
 def load_state(root: Path) -> dict[str, Any] | None:
