@@ -24,9 +24,11 @@ RegistrySecret = Annotated[SecretStr, AfterValidator(_long_enough)]
 
 
 class ConsulSettings(BaseSettings):
-    """Consul's own variables, for every process that registers or discovers through it."""
+    """Consul's own variables, for every process that registers or discovers through it.
+    Errors never echo the value they refuse (an almost-right secret is still a secret)."""
 
-    model_config = SettingsConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = SettingsConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True,
+                                      hide_input_in_errors=True)
 
     consul_http_addr: str | None = Field(
         default=None, validation_alias=AliasChoices("consul_http_addr", "CONSUL_HTTP_ADDR"))

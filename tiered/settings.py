@@ -13,7 +13,7 @@ from serving.settings import RegistrySecret
 
 class TieredSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TIERED_", extra="forbid", frozen=True,
-                                      use_attribute_docstrings=True)
+                                      use_attribute_docstrings=True, hide_input_in_errors=True)
 
     http_port: int = Field(default=8080, ge=1, le=65535)
     """nginx entry port: clients send V2 requests here."""
