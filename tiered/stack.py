@@ -85,7 +85,8 @@ class Stack:
         """A child's environment: secrets go here, never on its command line (``ps``). The
         registry gets its secret and TLS files; each node its own token (which proves its
         name and no other) and the fleet CA its registry must prove itself with, since
-        nodes find the registry through Consul."""
+        nodes find the registry through Consul. CONSUL_HTTP_TOKEN: ``consul_token`` when set,
+        else the child's role token (none for Consul itself)."""
         env = {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/bin", "CONSUL_HTTP_ADDR": self.consul,
                "REGISTRY_HOME": str(self.registry_home)}
         if role == "registry":
@@ -95,7 +96,8 @@ class Stack:
         elif role in ("center", "edge"):
             env |= {"REGISTRY_TOKEN": node_token(self.token, name),
                     f"{role.upper()}_REGISTRY_CA": str(self.tls / "ca.pem")}
-        return env | ({"CONSUL_HTTP_TOKEN": self.consul_token} if self.consul_token else {})
+        consul = self.consul_token or self.consul_tokens.get(CHILD_CONSUL_ROLE.get(role, ""))
+        return env | ({"CONSUL_HTTP_TOKEN": consul} if consul else {})
 
     # -- starting ------------------------------------------------------------------------
 
@@ -121,8 +123,7 @@ class Stack:
         log = self.root / "logs" / f"{name}.log"
         log.touch()
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   env=self.env(name, role) | self.consul_env(role),
-                                   cwd=self.root,
+                                   env=self.env(name, role), cwd=self.root,
                                    start_new_session=True)
         child = Child(name, port or 0, process, log, role, argv)
         assert process.stdout is not None
@@ -200,13 +201,6 @@ class Stack:
                         raise RuntimeError(f"Consul refused the {name} ACL setup: "
                                            f"{answer.status_code} {answer.text[:300]}")
         return True
-
-    def consul_env(self, role: str) -> dict[str, str]:
-        """CONSUL_HTTP_TOKEN for a child of ``role``: its role's token (none for Consul)."""
-        token = self.consul_tokens.get(CHILD_CONSUL_ROLE.get(role, ""))
-        if self.consul_token or token is None:
-            return {}
-        return {"CONSUL_HTTP_TOKEN": token}
 
     def consul_headers(self) -> dict[str, str]:
         """What the stack's own health polling sends: the read-only token."""
