@@ -32,7 +32,6 @@ from registry.nodes import STATES, Held, Measured, NodeBook
 from registry.settings import RegistrySettings
 from serving import probe
 from serving.manifest import is_valid_name
-from serving.signing import Signer
 from serving.tokens import NODE_ID, Verifier
 from sync import auth, directive
 from sync.gen import sync_pb2 as pb
@@ -65,13 +64,12 @@ class Database:
         self.catalog: Catalog
         self.nodes: NodeBook
         self.anchor: anchor.Anchor
-        self.signer: Signer
 
     async def open(self) -> None:
         def opened() -> None:
             db = connect(self.settings.database)
             self.anchor = anchor.for_settings(self.settings)
-            self.signer = self.anchor.signer  # directives are signed with it; fails at start
+            self.anchor.signer  # noqa: B018 - loads the key now: directives are signed with it
             self.catalog = Catalog(db, self.settings.actor, self.anchor)
             self.nodes = NodeBook(db, self.anchor)
 
@@ -207,7 +205,7 @@ class SyncService(pb_grpc.SyncServicer):
                                  signature=t.signature, signing_key_id=t.key_id)
             if head is not None:  # there is always one: a desired release was audited
                 release.directive, release.directive_signature = directive.sign(
-                    self.db.signer, directive.Directive(
+                    self.db.anchor.signer, directive.Directive(
                         session.node.node_id, t.model, t.version, t.manifest_sha256, head.seq,
                         head.hash))
             session.outbox.put_nowait(pb.ServerMessage(release=release))
