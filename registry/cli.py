@@ -409,7 +409,7 @@ def serve_cmd(ctx: Context, host: str | None, port: int | None, metrics_port: in
               tls_cert: Path | None, tls_key: Path | None) -> None:
     """Serve model sync over gRPC: push releases to every subscribed edge and center, send
     artifacts (resumable), record acks and quality reports. Needs REGISTRY_TOKEN."""
-    from sync.serve import run  # grpc loads here only
+    from registry.serve import run  # grpc loads here only
 
     flags = {"host": host, "grpc_port": port, "metrics_port": metrics_port,
              "tls_cert": tls_cert, "tls_key": tls_key}

@@ -16,9 +16,10 @@ from registry import audit
 from registry.anchor import Anchor, audited
 from registry.catalog import Catalog, Node
 from registry.db import now, transaction
-from sync import REFUSED
 
-STATES = ("DOWNLOADING", "ACTIVE", "FAILED")
+STATES = ("DOWNLOADING", "ACTIVE", "FAILED", "REFUSED")
+REFUSED = "refused:"
+"""Prefix of the stored reason of a release the node refused (its state is recorded as FAILED)."""
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,9 @@ class NodeBook:
         refused (bad or missing signature, unsafe manifest, fidelity below its floor on its
         hardware) is its own action, ``refused``."""
         at = now()
-        action = "refused" if state == "FAILED" and reason.startswith(REFUSED) else "ack"
+        action = "refused" if state == "REFUSED" else "ack"
+        if state == "REFUSED":  # recorded as a failure the node will not retry
+            state, reason = "FAILED", f"{REFUSED} {reason}"
         payload: dict[str, Any] = {"state": state, "reason": reason, "tier": node.tier,
                                    "region": node.region}
         if measured is not None:

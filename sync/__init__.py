@@ -1,6 +1,3 @@
-"""gRPC streaming of releases from the registry to every edge and center."""
-
-REFUSED = "refused:"
-"""Prefix of a FAILED ack's reason when the node refused the release outright (missing or bad
-signature, unsafe manifest): nothing was downloaded, and it is not retried; the registry audits
-such an ack as action ``refused``."""
+"""The sync protocol (sync.proto) and its node side: the subscriber that receives releases,
+downloads and verifies them, and acknowledges. The registry serves the other end
+(``registry.server``)."""

@@ -32,7 +32,7 @@ from serving.repository import Repository
 from serving.settings import ServingSettings
 from serving.signing import SigningError
 from serving.store import StoreError, check_release
-from sync import REFUSED, auth, directive
+from sync import auth, directive
 from sync.directive import DirectiveError, Directives
 from sync.download import Downloader, DownloadMetrics, TransferError
 from sync.gen import sync_pb2 as pb
@@ -206,7 +206,7 @@ class Subscriber:
         refusal = self._refusal(release, manifest)
         if refusal is not None:  # before anything is downloaded; what is served stays
             log.error("refused %s version %s: %s", manifest.name, manifest.version, refusal)
-            await self._ack(manifest, pb.FAILED, f"{REFUSED} {refusal}")
+            await self._ack(manifest, pb.REFUSED, refusal)
             return
         if self.directives is not None:  # checked above: from now on nothing older passes
             await asyncio.to_thread(self.directives.accept, directive.parse(release.directive))
@@ -247,7 +247,7 @@ class Subscriber:
                 raise
             except FidelityRefused as exc:  # this hardware gives the same figure next time
                 log.error("refused %s version %s: %s", model, manifest.version, exc)
-                await self._ack(manifest, pb.FAILED, f"{REFUSED} {exc}", exc.measured,
+                await self._ack(manifest, pb.REFUSED, str(exc), exc.measured,
                                 exc.platform)
                 if not wanted.changed.is_set():
                     return

@@ -13,10 +13,12 @@ class AckState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DOWNLOADING: _ClassVar[AckState]
     ACTIVE: _ClassVar[AckState]
     FAILED: _ClassVar[AckState]
+    REFUSED: _ClassVar[AckState]
 ACK_STATE_UNSPECIFIED: AckState
 DOWNLOADING: AckState
 ACTIVE: AckState
 FAILED: AckState
+REFUSED: AckState
 
 class Held(_message.Message):
     __slots__ = ("model", "versions", "active")

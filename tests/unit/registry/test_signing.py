@@ -90,7 +90,7 @@ def test_a_refused_release_is_audited_as_its_own_action(tmp_path: Path) -> None:
     nodes = NodeBook(catalog.db)
     nodes.connected(EU_EDGE, "ipv4:127.0.0.1:1", [])
     nodes.acknowledged(EU_EDGE, "m", 1, "FAILED", "TransferError: broken")
-    nodes.acknowledged(EU_EDGE, "m", 1, "FAILED", "refused: release signature does not verify")
+    nodes.acknowledged(EU_EDGE, "m", 1, "REFUSED", "release signature does not verify")
     actions = [(r.action, json.loads(r.payload).get("reason")) for r in audit.records(catalog.db)]
     assert actions[1:] == [("ack", "TransferError: broken"),
                            ("refused", "refused: release signature does not verify")]

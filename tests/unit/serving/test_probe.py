@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from registry.server import platform
 from serving import hardware, probe
 from serving.text import Encoded, pad
 from sync.gen import sync_pb2 as pb
-from sync.server import platform
 
 X86 = """processor\t: 0
 vendor_id\t: GenuineIntel

@@ -10,11 +10,11 @@ import signal
 import uvloop
 from prometheus_client import start_http_server
 
+from registry.server import SyncServer
 from registry.settings import RegistrySettings
 from serving import discovery
 from serving.logs import configure
 from sync.metrics import SyncMetrics
-from sync.server import SyncServer
 
 log = logging.getLogger("registry.serve")
 
