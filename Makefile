@@ -48,8 +48,11 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow"
 
+## lint: ruff, and the layering contract (pyproject [tool.importlinter]: a lower package never
+## imports a higher one)
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

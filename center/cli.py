@@ -1,12 +1,24 @@
-"""The ``center`` command."""
+"""The ``center`` command: the only place that wires a center process."""
 
 from __future__ import annotations
 
 from center.service import CenterService
 from center.settings import CenterSettings
 from serving.cli import tier_command
+from serving.dataplane import DataPlane
+from serving.node import Node
+from serving.process import Process
+from sync.subscriber import subscribe
 
-cli = tier_command("center", CenterSettings, CenterService)
+
+def wire(settings: CenterSettings) -> Process:
+    service = CenterService(settings)
+    node = Node(settings, service.repository, service.watches())
+    subscribe(node, settings, service.repository, service.metrics)
+    return Process(DataPlane(service), node)
+
+
+cli = tier_command("center", CenterSettings, wire)
 
 
 def main() -> None:

@@ -11,9 +11,11 @@ from cachetools import TTLCache
 
 @dataclass(frozen=True)
 class Cached:
+    """One row's answer: its probabilities, the tier that gave them, the center's version."""
+
     probabilities: np.ndarray
     tier: str
-    center_version: str | None
+    center_version: str | None = None
 
 
 class ResponseCache:
@@ -30,6 +32,18 @@ class ResponseCache:
 
     def get(self, key: str) -> Cached | None:
         return self._cache.get(key) if self._cache is not None else None
+
+    def lookup(self, keys: list[str]) -> tuple[dict[int, Cached], list[int]]:
+        """The cached answers by position in ``keys``, and the positions not cached."""
+        hits: dict[int, Cached] = {}
+        misses: list[int] = []
+        for i, key in enumerate(keys):
+            hit = self.get(key)
+            if hit is None:
+                misses.append(i)
+            else:
+                hits[i] = hit
+        return hits, misses
 
     def put(self, key: str, value: Cached) -> None:
         if self._cache is not None and value.tier != "edge-degraded":

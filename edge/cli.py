@@ -1,12 +1,24 @@
-"""The ``edge`` command."""
+"""The ``edge`` command: the only place that wires an edge process."""
 
 from __future__ import annotations
 
 from edge.pipeline import EdgeService
 from edge.settings import EdgeSettings
 from serving.cli import tier_command
+from serving.dataplane import DataPlane
+from serving.node import Node
+from serving.process import Process
+from sync.subscriber import subscribe
 
-cli = tier_command("edge", EdgeSettings, EdgeService)
+
+def wire(settings: EdgeSettings) -> Process:
+    service = EdgeService(settings)
+    node = Node(settings, service.repository, service.watches())
+    subscribe(node, settings, service.repository, service.metrics)
+    return Process(DataPlane(service), node)
+
+
+cli = tier_command("edge", EdgeSettings, wire)
 
 
 def main() -> None:

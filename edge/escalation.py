@@ -16,16 +16,13 @@ import msgspec
 import numpy as np
 
 from edge.breaker import CircuitBreaker
+from edge.errors import CenterUnavailable
 from serving import v2
 from serving.text import pad
 
 # The TLS server name of a center's certificate (registry.pki): checked in the handshake,
 # before the request, so a registry's certificate from the same CA cannot pass for a center.
 CENTER_NAME = "center.tiered.invalid"
-
-class CenterUnavailable(Exception):
-    """No center answered in time; the reason for each center tried is in the message."""
-
 
 @dataclass(frozen=True)
 class CenterAnswer:

@@ -31,14 +31,17 @@ class EdgeService:
     name = "tiered-edge"
     platform = "onnxruntime_onnx"
 
-    def __init__(self, settings: EdgeSettings, metrics: Metrics | None = None) -> None:
+    def __init__(self, settings: EdgeSettings, metrics: Metrics | None = None,
+                 center: CenterClient | None = None) -> None:
+        """``center``: the escalation client; by default one over ``settings.center_url``
+        that follows the centers Consul lists."""
         self.settings = settings
         self.metrics = metrics or Metrics("edge")
         self.cache = ResponseCache(settings.cache_size, settings.cache_ttl_s)
         self.static_centers = [u for u in (settings.center_url or "").split(",") if u.strip()]
-        self.center = CenterClient(self.static_centers, settings.center_timeout_s,
-                                   settings.breaker_failures, settings.breaker_reset_s,
-                                   ca=settings.center_ca)
+        self.center = center or CenterClient(
+            self.static_centers, settings.center_timeout_s, settings.breaker_failures,
+            settings.breaker_reset_s, ca=settings.center_ca)
 
         def load(manifest: Manifest, folder: Path) -> OnnxRuntime:
             return OnnxRuntime(folder / manifest.edge.file, settings.threads)
@@ -63,29 +66,22 @@ class EdgeService:
         rows = classify.rows_of(resident, parsed)
         threshold = gate.threshold_for(parsed.parameters, m.calibration.threshold,
                                        self.settings.threshold)
-        probabilities = np.zeros((len(rows), len(m.labels)), dtype=np.float32)
-        tiers = [""] * len(rows)
-        center_versions: set[str] = set()
         keys = [self.cache.key(m.name, resident.version, threshold, r) for r in rows]
-        misses = []
-        for i, key in enumerate(keys):
-            hit = self.cache.get(key)
-            if hit is None:
-                misses.append(i)
-                continue
-            probabilities[i], tiers[i] = hit.probabilities, hit.tier
-            if hit.center_version:
-                center_versions.add(hit.center_version)
+        hits, misses = self.cache.lookup(keys)
+        fresh = await self._cascade(resident, parsed, rows, misses, threshold)
+        for i, answer in zip(misses, fresh, strict=True):
+            self.cache.put(keys[i], answer)
+        answers = hits | dict(zip(misses, fresh, strict=True))
+        ordered = [answers[i] for i in range(len(rows))]
+        return self._respond(resident, parsed, rows, ordered, threshold, cached=len(hits))
+
+    def _respond(self, resident: Resident, parsed: v2.Parsed, rows: list[np.ndarray],
+                 answers: list[Cached], threshold: float, cached: int) -> v2.InferResponse:
+        """Merge the rows' answers (in request order) into the response; count them."""
+        m = resident.manifest
         labels = {"model": m.name, "version": str(resident.version)}
-        self.cache_hits.labels(**labels).inc(len(rows) - len(misses))
-        if misses:
-            answered_by = await self._answer(resident, parsed, rows, misses, threshold,
-                                             probabilities, tiers)
-            if answered_by:
-                center_versions.add(answered_by)
-            for i in misses:
-                version = answered_by if tiers[i] == "center" else None
-                self.cache.put(keys[i], Cached(probabilities[i].copy(), tiers[i], version))
+        tiers = [a.tier for a in answers]
+        self.cache_hits.labels(**labels).inc(cached)
         self.metrics.quality.rows(m.name, resident.version, [len(r) for r in rows], tiers)
         for tier in set(tiers):
             self.rows_by_tier.labels(**labels, tier=tier).inc(tiers.count(tier))
@@ -93,44 +89,55 @@ class EdgeService:
             "edge_version": resident.version, "threshold": threshold,
             "escalated": tiers.count("center"), "degraded": tiers.count("edge-degraded"),
             "node_id": self.settings.node_id, "region": self.settings.region}
+        center_versions = {a.center_version for a in answers if a.center_version}
         if center_versions:
             parameters["center_version"] = ",".join(sorted(center_versions))
+        probabilities = (np.stack([a.probabilities for a in answers]) if answers
+                         else np.zeros((0, len(m.labels)), dtype=np.float32))
         return classify.response(resident, parsed, probabilities, tiers, parameters)
 
-    async def _answer(self, resident: Resident, parsed: v2.Parsed, rows: list[np.ndarray],
-                      misses: list[int], threshold: float, probabilities: np.ndarray,
-                      tiers: list[str]) -> str | None:
-        """Edge answers for the uncached rows; the unsure ones replaced by the center's.
+    async def _cascade(self, resident: Resident, parsed: v2.Parsed, rows: list[np.ndarray],
+                       indices: list[int], threshold: float) -> list[Cached]:
+        """Answers for ``rows[i]``, i in ``indices``, in that order: the edge model's, the
+        unsure ones replaced by the center's (or marked degraded when no center answers)."""
+        if not indices:
+            return []
+        edge = classify.softmax(await resident.batcher.submit([rows[i] for i in indices]))
+        self._observe(resident, edge)
+        answers = [Cached(p.copy(), "edge") for p in edge]
+        unsure = gate.unsure(edge, threshold).tolist()
+        if unsure:
+            escalated = await self._escalate(resident, parsed, rows, [indices[j] for j in unsure],
+                                             [answers[j] for j in unsure])
+            for j, answer in zip(unsure, escalated, strict=True):
+                answers[j] = answer
+        return answers
 
-        Returns the version of the center model that answered, if one did."""
-        edge = classify.softmax(await resident.batcher.submit([rows[i] for i in misses]))
-        confidence = self.confidence.labels(resident.manifest.name, str(resident.version))
-        for j, i in enumerate(misses):
-            probabilities[i], tiers[i] = edge[j], "edge"
-            confidence.observe(float(edge[j].max()))
+    def _observe(self, resident: Resident, edge: np.ndarray) -> None:
+        confidence = edge.max(axis=1)
+        histogram = self.confidence.labels(resident.manifest.name, str(resident.version))
+        for value in confidence:
+            histogram.observe(float(value))
         self.metrics.quality.confidence(resident.manifest.name, resident.version,
-                                        edge.max(axis=1).tolist())
-        unsure = [misses[j] for j in gate.unsure(edge, threshold)]
-        if not unsure:
-            return None
-        texts = [parsed.texts[i] for i in unsure] if parsed.texts is not None else None
+                                        confidence.tolist())
+
+    async def _escalate(self, resident: Resident, parsed: v2.Parsed, rows: list[np.ndarray],
+                        indices: list[int], edge: list[Cached]) -> list[Cached]:
+        """The center's answers for ``rows[i]``, i in ``indices``; the edge's own, marked
+        ``edge-degraded``, when no center answers."""
+        m = resident.manifest
+        texts = [parsed.texts[i] for i in indices] if parsed.texts is not None else None
         try:
             with self.center_seconds.time():
-                answer = await self.center.classify(
-                    resident.manifest.name, texts, [rows[i] for i in unsure], request_id.get(),
-                    len(resident.manifest.labels))
+                answer = await self.center.classify(m.name, texts, [rows[i] for i in indices],
+                                                    request_id.get(), len(m.labels))
         except CenterUnavailable as exc:
-            log.warning("center unavailable, answering %d rows degraded: %s", len(unsure), exc)
-            for i in unsure:
-                tiers[i] = "edge-degraded"
-            return None
-        else:
-            for j, i in enumerate(unsure):
-                probabilities[i], tiers[i] = answer.probabilities[j], "center"
-            return answer.version
+            log.warning("center unavailable, answering %d rows degraded: %s", len(indices), exc)
+            return [Cached(e.probabilities, "edge-degraded") for e in edge]
         finally:
             for url, state in self.center.circuits().items():
                 self.circuit_open.labels(url).set(1 if state == "open" else 0)
+        return [Cached(p.copy(), "center", answer.version) for p in answer.probabilities]
 
     def watches(self) -> dict[str, OnChange]:
         return {SERVICES["center"]: self._centers}

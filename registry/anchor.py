@@ -36,8 +36,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from registry import audit, keys
 from registry.audit import Head, canonical
 from registry.db import now, transaction
+from registry.keys import Signer
 from registry.settings import RegistrySettings
-from serving.signing import Signer, key_id
+from serving.signing import key_id
 from serving.store import write_durably
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ import math
 
 import numpy as np
 
-from serving.classify import softmax
 from serving.manifest import Calibration, CurvePoint
+from serving.scores import softmax
 
 DEFAULT_THRESHOLD = 0.9
 """Threshold used when no labelled calibration data is given (escalate below 90% confidence)."""

@@ -15,8 +15,9 @@ from registry import audit
 from registry.anchor import Anchor, audited
 from registry.db import now
 from registry.errors import InvalidName, NotFound, RegistryError
+from registry.keys import Signer
 from serving.manifest import Manifest, decode, encode, is_valid_name
-from serving.signing import Signer, decode_signature, encode_signature
+from serving.signing import decode_signature, encode_signature
 
 PRODUCTION = "production"
 CANARY = "canary"

@@ -7,23 +7,62 @@ it, ``signing.pub`` beside it. An explicitly configured path is never created.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.exceptions import UnsupportedAlgorithm
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from registry.errors import SigningKeyError
 from registry.settings import RegistrySettings
-from serving.signing import (
-    Signer,
-    SigningError,
-    generate_key_pair,
-    key_id,
-    load_private_key,
-    public_pem,
-)
+from serving.signing import SigningError, key_id, public_pem, read_key_file
 
 PRIVATE, PUBLIC = "signing.key", "signing.pub"
+
+
+@dataclass(frozen=True)
+class Signer:
+    key: Ed25519PrivateKey
+
+    @property
+    def key_id(self) -> str:
+        return key_id(self.key.public_key())
+
+    def sign(self, data: bytes) -> bytes:
+        return self.key.sign(data)
+
+
+def load_private_key(path: Path) -> Ed25519PrivateKey:
+    try:
+        key = serialization.load_pem_private_key(read_key_file(path, "signing key"), password=None)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
+        raise SigningError(f"signing key {path}: not an unencrypted PEM private key "
+                           f"({exc})") from exc
+    if not isinstance(key, Ed25519PrivateKey):
+        raise SigningError(f"signing key {path}: an Ed25519 key is needed, this is "
+                           f"{type(key).__name__}")
+    return key
+
+
+def generate_key_pair(private_path: Path, public_path: Path) -> Ed25519PrivateKey:
+    """Write a new key pair: the private key with mode 0600 (never overwriting a file), the
+    public key beside it."""
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                            serialization.NoEncryption())
+    private_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise SigningError(f"{private_path} exists already; not overwriting a key") from None
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+        f.flush()
+        os.fsync(f.fileno())
+    public_path.write_bytes(public_pem(key.public_key()))
+    return key
 
 
 def public_path(private: Path) -> Path:

@@ -1,11 +1,11 @@
-"""The Litestar app both tiers serve: V2 REST routes, /metrics, errors, request ids.
+"""The HTTP transport both tiers serve: V2 REST routes, /metrics, errors, request ids.
 
-Routes only convert data; the tier's ``Service`` does the work.
+Routes only decode and encode; the data plane (``serving/dataplane.py``) does the work. The app
+starts and stops what it is handed (``lifecycle``: the whole process, or just the data plane).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -18,50 +18,26 @@ from litestar.datastructures import State
 from litestar.exceptions import HTTPException
 from litestar.params import FromPath
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
-from serving import classify, openapi, v2
-from serving.discovery import OnChange
+from serving import openapi, v2
+from serving.dataplane import DataPlane
 from serving.errors import ServingError
 from serving.logs import request_id
-from serving.metrics import Metrics
-from serving.node import Node
-from serving.repository import Repository, Resident
-from serving.settings import ServingSettings
 
 log = logging.getLogger("serving.access")
 HEADER = "x-request-id"
-# Bodies above this are parsed in a worker thread, off the event loop, so /v2/health/live and
-# the other requests keep being answered meanwhile; below it the hop costs more than the parse.
-PARSE_INLINE_BYTES = 64 * 1024
 
 
-class Service(Protocol):
-    @property
-    def name(self) -> str: ...  # server name in GET /v2
-
-    @property
-    def platform(self) -> str: ...  # model metadata platform (Triton's names)
-
-    @property
-    def repository(self) -> Repository: ...
-
-    @property
-    def metrics(self) -> Metrics: ...
-
-    @property
-    def settings(self) -> ServingSettings: ...
-
-    async def infer(self, resident: Resident, parsed: v2.Parsed) -> v2.InferResponse: ...
-
-    def watches(self) -> dict[str, OnChange]: ...  # Consul services to follow, and how
+class Lifecycle(Protocol):
+    async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
 
 
-def _service(request: Request[Any, Any, Any]) -> Service:
-    service: Service = request.app.state.service
-    return service
+def _plane(request: Request[Any, Any, Any]) -> DataPlane:
+    plane: DataPlane = request.app.state.plane
+    return plane
 
 
 def request_id_middleware(app: ASGIApp) -> ASGIApp:
@@ -119,43 +95,27 @@ def live() -> dict[str, bool]:
 
 @get("/v2/health/ready", sync_to_thread=False,
      operation_class=openapi.documented(openapi.READY, (503,)))
-def ready(request: Request[Any, Any, Any]) -> Response[Any]:
-    models = _service(request).repository.models()
-    if not models:
-        return _error(503, "not ready: no model loaded yet")
-    return Response({"ready": True, "models": models})
+def ready(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    return {"ready": True, "models": _plane(request).ready()}
 
 
 @get("/v2", sync_to_thread=False, operation_class=openapi.documented(openapi.SERVER))
 def server_metadata(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    return {"name": _service(request).name, "version": "0.1.0", "extensions": []}
-
-
-def _metadata(service: Service, resident: Resident, model: str) -> dict[str, Any]:
-    m = resident.manifest
-    inputs = [{"name": v2.TEXT, "datatype": "BYTES", "shape": [-1]}] if resident.tokenizer else []
-    inputs += [{"name": t.name, "datatype": t.datatype, "shape": t.shape} for t in m.inputs]
-    return {"name": model, "versions": [str(v) for v in service.repository.versions(model)],
-            "platform": service.platform, "inputs": inputs,
-            "outputs": classify.outputs_metadata(resident),
-            "parameters": {"labels": ",".join(m.labels),
-                           "threshold": m.calibration.threshold}}
+    return _plane(request).server_metadata()
 
 
 @get(["/v2/models/{model:str}", "/v2/models/{model:str}/versions/{version:str}"],
      sync_to_thread=False, operation_class=openapi.documented(openapi.MODEL, (404, 503)))
 def model_metadata(request: Request[Any, Any, Any], model: FromPath[str],
                    version: FromPath[str | None] = None) -> dict[str, Any]:
-    service = _service(request)
-    return _metadata(service, service.repository.get(model, version), model)
+    return _plane(request).model_metadata(model, version)
 
 
 @get(["/v2/models/{model:str}/ready", "/v2/models/{model:str}/versions/{version:str}/ready"],
      sync_to_thread=False, operation_class=openapi.documented(openapi.MODEL_READY, (404, 503)))
 def model_ready(request: Request[Any, Any, Any], model: FromPath[str],
                 version: FromPath[str | None] = None) -> dict[str, Any]:
-    resident = _service(request).repository.get(model, version)
-    return {"name": model, "version": str(resident.version), "ready": True}
+    return _plane(request).model_ready(model, version)
 
 
 @post(["/v2/models/{model:str}/infer", "/v2/models/{model:str}/versions/{version:str}/infer"],
@@ -163,49 +123,36 @@ def model_ready(request: Request[Any, Any, Any], model: FromPath[str],
           openapi.INFER_RESPONSE, (400, 404, 413, 503), request=openapi.INFER_REQUEST))
 async def infer(request: Request[Any, Any, Any], model: FromPath[str],
                 version: FromPath[str | None] = None) -> Response[Any]:
-    service = _service(request)
-    resident = service.repository.get(model, version)
-    labels = {"model": model, "version": str(resident.version)}
-    started = time.perf_counter()
-    try:
-        body, limits = await request.body(), classify.limits(resident, service.settings)
-        parsed = (v2.parse(body, limits) if len(body) <= PARSE_INLINE_BYTES
-                  else await asyncio.to_thread(v2.parse, body, limits))
-        result = await service.infer(resident, parsed)
-    except ServingError as exc:
-        service.metrics.request_failure.labels(**labels, reason=type(exc).__name__).inc()
-        raise
-    seconds = time.perf_counter() - started
-    service.metrics.request_success.labels(**labels).inc()
-    service.metrics.request_duration.labels(**labels).observe(seconds)
-    service.metrics.quality.request(model, resident.version, seconds)
+    body = v2.JsonRequest(await request.body())
+    result = await _plane(request).infer(model, version, body)
     return Response(content=v2.encode_response(result), media_type=MediaType.JSON)
 
 
 @get("/metrics", sync_to_thread=False,
      operation_class=openapi.documented(openapi.STRING, media_type=CONTENT_TYPE_LATEST))
 def metrics(request: Request[Any, Any, Any]) -> Response[Any]:
-    body = generate_latest(_service(request).metrics.registry)
-    return Response(content=body, media_type=CONTENT_TYPE_LATEST)
+    return Response(content=_plane(request).exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
-def create_app(service: Service) -> Litestar:
+def create_app(plane: DataPlane, lifecycle: Lifecycle | None = None) -> Litestar:
+    """The HTTP app over ``plane``; its lifespan starts and stops ``lifecycle`` (by default
+    the data plane alone: the store is served, nothing joins a fleet)."""
+    owned: Lifecycle = lifecycle or plane
+
     @asynccontextmanager
     async def lifespan(_: Litestar) -> AsyncIterator[None]:
-        node = Node(service)  # store watcher, sync, Consul: created inside the running loop
-        await node.start()
+        await owned.start()
         try:
             yield
         finally:
-            await node.stop()
-            await service.stop()
-            await service.repository.stop()
+            await owned.stop()
 
+    settings = plane.service.settings
     return Litestar(
         route_handlers=[live, ready, server_metadata, model_metadata, model_ready, infer, metrics],
         middleware=[request_id_middleware], lifespan=[lifespan], debug=False,
         exception_handlers={ServingError: on_serving_error, HTTPException: on_http_error,
                             Exception: on_unexpected},
-        request_max_body_size=service.settings.max_body_bytes,
-        state=State({"service": service}), logging_config=None,
-        openapi_config=openapi.config(f"{service.name} (Open Inference Protocol V2)"))
+        request_max_body_size=settings.max_body_bytes,
+        state=State({"plane": plane}), logging_config=None,
+        openapi_config=openapi.config(f"{plane.service.name} (Open Inference Protocol V2)"))

@@ -9,8 +9,11 @@ import numpy as np
 from serving import v2
 from serving.errors import BadRequest
 from serving.repository import Resident
+from serving.scores import softmax
 from serving.settings import ServingSettings
 from serving.text import token_rows
+
+__all__ = ["limits", "outputs_metadata", "response", "rows_of", "softmax"]
 
 OUTPUTS = ("label", "probabilities", "confidence", "tier")
 
@@ -69,8 +72,3 @@ def response(resident: Resident, parsed: v2.Parsed, probabilities: np.ndarray,
                             model_version=str(resident.version),
                             outputs=[tensors[name] for name in wanted], id=parsed.id,
                             parameters=parameters)
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return np.asarray(shifted / shifted.sum(axis=1, keepdims=True), dtype=np.float32)

@@ -11,8 +11,9 @@ import uvicorn
 from pydantic import SecretStr, ValidationError
 from pydantic_settings import BaseSettings
 
-from serving.app import Service, create_app
+from serving.app import create_app
 from serving.logs import configure
+from serving.process import Process
 from serving.signing import SigningError
 
 SCALARS = {int: int, float: float, str: str, Path: click.Path(path_type=Path)}
@@ -35,7 +36,9 @@ def _option(name: str, field: Any, prefix: str) -> Callable[[Any], Any]:
 
 
 def tier_command(name: str, settings_cls: type[BaseSettings],
-                 make_service: Callable[[Any], Service]) -> click.Command:
+                 wire: Callable[[Any], Process]) -> click.Command:
+    """The tier's command: settings from flags and environment, then ``wire`` builds the
+    process (service, data plane, node) that the HTTP app serves under uvicorn."""
     prefix = str(settings_cls.model_config.get("env_prefix", ""))
 
     def run(**flags: Any) -> None:
@@ -47,10 +50,10 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
         s: Any = settings
         configure(name, s.log_level, s.log_file, s.log_max_bytes, s.log_backups)
         try:
-            service = make_service(settings)
+            process = wire(settings)
         except SigningError as exc:
             raise click.UsageError(str(exc)) from exc
-        app = create_app(service)
+        app = create_app(process.plane, process)
         # uvicorn owns SIGINT/SIGTERM: it stops accepting, drains in-flight requests (up to the
         # grace period), then runs the lifespan shutdown that drains the batchers.
         uvicorn.run(app, host=s.host, port=s.port, loop="uvloop", http="httptools",

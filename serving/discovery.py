@@ -27,6 +27,7 @@ with warnings.catch_warnings():  # py-consul's aio module passes aiohttp a depre
     import consul.aio
 
 from serving import settings
+from serving.errors import InvalidInstance
 from serving.tokens import NODE_ID
 
 log = logging.getLogger(__name__)
@@ -106,10 +107,6 @@ class Throttled:
 def host_port(host: str, port: int) -> str:
     """``host:port``, an IPv6 address in brackets."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-class InvalidInstance(ValueError):
-    """A service entry from Consul with a value outside what Tiered registers."""
 
 
 def checked_address(value: object) -> str:

@@ -1,6 +1,17 @@
-"""The serving exception tree; the app maps each to ``{"error": ...}`` with its status once."""
+"""Every exception the serving package raises. ``ServingError`` and its subclasses reach
+clients: the transports map each to ``{"error": ...}`` with its status, once. The others are
+the node's own (store, signatures, probe, discovery, tokens) and never leave it as such.
+
+Standard library only: ``serving/tokens.py`` runs under the system Python too.
+"""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from serving.hardware import Platform
+    from serving.probe import Measured
 
 
 class ServingError(Exception):
@@ -32,3 +43,33 @@ class Overloaded(ServingError):
     def __init__(self, message: str, retry_after: int = 1) -> None:
         super().__init__(message)
         self.headers = {"Retry-After": str(retry_after)}
+
+
+class SigningError(Exception):
+    """A key file is missing or unreadable, or a signature is missing or does not verify."""
+
+
+class StoreError(Exception):
+    """A store folder is missing, incomplete, or does not match its manifest."""
+
+
+class ProbeError(ValueError):
+    """The probe file is not a probe this node can run."""
+
+
+class FidelityRefused(RuntimeError):
+    """The model agrees with its reference below the floor on this node's hardware."""
+
+    def __init__(self, measured: Measured, floor: float, platform: Platform) -> None:
+        super().__init__(f"fidelity {measured.agreement:.1%} on {measured.rows} probe rows, "
+                         f"below the {floor:.1%} floor, on {platform.describe()} with "
+                         f"{platform.runtime}")
+        self.measured, self.floor, self.platform = measured, floor, platform
+
+
+class InvalidInstance(ValueError):
+    """A service entry from Consul with a value outside what Tiered registers."""
+
+
+class TokenError(ValueError):
+    """A token that cannot be a node token (wrong shape, or for another node)."""

@@ -1,5 +1,6 @@
-"""What runs beside a tier's HTTP app: the model store watcher, the sync subscriber, the Consul
-registration and the Consul watches the tier asked for. Started and stopped by the lifespan.
+"""A node's membership of the fleet: its Consul registration, the Consul services its tier
+follows, the registries Consul lists, and the background workers it is handed (the sync
+subscriber). It imports neither the transports nor the sync package: the entry point wires them.
 """
 
 from __future__ import annotations
@@ -8,57 +9,66 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
+
+import consul.aio
 
 from serving import discovery
-from sync.subscriber import Subscriber
-
-if TYPE_CHECKING:
-    from serving.app import Service
+from serving.discovery import OnChange
+from serving.repository import Repository
+from serving.settings import ServingSettings
 
 log = logging.getLogger(__name__)
 
 
+class Worker(Protocol):
+    async def run(self) -> None: ...  # until cancelled
+
+    async def close(self) -> None: ...
+
+
 class Node:
-    def __init__(self, service: Service) -> None:
-        self.service = service
-        self.settings = s = service.settings
-        self.consul = None
-        if s.consul_http_addr:
-            token = s.consul_http_token.get_secret_value() if s.consul_http_token else None
-            self.consul = discovery.client(s.consul_http_addr, token)
+    def __init__(self, settings: ServingSettings, repository: Repository,
+                 watches: dict[str, OnChange]) -> None:
+        self.settings, self.repository, self.watches = settings, repository, watches
+        self.consul: consul.aio.Consul | None = None  # created in start(), inside the loop
         self.registries: list[discovery.Instance] = []
-        self.subscriber: Subscriber | None = None
-        if s.registry or self.consul is not None:
-            m = service.metrics
-            self.subscriber = Subscriber(s, service.repository, m.quality, m.registry,
-                                         m.prefix, self._registry_target)
+        self.workers: list[Worker] = []
         self.registration: discovery.Registration | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
-    def _registry_target(self) -> str | None:
+    @property
+    def discovers(self) -> bool:
+        """Whether this node follows Consul (else only what its settings name)."""
+        return bool(self.settings.consul_http_addr)
+
+    def add(self, worker: Worker) -> None:
+        """Run ``worker`` from start to stop."""
+        self.workers.append(worker)
+
+    def registry_target(self) -> str | None:
         """The static ``--registry``, else the first passing registry Consul lists."""
         if self.settings.registry:
             return self.settings.registry
         return self.registries[0].target if self.registries else None
 
     async def start(self) -> None:
-        # serve what the store holds first (edge autonomy), then subscribe for what is new
-        repository = self.service.repository
-        await repository.refresh()
-        self._spawn(repository.watch())
-        if self.subscriber is not None:
-            self._spawn(self.subscriber.run())
-        if self.consul is not None:
-            self._register()
-            for name, on_change in self.service.watches().items():
-                self._spawn(discovery.Watch(self.consul, name, on_change).run())
-            if not self.settings.registry:
-                self._spawn(discovery.Watch(self.consul, discovery.SERVICES["registry"],
-                                            self._registries).run())
+        s = self.settings
+        for worker in self.workers:
+            self._spawn(worker.run())
+        if not self.discovers:
+            return
+        token = s.consul_http_token.get_secret_value() if s.consul_http_token else None
+        self.consul = discovery.client(s.consul_http_addr or "", token)
+        self._register()
+        for name, on_change in self.watches.items():
+            self._spawn(discovery.Watch(self.consul, name, on_change).run())
+        if not s.registry:
+            self._spawn(discovery.Watch(self.consul, discovery.SERVICES["registry"],
+                                        self._registries).run())
 
     def _register(self) -> None:
-        s, tier = self.settings, self.service.repository.tier
+        s, tier = self.settings, self.repository.tier
         assert self.consul is not None
         self.registration = discovery.Registration(
             self.consul, discovery.SERVICES[tier], s.node_id, s.advertised, s.port,
@@ -68,7 +78,7 @@ class Node:
         self._spawn(self.registration.run())
 
     def _meta(self) -> dict[str, str]:
-        repository = self.service.repository
+        repository = self.repository
         versions = ",".join(f"{m}={repository.default_version(m)}" for m in repository.models())
         return {"tier": repository.tier, "region": self.settings.region,
                 "node_id": self.settings.node_id, "versions": versions or "-"}
@@ -87,7 +97,7 @@ class Node:
                 await task
         if self.registration is not None:
             await self.registration.deregister()
-        if self.subscriber is not None:
-            await self.subscriber.close()
+        for worker in self.workers:
+            await worker.close()
         if self.consul is not None:
             await self.consul.close()

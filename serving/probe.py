@@ -22,7 +22,7 @@ from typing import Literal
 
 import numpy as np
 
-from serving.hardware import Platform
+from serving.errors import ProbeError
 from serving.text import Encoded
 
 FILE = "probe.npz"
@@ -33,20 +33,6 @@ MAX_ROWS, MAX_LENGTH, MAX_CLASSES = 4096, 4096, 4096
 MAX_BYTES = 64 << 20  # uncompressed, all members together
 KEYS = {"input_ids": np.int64, "attention_mask": np.int64, "edge": np.float32,
         "center": np.float32, "batch": np.int64}
-
-
-class ProbeError(ValueError):
-    """The probe file is not a probe this node can run."""
-
-
-class FidelityRefused(RuntimeError):
-    """The model agrees with its reference below the floor on this node's hardware."""
-
-    def __init__(self, measured: Measured, floor: float, platform: Platform) -> None:
-        super().__init__(f"fidelity {measured.agreement:.1%} on {measured.rows} probe rows, "
-                         f"below the {floor:.1%} floor, on {platform.describe()} with "
-                         f"{platform.runtime}")
-        self.measured, self.floor, self.platform = measured, floor, platform
 
 
 @dataclass(frozen=True)

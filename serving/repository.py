@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 
 from serving import hardware, memory, probe
 from serving.batcher import Batcher
-from serving.errors import ModelNotFound, NotReady
+from serving.errors import FidelityRefused, ModelNotFound, NotReady
 from serving.manifest import Manifest, is_valid_name
 from serving.metrics import Metrics
 from serving.settings import ServingSettings
@@ -211,7 +211,7 @@ class Repository:
             measured.agreement)
         platform = hardware.here(runtime.description)
         if measured.agreement < floor:
-            raise probe.FidelityRefused(measured, floor, platform)
+            raise FidelityRefused(measured, floor, platform)
         log.info("%s version %s: fidelity %.1f%% on %d probe rows (floor %.1f%%) on %s",
                  manifest.name, manifest.version, 100 * measured.agreement, measured.rows,
                  100 * floor, platform.describe())

@@ -1,4 +1,5 @@
-"""Ed25519 release signatures: the registry signs each manifest, nodes check it.
+"""Ed25519 release signatures, the checking side: nodes verify what the registry signed
+(signing and key generation are the registry's: ``registry/keys.py``).
 
 A signature covers the exact ``release.json`` bytes the registry stores and sends; the
 manifest names every artifact by sha256 and size, so a valid signature vouches for the files
@@ -13,20 +14,17 @@ import base64
 import binascii
 import hashlib
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from serving.errors import SigningError
 
 log = logging.getLogger(__name__)
 SIGNATURE_BYTES = 64
-
-
-class SigningError(Exception):
-    """A key file is missing or unreadable, or a signature is missing or does not verify."""
 
 
 def key_id(public: Ed25519PublicKey) -> str:
@@ -50,7 +48,7 @@ def decode_signature(text: str | bytes) -> bytes:
         raise SigningError(f"a signature is base64 text: {exc}") from exc
 
 
-def _read(path: Path, what: str) -> bytes:
+def read_key_file(path: Path, what: str) -> bytes:
     try:
         return path.read_bytes()
     except FileNotFoundError:
@@ -59,20 +57,8 @@ def _read(path: Path, what: str) -> bytes:
         raise SigningError(f"{what} {path}: {exc.strerror or exc}") from exc
 
 
-def load_private_key(path: Path) -> Ed25519PrivateKey:
-    try:
-        key = serialization.load_pem_private_key(_read(path, "signing key"), password=None)
-    except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
-        raise SigningError(f"signing key {path}: not an unencrypted PEM private key "
-                           f"({exc})") from exc
-    if not isinstance(key, Ed25519PrivateKey):
-        raise SigningError(f"signing key {path}: an Ed25519 key is needed, this is "
-                           f"{type(key).__name__}")
-    return key
-
-
 def load_public_key(path: Path) -> Ed25519PublicKey:
-    data = _read(path, "release key")
+    data = read_key_file(path, "release key")
     try:
         key = (serialization.load_ssh_public_key(data) if data.startswith(b"ssh-")
                else serialization.load_pem_public_key(data))
@@ -83,37 +69,6 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
         raise SigningError(f"release key {path}: an Ed25519 key is needed, this is "
                            f"{type(key).__name__}")
     return key
-
-
-def generate_key_pair(private_path: Path, public_path: Path) -> Ed25519PrivateKey:
-    """Write a new key pair: the private key with mode 0600 (never overwriting a file), the
-    public key beside it."""
-    key = Ed25519PrivateKey.generate()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                            serialization.NoEncryption())
-    private_path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        raise SigningError(f"{private_path} exists already; not overwriting a key") from None
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
-        f.flush()
-        os.fsync(f.fileno())
-    public_path.write_bytes(public_pem(key.public_key()))
-    return key
-
-
-@dataclass(frozen=True)
-class Signer:
-    key: Ed25519PrivateKey
-
-    @property
-    def key_id(self) -> str:
-        return key_id(self.key.public_key())
-
-    def sign(self, data: bytes) -> bytes:
-        return self.key.sign(data)
 
 
 @dataclass(frozen=True)

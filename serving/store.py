@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
+from serving.errors import StoreError
 from serving.manifest import Artifact, Manifest, decode, encode, is_valid_name
 from serving.signing import SigningError, Verifier, decode_signature, encode_signature
 
@@ -34,10 +35,6 @@ CHUNK = 1 << 20
 
 Tier = Literal["edge", "center"]
 Fetch = Callable[[Artifact, Path], None]
-
-
-class StoreError(Exception):
-    """A store folder is missing, incomplete, or does not match its manifest."""
 
 
 def file_sha256(path: Path) -> str:

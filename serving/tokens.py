@@ -19,15 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from serving.errors import TokenError
+
 MIN_SECRET = 16  # characters of REGISTRY_TOKEN; `secrets.token_hex(16)` gives 32
 NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 MAC = re.compile(r"[0-9a-f]{64}")
 MAX_GENERATION = 1 << 31
 Generations = Callable[[str], int]  # node id -> its current token generation
-
-
-class TokenError(ValueError):
-    """A token that cannot be a node token (wrong shape, or for another node)."""
 
 
 @dataclass(frozen=True)

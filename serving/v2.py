@@ -105,6 +105,20 @@ def decode(body: bytes) -> InferRequest:
         raise BadRequest("malformed JSON: arrays or objects nested too deeply") from exc
 
 
+@dataclass(frozen=True, slots=True)
+class JsonRequest:
+    """A V2 JSON request body as the REST transport received it (a ``dataplane.Request``)."""
+
+    body: bytes
+
+    @property
+    def size(self) -> int:
+        return len(self.body)
+
+    def parse(self, limits: Limits) -> Parsed:
+        return parse(self.body, limits)
+
+
 def parse(body: bytes, limits: Limits) -> Parsed:
     request = decode(body)
     names = [i.name for i in request.inputs]

@@ -18,19 +18,16 @@ import logging
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Protocol
 
-from serving.signing import Signer, SigningError, Verifier
+from serving.signing import SigningError, Verifier
 from serving.store import write_durably
+from sync.errors import DirectiveError
 
 log = logging.getLogger(__name__)
 KIND = "tiered-directive-v1"  # what the signature covers says what it is: never a manifest
 FILE = ".directives.json"
 SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-class DirectiveError(Exception):
-    """A directive is missing, unsigned, forged, for someone else, or older than one the node
-    accepted already."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +42,10 @@ class Directive:
     def encode(self) -> bytes:
         body = {"kind": KIND, **asdict(self)}
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+class Signer(Protocol):
+    def sign(self, data: bytes) -> bytes: ...
 
 
 def sign(signer: Signer, directive: Directive) -> tuple[bytes, bytes]:

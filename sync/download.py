@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from serving.manifest import Artifact
 from serving.store import ModelStore, file_sha256
+from sync.errors import TransferError
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 
@@ -33,10 +34,6 @@ RESUMES = 5  # broken streams retried (resuming) before the release attempt fail
 CODES_NOT_RETRIED = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT,
                      grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.OUT_OF_RANGE,
                      grpc.StatusCode.PERMISSION_DENIED}
-
-
-class TransferError(Exception):
-    """The artifact could not be fetched, or what arrived does not match its sha256."""
 
 
 class DownloadMetrics:

@@ -25,8 +25,11 @@ import grpc
 from prometheus_client import CollectorRegistry, Gauge
 
 from serving import hardware
+from serving.errors import FidelityRefused
 from serving.manifest import Manifest, decode, is_valid_name
-from serving.probe import FidelityRefused, Measured
+from serving.metrics import Metrics
+from serving.node import Node
+from serving.probe import Measured
 from serving.quality import QualityWindow
 from serving.repository import Repository
 from serving.settings import ServingSettings
@@ -329,3 +332,12 @@ def _report_message(report: dict[str, object]) -> pb.QualityReport:
         else:
             setattr(message, key, value)
     return message
+
+
+def subscribe(node: Node, settings: ServingSettings, repository: Repository,
+              metrics: Metrics) -> None:
+    """Hand ``node`` a subscriber when it has a registry to follow: the one its settings name,
+    or those Consul lists."""
+    if settings.registry or node.discovers:
+        node.add(Subscriber(settings, repository, metrics.quality, metrics.registry,
+                            metrics.prefix, node.registry_target))

@@ -14,7 +14,7 @@ from rich.table import Table
 from tokenizers import Tokenizer
 
 from registry.calibrate import calibrate
-from serving.classify import softmax
+from serving.scores import softmax
 from serving.text import encode
 
 Model = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]

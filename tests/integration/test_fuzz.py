@@ -27,6 +27,7 @@ from center.settings import CenterSettings
 from edge.pipeline import EdgeService
 from edge.settings import EdgeSettings
 from serving.app import create_app
+from serving.dataplane import DataPlane
 from serving.manifest import Manifest
 from serving.text import Encoded
 from tiered.processes import BIN, TierProcess
@@ -170,8 +171,8 @@ def test_unexpected_error_is_a_bare_500_and_debug_is_off(served: Tiers) -> None:
         return Exploding(load(manifest, folder))
 
     service.repository.loader = exploding
-    app = create_app(service)
-    edge_app = create_app(EdgeService(EdgeSettings(store=served.root / "edge-unused")))
+    app = create_app(DataPlane(service))
+    edge_app = create_app(DataPlane(EdgeService(EdgeSettings(store=served.root / "edge-unused"))))
     assert app.debug is False and edge_app.debug is False
     body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["fine"]}]}
     with TestClient(app) as client:

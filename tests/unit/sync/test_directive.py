@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from serving.signing import Signer, Verifier
+from registry.keys import Signer
+from serving.signing import Verifier
 from sync import directive
 from sync.directive import Directive, DirectiveError, Directives
 

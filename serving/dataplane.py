@@ -1,0 +1,133 @@
+"""The data plane both tiers serve, whatever the transport: infer, metadata, readiness and the
+request accounting. The HTTP app (``serving/app.py``) and any later transport only decode a
+request into a :class:`Request` and encode what comes back.
+
+It sits on the tier's :class:`Service` (the edge's cascade, the center's model) and starts and
+stops the model repository: ``start`` serves what the store holds, ``stop`` drains the batchers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Protocol
+
+from prometheus_client import generate_latest
+
+from serving import classify, v2
+from serving.discovery import OnChange
+from serving.errors import NotReady, ServingError
+from serving.metrics import Metrics
+from serving.repository import Repository, Resident
+from serving.settings import ServingSettings
+
+VERSION = "0.1.0"
+# Requests above this many bytes are parsed in a worker thread, off the event loop, so health
+# checks and the other requests keep being answered meanwhile; below it the hop costs more.
+PARSE_INLINE_BYTES = 64 * 1024
+
+
+class Service(Protocol):
+    """A tier: what it is called, its models, and how it answers parsed rows."""
+
+    @property
+    def name(self) -> str: ...  # server name in the server metadata
+
+    @property
+    def platform(self) -> str: ...  # model metadata platform (Triton's names)
+
+    @property
+    def repository(self) -> Repository: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    @property
+    def settings(self) -> ServingSettings: ...
+
+    async def infer(self, resident: Resident, parsed: v2.Parsed) -> v2.InferResponse: ...
+
+    def watches(self) -> dict[str, OnChange]: ...  # Consul services to follow, and how
+
+    async def stop(self) -> None: ...
+
+
+class Request(Protocol):
+    """An inference request as a transport received it, parsed only once the model (and so the
+    limits) is known."""
+
+    @property
+    def size(self) -> int: ...  # bytes received
+
+    def parse(self, limits: v2.Limits) -> v2.Parsed: ...
+
+
+class DataPlane:
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.repository = service.repository
+        self.metrics = service.metrics
+
+    async def start(self) -> None:
+        """Serve what the store holds (edge autonomy: before any registry is reached)."""
+        await self.repository.refresh()
+        self._watch = asyncio.create_task(self.repository.watch())
+
+    async def stop(self) -> None:
+        """After the transports stopped taking requests: drain the batchers, release the tier."""
+        watch = getattr(self, "_watch", None)
+        if watch is not None:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+        await self.service.stop()
+        await self.repository.stop()
+
+    def ready(self) -> list[str]:
+        """The models served; :class:`NotReady` while there is none."""
+        models = self.repository.models()
+        if not models:
+            raise NotReady("not ready: no model loaded yet")
+        return models
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": self.service.name, "version": VERSION, "extensions": []}
+
+    def model_metadata(self, model: str, version: str | None = None) -> dict[str, Any]:
+        resident = self.repository.get(model, version)
+        m = resident.manifest
+        inputs = ([{"name": v2.TEXT, "datatype": "BYTES", "shape": [-1]}]
+                  if resident.tokenizer else [])
+        inputs += [{"name": t.name, "datatype": t.datatype, "shape": t.shape} for t in m.inputs]
+        return {"name": model, "versions": [str(v) for v in self.repository.versions(model)],
+                "platform": self.service.platform, "inputs": inputs,
+                "outputs": classify.outputs_metadata(resident),
+                "parameters": {"labels": ",".join(m.labels),
+                               "threshold": m.calibration.threshold}}
+
+    def model_ready(self, model: str, version: str | None = None) -> dict[str, Any]:
+        resident = self.repository.get(model, version)
+        return {"name": model, "version": str(resident.version), "ready": True}
+
+    async def infer(self, model: str, version: str | None,
+                    request: Request) -> v2.InferResponse:
+        """Resolve the model, parse within its limits, let the tier answer; count the outcome."""
+        resident = self.repository.get(model, version)
+        labels = {"model": model, "version": str(resident.version)}
+        started = time.perf_counter()
+        try:
+            limits = classify.limits(resident, self.service.settings)
+            parsed = (request.parse(limits) if request.size <= PARSE_INLINE_BYTES
+                      else await asyncio.to_thread(request.parse, limits))
+            result = await self.service.infer(resident, parsed)
+        except ServingError as exc:
+            self.metrics.request_failure.labels(**labels, reason=type(exc).__name__).inc()
+            raise
+        seconds = time.perf_counter() - started
+        self.metrics.request_success.labels(**labels).inc()
+        self.metrics.request_duration.labels(**labels).observe(seconds)
+        self.metrics.quality.request(model, resident.version, seconds)
+        return result
+
+    def exposition(self) -> bytes:
+        """The Prometheus text exposition of this process's metrics."""
+        return generate_latest(self.metrics.registry)

@@ -1,0 +1,162 @@
+"""The edge's cascade in-process: cache, INT8 model (a batcher answering fixed logits), gate,
+center (a fake transport answering V2 JSON), merge. No CPU-dependent figure is involved: the
+logits are chosen, so the same rows are confident or unsure on every machine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import numpy as np
+import pytest
+
+from edge.escalation import CenterClient
+from edge.pipeline import EdgeService
+from edge.settings import EdgeSettings
+from serving import v2
+from serving.manifest import Calibration, Manifest
+from serving.repository import Resident
+from tests.unit.serving.test_store import manifest as store_manifest
+
+SURE, UNSURE = 1, 2  # a row's first token id picks its logits
+LOGITS = {SURE: [0.0, 6.0], UNSURE: [0.0, 0.2]}  # softmax: 0.998 fresh; 0.55 fresh
+
+
+class FixedBatcher:
+    """The edge model: fixed logits per row kind; records each batch it is given."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    async def submit(self, rows: list[np.ndarray]) -> np.ndarray:
+        self.batches.append([int(r[0]) for r in rows])
+        return np.asarray([LOGITS[int(r[0])] for r in rows], dtype=np.float32)
+
+
+def model(threshold: float = 0.9) -> Manifest:
+    return msgspec.structs.replace(store_manifest(3), calibration=Calibration(
+        source="test", threshold=threshold))
+
+
+def resident(batcher: FixedBatcher) -> Resident:
+    return Resident(model(), runtime=None, batcher=batcher, tokenizer=None)  # type: ignore[arg-type]
+
+
+def parsed(*kinds: int, **parameters: Any) -> v2.Parsed:
+    rows = [np.asarray([kind, 100 + i], dtype=np.int64) for i, kind in enumerate(kinds)]
+    return v2.Parsed("req", parameters, None, rows, None)
+
+
+Handler = Callable[[httpx.Request], httpx.Response]
+
+
+def center_answering(calls: list[dict[str, Any]], version: str = "9") -> Handler:
+    """A center that says ``neg`` with 0.8 for every row it is sent."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        calls.append(body)
+        n = body["inputs"][0]["shape"][0]
+        return httpx.Response(200, json={"model_name": "sentiment", "model_version": version,
+                                         "outputs": [{"name": "probabilities", "shape": [n, 2],
+                                                      "datatype": "FP32",
+                                                      "data": [0.8, 0.2] * n}]})
+
+    return handle
+
+
+def edge(tmp_path: Path, handler: Handler, **settings: Any) -> EdgeService:
+    center = CenterClient(["http://center.test"], 1.0, 3, 30.0,
+                          transport=httpx.MockTransport(handler))
+    return EdgeService(EdgeSettings(store=tmp_path, **settings), center=center)
+
+
+def outputs(response: v2.InferResponse) -> dict[str, list[Any]]:
+    return {o.name: o.data for o in response.outputs}
+
+
+def infer(service: EdgeService, r: Resident, p: v2.Parsed) -> v2.InferResponse:
+    return asyncio.run(service.infer(r, p))
+
+
+def test_confident_rows_stay_and_only_unsure_rows_reach_the_center_in_order(
+        tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+    service, batcher = edge(tmp_path, center_answering(calls)), FixedBatcher()
+    answer = infer(service, resident(batcher), parsed(SURE, UNSURE, SURE, UNSURE))
+    out = outputs(answer)
+    assert out["tier"] == ["edge", "center", "edge", "center"]
+    assert out["label"] == ["pos", "neg", "pos", "neg"]
+    assert out["confidence"][1] == pytest.approx(0.8) and out["confidence"][0] > 0.99
+    assert batcher.batches == [[SURE, UNSURE, SURE, UNSURE]]
+    (call,) = calls  # one escalation for both unsure rows, carrying just those rows
+    ids = call["inputs"][0]
+    assert ids["shape"] == [2, 2] and ids["data"] == [UNSURE, 101, UNSURE, 103]
+    assert answer.parameters == {"edge_version": 3, "threshold": 0.9, "escalated": 2,
+                                 "degraded": 0, "node_id": service.settings.node_id,
+                                 "region": service.settings.region, "center_version": "9"}
+
+
+def test_no_center_means_degraded_edge_answers_not_errors(tmp_path: Path) -> None:
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    service = edge(tmp_path, down)
+    out = outputs(infer(service, resident(FixedBatcher()), parsed(UNSURE, SURE)))
+    assert out["tier"] == ["edge-degraded", "edge"]
+    assert out["label"] == ["pos", "pos"]  # the edge's own answer
+    assert out["confidence"][0] == pytest.approx(0.5498, abs=1e-3)
+
+
+def test_repeated_rows_come_from_the_cache_with_their_tier(tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+    service, batcher = edge(tmp_path, center_answering(calls)), FixedBatcher()
+    r = resident(batcher)
+    first = outputs(infer(service, r, parsed(SURE, UNSURE)))
+    again = infer(service, r, parsed(SURE, UNSURE))
+    assert outputs(again) == first and len(batcher.batches) == 1 and len(calls) == 1
+    assert again.parameters["center_version"] == "9"  # remembered with the cached row
+    hits, misses = service.cache.lookup([service.cache.key("sentiment", 3, 0.9, row)
+                                         for row in parsed(SURE, UNSURE, UNSURE).token_rows or []])
+    assert sorted(hits) == [0, 1] and misses == [2]
+
+
+def test_degraded_answers_are_not_cached_so_the_center_is_asked_again(tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+    up = center_answering(calls)
+    state = {"down": True}
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        if state["down"]:
+            raise httpx.ConnectError("refused", request=request)
+        return up(request)
+
+    service, r = edge(tmp_path, flaky), resident(FixedBatcher())
+    assert outputs(infer(service, r, parsed(UNSURE)))["tier"] == ["edge-degraded"]
+    state["down"] = False
+    assert outputs(infer(service, r, parsed(UNSURE)))["tier"] == ["center"] and len(calls) == 1
+
+
+def test_a_request_threshold_wins_and_threshold_one_escalates_every_row(
+        tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+    service = edge(tmp_path, center_answering(calls))
+    low = outputs(infer(service, resident(FixedBatcher()), parsed(UNSURE, threshold=0.5)))
+    assert low["tier"] == ["edge"] and calls == []
+    every = outputs(infer(service, resident(FixedBatcher()), parsed(SURE, SURE, threshold=1)))
+    assert every["tier"] == ["center", "center"] and len(calls) == 1
+
+
+def test_rows_are_counted_by_tier_in_the_metrics(tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+    service = edge(tmp_path, center_answering(calls))
+    infer(service, resident(FixedBatcher()), parsed(SURE, UNSURE, UNSURE))
+    value = service.metrics.registry.get_sample_value
+    labels = {"model": "sentiment", "version": "3"}
+    assert value("edge_rows_total", {**labels, "tier": "edge"}) == 1
+    assert value("edge_rows_total", {**labels, "tier": "center"}) == 2
