@@ -1,0 +1,109 @@
+"""The README stays a short front door and the docs link only to files inside the repository."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+MAX_README_LINES = 250
+
+# The layers of docs/architecture.md, top to bottom; packages on one layer are siblings.
+LAYERS = [["bench"], ["tiered"], ["examples", "nginx"], ["edge", "center", "registry"],
+          ["sync"], ["serving"]]
+
+# [text](target) and ![alt](target), with an optional "title"; reference definitions too.
+INLINE = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)")
+REFERENCE = re.compile(r"^\s*\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$", re.MULTILINE)
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.MULTILINE | re.DOTALL)
+EXTERNAL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")  # http:, https:, mailto:, ...
+
+
+def markdown_files() -> list[Path]:
+    return [README, *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def strip_code(text: str) -> str:
+    """``text`` without fenced code blocks, then without inline code (in that order: a fence's
+    backticks would otherwise pair up as inline code)."""
+    return re.sub(r"`[^`\n]*`", "", FENCE.sub("", text))
+
+
+def links(path: Path) -> list[str]:
+    """Every link target in ``path``, code left out."""
+    text = strip_code(path.read_text(encoding="utf-8"))
+    return INLINE.findall(text) + REFERENCE.findall(text)
+
+
+def relative_links() -> list[tuple[Path, str]]:
+    return [(path, target) for path in markdown_files() for target in links(path)
+            if target and not EXTERNAL.match(target) and not target.startswith("#")]
+
+
+def where(path: Path, target: str) -> str:
+    return f"{path.relative_to(ROOT)}: {target}"
+
+
+def test_the_readme_is_at_most_250_lines() -> None:
+    lines = len(README.read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_README_LINES, (
+        f"README.md has {lines} lines (at most {MAX_README_LINES}): move detail into docs/")
+
+
+def test_the_readme_shows_the_two_commands_a_newcomer_needs() -> None:
+    text = README.read_text(encoding="utf-8")
+    missing = [command for command in ("make up", "make test") if command not in text]
+    assert not missing, f"README.md does not show {missing}"
+
+
+def test_no_link_climbs_out_of_its_folder_or_the_repository() -> None:
+    escaping = []
+    for path, target in relative_links():
+        file = target.split("#", 1)[0]
+        resolved = (path.parent / file).resolve()
+        if file.startswith(("../", "/")) or not resolved.is_relative_to(ROOT):
+            escaping.append(where(path, target))
+    assert not escaping, "links leaving their folder or the repository:\n" + "\n".join(escaping)
+
+
+def test_every_relative_link_resolves_to_a_file_in_the_repository() -> None:
+    broken = []
+    for path, target in relative_links():
+        file = target.split("#", 1)[0]
+        if file and not (path.parent / file).resolve().exists():
+            broken.append(where(path, target))
+    assert not broken, "links to files that do not exist:\n" + "\n".join(broken)
+
+
+def test_the_link_checker_sees_links_and_skips_code() -> None:
+    text = ("[a](a.md) ![b](b.png \"t\") [c](https://x.org) `[d](d.md)`\n"
+            "```\n[e](e.md)\n```\n[f]: f.md\n")
+    assert INLINE.findall(strip_code(text)) == ["a.md", "b.png", "https://x.org"]
+    assert REFERENCE.findall(strip_code(text)) == ["f.md"]
+
+
+def top_level_packages() -> set[str]:
+    return {init.parent.name for init in ROOT.glob("*/__init__.py")} - {"tests"}
+
+
+def layer_block() -> list[list[str]]:
+    """The fenced block of docs/architecture.md's "Layers" section, one layer a line."""
+    text = ARCHITECTURE.read_text(encoding="utf-8")
+    section = text.split("\n## Layers", 1)
+    assert len(section) == 2, "docs/architecture.md has no '## Layers' section"
+    block = re.search(r"^```\n(.*?)^```", section[1], re.MULTILINE | re.DOTALL)
+    assert block, "the 'Layers' section of docs/architecture.md has no fenced block of layers"
+    return [[name.strip() for name in line.split("|")]
+            for line in block.group(1).splitlines() if line.strip()]
+
+
+def test_architecture_names_every_top_level_package_in_the_layering_order() -> None:
+    assert ARCHITECTURE.exists(), "docs/architecture.md is missing"
+    layers = layer_block()
+    assert [sorted(layer) for layer in layers] == [sorted(layer) for layer in LAYERS], (
+        f"docs/architecture.md gives the layers as {layers}, expected {LAYERS} (top first)")
+    named = {name for layer in layers for name in layer}
+    assert top_level_packages() <= named, (
+        f"packages missing from the layers: {sorted(top_level_packages() - named)}")
