@@ -62,8 +62,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass
-from datetime import datetime
-from importlib import metadata
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -73,19 +71,18 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from bench.tiers import (
-    BUSY_OTHERS,
+from bench.harness import (
     CLOCK_TICKS,
     Load,
     Plan,
     Release,
     bench_parser,
-    cpu_model,
     ensure_wrk,
     parse_bench_args,
     process_cpu_s,
     wrk,
 )
+from bench.kit import BUSY_OTHERS, cores, machine, write_bodies
 from tiered.processes import TierProcess, start_tier
 
 HERE = Path(__file__).resolve().parent
@@ -251,16 +248,6 @@ def test_split() -> tuple[list[str], np.ndarray]:
 
     split = data.split(data.load_reviews(), seed=SPLIT_SEED).test
     return list(split.texts), np.asarray(split.labels)
-
-
-def write_bodies(texts: Sequence[str], path: Path) -> Path:
-    """One V2 body per line, no threshold parameter: the edge applies the calibrated one."""
-    lines = (json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
-                                     "data": [t]}], "outputs": [{"name": "label"},
-                                                                {"name": "tier"}]})
-             for t in texts)
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 # --- CPU accounting ----------------------------------------------------------------------------
@@ -566,34 +553,8 @@ def live(work: Path, edge: Release, center: Release, rows: int,
 
 # --- report ----------------------------------------------------------------------------------
 
-def git_commit() -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True,
-                              text=True).stdout.strip()
-
-    sha = git("rev-parse", "--short", "HEAD") or "unknown"
-    return f"{sha} + uncommitted changes" if git("status", "--porcelain") else sha
-
-
-def machine() -> dict[str, str]:
-    return {"date": datetime.now().astimezone().isoformat(timespec="seconds"),
-            "cpu": cpu_model(),
-            "cores": f"{os.cpu_count()} logical, {len(os.sched_getaffinity(0))} usable",
-            "python": sys.version.split()[0],
-            "onnxruntime / torch": f"{metadata.version('onnxruntime')} / "
-                                   f"{metadata.version('torch')}",
-            "commit": git_commit(),
-            "load average": " ".join(Path("/proc/loadavg").read_text().split()[:3])}
-
-
 def pct(x: float) -> str:
     return f"{x:.2%}"
-
-
-def cores(value: float, rich: bool = True) -> str:
-    flagged = value > BUSY_OTHERS
-    return (f"[red]{value:.2f}[/]" if rich and flagged
-            else f"{value:.2f}" + (" (busy)" if flagged and not rich else ""))
 
 
 @dataclass(frozen=True)
@@ -717,7 +678,7 @@ def live_table(r: Report) -> Table:
 def show(r: Report) -> None:
     m = r.machine
     console.print(f"[dim]{m['date']} · {m['cpu']} · {m['cores']} cores · onnxruntime/torch "
-                  f"{m['onnxruntime / torch']} · commit {m['commit']} · load average "
+                  f"{m['onnxruntime / torch']} · commit {m['git commit']} · load average "
                   f"{m['load average']}[/]")
     console.print(curve_table(r))
     cal = r.manifest_calibration
@@ -740,7 +701,7 @@ def markdown(r: Report, image: str) -> str:
     m, cal = r.machine, r.manifest_calibration
     out = ["## The cascade: accuracy vs escalation", "",
            f"Measured by `python -m bench.cascade` on {m['date']}: {m['cpu']}, {m['cores']} "
-           f"cores, onnxruntime / torch {m['onnxruntime / torch']}, commit {m['commit']}, "
+           f"cores, onnxruntime / torch {m['onnxruntime / torch']}, commit {m['git commit']}, "
            f"load average {m['load average']} (a shared machine: timings move from run to "
            f"run).", "",
            f"Release `{MODEL}` v{r.version} from `var/registry`: the INT8 ONNX edge and the fp32 "
@@ -849,7 +810,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         result = None
         if wrk_path is not None:
             rows = QUICK_ROWS if args.quick else len(texts)
-            plan = Plan(wrk_path, work, write_bodies(texts, work / "bodies.jsonl"),
+            plan = Plan(wrk_path, work, write_bodies(texts, work / "bodies.jsonl",
+                                                     outputs=("label", "tier")),
                         args.duration, 1 if args.quick else 2, 0)
             result = live(work, edge, center, rows, plan, offline, labels,
                           float(calibration["threshold"]))

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from bench.tiers import (
+from bench.harness import (
     Load,
     Plan,
     console,
@@ -33,9 +33,9 @@ from bench.tiers import (
     ensure_wrk,
     pull,
     review_texts,
-    write_bodies,
     wrk,
 )
+from bench.kit import write_bodies
 from tiered.processes import start_tier
 
 CONCURRENCY = (1, 4, 16, 64, 128, 256)
@@ -127,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         root = Path(tmp)
         release = pull(REGISTRY, "center", root / "store")
         plan = Plan(wrk=ensure_wrk(), logs=root, seconds=args.duration, warmup=3,
-                    bodies=write_bodies(review_texts(2000), root / "bodies.txt"), threads=0)
+                    bodies=write_bodies(review_texts(2000), root / "bodies.txt", threshold=0),
+                    threads=0)
         precisions = ["fp32", "fp16", *(["bf16"] if args.bf16 else [])]
         results = {p: run_precision(p, release.store, plan, args) for p in precisions}
     console.print(table(results))

@@ -212,8 +212,8 @@ def main(argv: list[str] | None = None) -> None:
 def report(args: argparse.Namespace) -> None:
     from rich.table import Table
 
+    from bench.harness import console
     from bench.markdown import Shown
-    from bench.tiers import console
     from examples.sentiment.tiny import build_tiny_release
     from serving import hardware
 

@@ -79,11 +79,9 @@ import contextlib
 import hashlib
 import json
 import math
-import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -92,7 +90,6 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -101,19 +98,18 @@ import httpx
 from prometheus_client import CollectorRegistry
 from rich.table import Table
 
-from bench.markdown import Shown
-from bench.tiers import (
+from bench.harness import (
     Cpu,
     Load,
     Plan,
     console,
-    cpu_model,
     ensure_wrk,
     process_cpu_s,
     review_texts,
-    write_bodies,
     wrk,
 )
+from bench.kit import BUSY_OTHERS, cores, machine, versions, write_bodies, wrk_version
+from bench.markdown import Shown
 from serving.manifest import decode
 from serving.store import ModelStore
 from serving.tokens import node_token
@@ -146,7 +142,6 @@ PROPAGATION_TIMEOUT_S = 180.0
 FANOUT_TIMEOUT_S = 180.0
 GOAL_PUSH_S = 1.0
 GOAL_FANOUT_S = 10.0
-BUSY_OTHERS = 0.1  # cores used by other processes above which a figure is flagged
 MIB = 1024 * 1024
 SIM_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
                ("grpc.use_local_subchannel_pool", 1)]  # one connection per subscriber
@@ -754,37 +749,14 @@ def mib(value: float) -> str:
     return f"{value / MIB:.2f}"
 
 
-def cores(value: float) -> str:
-    """Cores used by other processes; flagged when they may have skewed the measurement."""
-    return f"[red]{value:.2f}[/]" if value > BUSY_OTHERS else f"{value:.2f}"
-
-
 def verdict(ok: bool) -> str:
     return "[green]met[/]" if ok else "[red]missed[/]"
 
 
-def git_commit() -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True,
-                              text=True).stdout.strip()
-
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    return commit + (" (+ local changes)" if git("status", "--porcelain",
-                                                 "--untracked-files=no") else "")
-
-
 def machine_info(args: argparse.Namespace, wrk_path: str) -> dict[str, str]:
-    wrk_version = subprocess.run([wrk_path, "--version"], capture_output=True,
-                                 text=True).stdout
-    return {"date": datetime.now().astimezone().isoformat(timespec="seconds"),
-            "cpu": cpu_model(),
-            "cores": f"{os.cpu_count()} logical, {len(os.sched_getaffinity(0))} usable",
-            "git commit": git_commit(),
-            "python / grpcio": f"{sys.version.split()[0]} / {metadata.version('grpcio')}",
-            "wrk": (wrk_version.split("Copyright")[0] or "?").strip(),
-            "run": f"{args.subscribers} simulated subscribers, wrk {args.duration} s per run "
-                   f"at concurrency {CONCURRENCY}{', --quick' if args.quick else ''}",
-            "load average": " ".join(Path("/proc/loadavg").read_text().split()[:3])}
+    return machine(grpcio=versions("grpcio"), wrk=wrk_version(wrk_path),
+                   run=f"{args.subscribers} simulated subscribers, wrk {args.duration} s per "
+                       f"run at concurrency {CONCURRENCY}{', --quick' if args.quick else ''}")
 
 
 def machine_table(info: dict[str, str]) -> Table:
@@ -1018,8 +990,8 @@ def run(args: argparse.Namespace, wrk_path: str, work: Path,
     rollouts = [propagate(kind, cli, registry, [center, edge], version, args.release)
                 for version, kind in ((1, "cold"), (2, "warm"))]
     center.stop()  # part 3 measures the edge's own swap (see the docstring)
-    plan = Plan(wrk_path, work, write_bodies(texts, work / "bodies.jsonl"), args.duration,
-                1 if args.quick else 2, 0)
+    plan = Plan(wrk_path, work, write_bodies(texts, work / "bodies.jsonl", threshold=0),
+                args.duration, 1 if args.quick else 2, 0)
     swapped = swap(plan, cli, edge, registry, args.release)
     edge.stop()  # part 2: only the simulated subscribers talk to the registry
     sims = work / "sims"

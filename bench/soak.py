@@ -35,9 +35,10 @@ import httpx
 from rich.table import Table
 
 from bench.fleet import DEMO, Fleet, fleet, releases
-from bench.loadgen import Run, Sample, Wrk, growth, run_wrk, sample, write_bodies
+from bench.harness import console, ensure_wrk, review_texts
+from bench.kit import write_bodies
+from bench.loadgen import Run, Sample, Wrk, growth, run_wrk, sample
 from bench.markdown import Shown
-from bench.tiers import console, ensure_wrk, review_texts
 
 TEXTS = 200
 MINUTE_S = 60

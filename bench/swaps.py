@@ -43,9 +43,10 @@ from pathlib import Path
 from rich.table import Table
 
 from bench.fleet import DEMO, Fleet, fleet, releases, wait_serving
-from bench.loadgen import Histogram, Run, Sample, Wrk, growth, sample, write_bodies
+from bench.harness import console, ensure_wrk, review_texts
+from bench.kit import write_bodies
+from bench.loadgen import Histogram, Run, Sample, Wrk, growth, sample
 from bench.markdown import Shown
-from bench.tiers import console, ensure_wrk, review_texts
 
 TEXTS = 200
 SWAP_AT_S = 0.5

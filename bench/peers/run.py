@@ -82,7 +82,7 @@ from typing import Any
 import httpx
 from rich.table import Table
 
-from bench.tiers import (
+from bench.harness import (
     MODEL,
     TEXTS,
     Cpu,
@@ -92,15 +92,14 @@ from bench.tiers import (
     Usage,
     bench_parser,
     console,
-    cpu_model,
     ensure_wrk,
     parse_bench_args,
     process_cpu_s,
     pull,
     review_texts,
-    write_bodies,
     wrk,
 )
+from bench.kit import BUSY_OTHERS, cores, cpu, git_commit, write_bodies, wrk_version
 from tiered.processes import free_port, start_tier
 
 HERE = Path(__file__).resolve().parent
@@ -131,7 +130,6 @@ CHECK_TEXTS, QUICK_CHECK_TEXTS, CHECK_PARALLEL = 64, 24, 8
 CHECK_ALONE = 8  # texts sent one at a time first: a batch of 1 everywhere, answers must match
 GOAL_RATIO, GOAL_FROM = 2.0, 8
 SAMPLE_S = 0.2
-BUSY_OTHERS = 0.1  # cores used by other processes above which a run is flagged
 START_TIMEOUT_S = 180
 
 
@@ -568,16 +566,6 @@ def verdict(outcomes: Sequence[Outcome]) -> Verdict:
 
 # --- report ----------------------------------------------------------------------------------
 
-def git_commit() -> str:
-    def git(*args: str) -> str:
-        result = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
-        return result.stdout.strip() if result.returncode == 0 else ""
-
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    return commit + (" (uncommitted changes)" if git("status", "--porcelain",
-                                                      "--untracked-files=no") else "")
-
-
 def fmt(value: float, digits: int = 1) -> str:
     return "-" if math.isnan(value) else f"{value:.{digits}f}"
 
@@ -594,7 +582,7 @@ def results_table(outcomes: Sequence[Outcome]) -> Table:
             table.add_row(o.spec.label, str(r.concurrency), fmt(r.load.rps),
                           fmt(r.load.p50_ms, 2), fmt(r.load.p99_ms, 2), str(r.load.errors),
                           fmt(r.peak_rss_mib, 0), f"{r.usage.server_cores:.2f}",
-                          f"[red]{others:.2f}[/]" if others > BUSY_OTHERS else f"{others:.2f}")
+                          cores(others))
     return table
 
 
@@ -755,7 +743,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         release = pull(args.registry, "edge", work / "store")
         manifest = json.loads((release.folder / "release.json").read_text())
         labels = [str(label) for label in manifest["labels"]]
-        bodies = write_bodies(texts, work / "bodies.jsonl")
+        bodies = write_bodies(texts, work / "bodies.jsonl", threshold=0)
         check_bodies = bodies.read_text().splitlines()[:QUICK_CHECK_TEXTS if args.quick
                                                        else CHECK_TEXTS]
         console.log(f"{MODEL} version {release.folder.name}: {release.model_file.name}, "
@@ -771,14 +759,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                     f"{alone[key].rows} same label, max |Δp| {alone[key].max_abs_diff:.2g}; "
                     f"{CHECK_PARALLEL} in flight {agree[key].same_label}/{agree[key].rows}, "
                     f"max |Δp| {agree[key].max_abs_diff:.2g}")
-    wrk_version = subprocess.run([wrk_path, "--version"], capture_output=True,
-                                 text=True).stdout
     context = Context(
         date=datetime.now().astimezone().isoformat(timespec="seconds"),
-        machine=f"{cpu_model()}, {len(os.sched_getaffinity(0))} usable cores, Python "
+        machine=f"{cpu()}, {len(os.sched_getaffinity(0))} usable cores, Python "
                 f"{sys.version.split()[0]}",
         commit=git_commit(), duration=args.duration, warmup=warmup,
-        wrk=f"{(wrk_version.split('Copyright')[0] or 'wrk').split('[')[0].strip()} -t1",
+        wrk=f"{wrk_version(wrk_path).split('[')[0].strip()} -t1",
         release=f"version {release.folder.name}",
         settings=settings_lines(outcomes, venvs),
         versions={name: v.versions for name, v in venvs.items()},
