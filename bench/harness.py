@@ -212,9 +212,9 @@ def counters(url: str, tier: str) -> Counters:
 
 # --- options ---------------------------------------------------------------------------------
 
-def bench_parser(doc: str | None, quick: str) -> argparse.ArgumentParser:
+def bench_parser(doc: str | None, quick: str, prog: str | None = None) -> argparse.ArgumentParser:
     """The options every benchmark takes: --duration, --quick, --registry, --markdown."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0] if doc else "")
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0] if doc else "")
     parser.add_argument("--duration", type=int, default=10,
                         help="seconds of load per measured wrk run (default 10)")
     parser.add_argument("--quick", action="store_true", help=quick)
