@@ -1,15 +1,10 @@
 """The center on a GPU: throughput and p99 with adaptive batching, concurrency 1..256, fp32 vs
-fp16 (and bf16 with ``--bf16``). Run by ``bench/gpu.sh`` on a machine with an NVIDIA GPU::
+fp16 (and bf16 with ``--bf16``).
 
     .venv/bin/python -m bench.gpu [--duration S] [--max-batch-size N] [--markdown PATH]
 
-The demo release ``sentiment`` is pulled from ``./var/registry`` into a temporary store; one
-``center --device cuda --precision P`` per precision runs on a free loopback port with the
-given batching (default 64 rows, 2 ms); wrk (``bench/v2_infer.lua``, 4 threads) sends one real
-test review per V2 request at each concurrency for ``--duration`` seconds after a warm-up.
-Reported per precision and concurrency: req/s, p50, p99, errors, mean rows per model execution
-(from the center's /metrics) and GPU memory in use (nvidia-smi). Nothing here runs without a
-GPU: it stops with a message instead.
+Run by ``bench/gpu.sh`` on a machine with an NVIDIA GPU. How it measures:
+docs/benchmark-methods.md, "The center on a GPU".
 """
 
 from __future__ import annotations

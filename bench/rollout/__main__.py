@@ -103,7 +103,7 @@ def run(args: argparse.Namespace, wrk_path: str, work: Path,
     processes.append(edge)
     rollouts = [propagate(kind, cli, registry, [center, edge], version, args.release)
                 for version, kind in ((1, "cold"), (2, "warm"))]
-    center.stop()  # part 3 measures the edge's own swap (see the docstring)
+    center.stop()  # part 3 measures the edge's own swap (docs/benchmark-methods.md)
     plan = Plan(wrk_path, work, write_bodies(texts, work / "bodies.jsonl", threshold=0),
                 args.duration, 1 if args.quick else 2, 0)
     swapped = swap(plan, cli, edge, registry, args.release)
