@@ -18,12 +18,11 @@ from pathlib import Path
 from rich.table import Table
 
 from bench.fleet import DEMO, Fleet, fleet, releases, wait_serving
-from bench.harness import console, ensure_wrk, review_texts
+from bench.harness import TEXTS, console, ensure_wrk, review_texts
 from bench.kit import load_average, write_bodies
 from bench.loadgen import Histogram, Run, Sample, Wrk, growth, sample
 from bench.markdown import Shown
 
-TEXTS = 200
 SWAP_AT_S = 0.5
 TIERS = ("edge", "center")
 FIRST, LAST = 10, 10

@@ -20,7 +20,6 @@ from types import FrameType
 
 from bench.cascade.curve import GOAL_TOLERANCE, Curve, Point, Saved
 from bench.cascade.measure import (
-    MODEL,
     QUICK_ROWS,
     calibrated_on,
     live,
@@ -32,6 +31,7 @@ from bench.cascade.measure import (
 )
 from bench.cascade.report import Report, as_json, markdown, show
 from bench.harness import (
+    MODEL,
     Plan,
     bench_parser,
     console,

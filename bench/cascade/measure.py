@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -24,7 +23,10 @@ import numpy as np
 
 from bench.cascade.curve import GOAL_ESCALATION, GOAL_TOLERANCE, Curve, Point, points
 from bench.harness import (
-    CLOCK_TICKS,
+    BIN,
+    MODEL,
+    SPLIT_SEED,
+    Cpu,
     Load,
     Plan,
     Release,
@@ -34,9 +36,6 @@ from bench.harness import (
 )
 from tiered.processes import TierProcess, start_tier
 
-BIN = Path(sys.executable).parent
-MODEL = "sentiment"
-SPLIT_SEED = 7
 SELECTED = (0.0, 0.10, 0.20, 0.35, 0.50, 1.0)  # escalation rates shown in the tables
 LIVE_CONCURRENCY = 8  # the V2 client's requests in flight (as `tiered demo`)
 WRK_CONCURRENCY = 32
@@ -94,12 +93,9 @@ class Meter:
 
     @classmethod
     def now(cls, pids: Sequence[int] = ()) -> Meter:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
-        ticks = [int(f) for f in fields]
-        busy = (sum(ticks) - ticks[3] - ticks[4]) / CLOCK_TICKS  # minus idle and iowait
-        t = os.times()
-        own = t.user + t.system + t.children_user + t.children_system
-        return cls(time.perf_counter(), busy, own, sum(process_cpu_s(p) for p in pids))
+        base = Cpu.now()
+        return cls(time.perf_counter(), base.machine_s, base.own_s,
+                   sum(process_cpu_s(p) for p in pids))
 
     def others_since(self, start: Meter) -> float:
         """Cores used by processes other than this one, its children and the servers."""

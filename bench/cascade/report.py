@@ -21,13 +21,13 @@ from bench.cascade.curve import (
 from bench.cascade.measure import (
     CALIBRATED,
     LIVE_CONCURRENCY,
-    MODEL,
     SELECTED,
     WRK_CONCURRENCY,
     Live,
     Offline,
 )
 from bench.harness import (
+    MODEL,
     console,
 )
 from bench.kit import BUSY_OTHERS, cores

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from bench.harness import (
+    TEXTS,
     Plan,
     console,
     ensure_wrk,
@@ -29,7 +30,6 @@ from bench.rollout.measure import (
     EDGE_FLAGS,
     RELEASE,
     SYNC_FLAGS,
-    TEXTS,
     TOKEN,
     Cli,
     Results,

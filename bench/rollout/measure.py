@@ -28,6 +28,7 @@ import httpx
 from prometheus_client import CollectorRegistry
 
 from bench.harness import (
+    MODEL,
     Cpu,
     Load,
     Plan,
@@ -36,6 +37,7 @@ from bench.harness import (
     wrk,
 )
 from bench.kit import ROOT
+from bench.loadgen import MIB
 from serving.manifest import decode
 from serving.store import ModelStore
 from serving.tokens import node_token
@@ -51,7 +53,6 @@ from tiered.processes import (
 )
 
 RELEASE = ROOT / "var" / "demo" / "release"
-MODEL = "sentiment"
 TOKEN = "bench-sync-token-0123456789"
 SYNC_FLAGS = ("--sync-backoff-max-s", "1")
 EDGE_FLAGS = ("--cache-size", "0")
@@ -60,13 +61,11 @@ POLL_S = 0.02  # propagation: /ready polling interval
 SWAP_POLL_S = 0.05  # during wrk: lighter polling
 SWAP_AFTER_S = 1.0  # promote this long into the swap run
 CONCURRENCY = 8
-TEXTS = 200
 PUBLISH_TIMEOUT_S = 600.0
 PROPAGATION_TIMEOUT_S = 180.0
 FANOUT_TIMEOUT_S = 180.0
 GOAL_PUSH_S = 1.0
 GOAL_FANOUT_S = 10.0
-MIB = 1024 * 1024
 SIM_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
                ("grpc.use_local_subchannel_pool", 1)]  # one connection per subscriber
 PUSHING = re.compile(r"pushing (\S+) version (\d+) \((\w+)\) to (\S+)")

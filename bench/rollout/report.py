@@ -12,12 +12,12 @@ from pathlib import Path
 from rich.table import Table
 
 from bench.kit import BUSY_OTHERS, cores, machine, versions, wrk_version
+from bench.loadgen import MIB
 from bench.markdown import Shown
 from bench.rollout.measure import (
     CONCURRENCY,
     GOAL_FANOUT_S,
     GOAL_PUSH_S,
-    MIB,
     Fanout,
     Propagation,
     Results,
