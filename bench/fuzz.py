@@ -1,22 +1,8 @@
 """Schema-driven fuzzing of both tiers' V2 API with Schemathesis.
 
-Run from the repository root (about 3 minutes with the default 200 examples)::
-
     .venv/bin/python -m bench.fuzz [--examples N] [--seed S] [--markdown PATH]
 
-It builds a tiny release (``examples.sentiment.tiny``), publishes it to a temporary registry,
-pulls it into a center and an edge store and starts both tiers on free 127.0.0.1 ports (the
-edge escalating to that center). For each tier it loads the OpenAPI document the tier serves at
-``/schema/openapi.json`` and, for every operation, sends ``--examples`` requests generated to
-fit the schema (positive) and as many generated to break it (negative: wrong types, unknown
-fields, values outside enums...). Each response is checked with Schemathesis's checks:
-``status_code_conformance``, ``content_type_conformance``, ``response_schema_conformance`` (so
-every 4xx must be the documented ``{"error": "..."}``) and, for negative cases,
-``negative_data_rejection`` (a request that breaks the schema must be refused). Any 5xx is
-counted apart. Generation is seeded (``--seed``) and uses no example database, so a run
-repeats exactly. The table lists per tier and operation the cases sent, the responses by
-status class, the schema violations and the seconds spent; the first failures are printed
-below it with a curl command that reproduces each.
+How it tests: docs/benchmark-methods.md, "Fuzzing the V2 API".
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """The center on a GPU: throughput and p99 with adaptive batching, concurrency 1..256, fp32 vs
-fp16 (and bf16 with ``--bf16``). Run by ``bench/gpu.sh`` on a machine with an NVIDIA GPU::
+fp16 (and bf16 with ``--bf16``).
 
     .venv/bin/python -m bench.gpu [--duration S] [--max-batch-size N] [--markdown PATH]
 
-The demo release ``sentiment`` is pulled from ``./var/registry`` into a temporary store; one
-``center --device cuda --precision P`` per precision runs on a free loopback port with the
-given batching (default 64 rows, 2 ms); wrk (``bench/v2_infer.lua``, 4 threads) sends one real
-test review per V2 request at each concurrency for ``--duration`` seconds after a warm-up.
-Reported per precision and concurrency: req/s, p50, p99, errors, mean rows per model execution
-(from the center's /metrics) and GPU memory in use (nvidia-smi). Nothing here runs without a
-GPU: it stops with a message instead.
+Run by ``bench/gpu.sh`` on a machine with an NVIDIA GPU. How it measures:
+docs/benchmark-methods.md, "The center on a GPU".
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from bench.tiers import (
+from bench.harness import (
     Load,
     Plan,
     console,
@@ -33,9 +28,9 @@ from bench.tiers import (
     ensure_wrk,
     pull,
     review_texts,
-    write_bodies,
     wrk,
 )
+from bench.kit import write_bodies
 from tiered.processes import start_tier
 
 CONCURRENCY = (1, 4, 16, 64, 128, 256)
@@ -127,7 +122,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         root = Path(tmp)
         release = pull(REGISTRY, "center", root / "store")
         plan = Plan(wrk=ensure_wrk(), logs=root, seconds=args.duration, warmup=3,
-                    bodies=write_bodies(review_texts(2000), root / "bodies.txt"), threads=0)
+                    bodies=write_bodies(review_texts(2000), root / "bodies.txt", threshold=0),
+                    threads=0)
         precisions = ["fp32", "fp16", *(["bf16"] if args.bf16 else [])]
         results = {p: run_precision(p, release.store, plan, args) for p in precisions}
     console.print(table(results))

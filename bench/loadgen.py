@@ -7,10 +7,9 @@ the edge's calibrated gate decides, and the rows it is unsure about go to the ce
 
 from __future__ import annotations
 
-import json
 import math
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,14 +63,6 @@ class Run:
     @property
     def rps(self) -> float:
         return self.requests / self.seconds if self.seconds else 0.0
-
-
-def write_bodies(texts: Sequence[str], path: Path) -> Path:
-    """One V2 body per line, one review each, no ``threshold``: the calibrated gate decides."""
-    lines = (json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
-                                     "data": [t]}]}) for t in texts)
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 class Wrk:

@@ -1,25 +1,9 @@
 """Which INT8 quantization holds across CPUs: fidelity and speed of each setting, side by side.
 
-Run from the repository root (tiny release ~1 min; with the demo release, built by ``make demo``,
-~12 min more, most of it the emulated CPU: ~8 s per demo row and setting)::
-
     .venv/bin/python -m bench.quantization [--demo var/demo/release] [--emulated-rows 256]
                                            [--markdown docs/bench/quantization.md]
 
-For each release (the tiny test release, built here, and the demo release when present) the
-fp32 edge is exported to ONNX as ``registry publish`` does and quantized dynamically four ways:
-weights per channel or per tensor, with full 8-bit range or 7-bit (``reduce_range``). Each
-INT8 model runs on the release's calibration rows in publish's batches of 32, and its top-1
-agreement with the fp32 ONNX edge is measured
-
-- natively, on this machine's CPU (named with its features in the machine table), and
-- under ``qemu-x86_64 -cpu Haswell`` when Debian's qemu-user is installed: onnxruntime then
-  picks the kernels of an x86 CPU with AVX2 but no AVX-512 and no VNNI, whose u8s8 products
-  saturate in 16 bits. Only onnxruntime and numpy run emulated (``--worker``), on the first
-  ``--emulated-rows`` rows (emulation is ~100x slower).
-
-Speed is native only: rows/s at batch 1 and batch 8, one intra-op thread, median of
-``--repeats`` passes over the same rows, every setting measured in the same run.
+How it measures: docs/benchmark-methods.md, "INT8 quantization across CPUs".
 """
 
 from __future__ import annotations
@@ -212,17 +196,16 @@ def main(argv: list[str] | None = None) -> None:
 def report(args: argparse.Namespace) -> None:
     from rich.table import Table
 
+    from bench.harness import console
+    from bench.kit import cpu
     from bench.markdown import Shown
-    from bench.tiers import console
     from examples.sentiment.tiny import build_tiny_release
-    from serving import hardware
 
     show = Shown(console)
-    cpu, features = hardware.cpu()
     emulation = ("qemu-x86_64 -cpu Haswell (avx2, no avx512, no vnni)"
                  if shutil.which("qemu-x86_64") else "skipped (no qemu-user)")
-    show(f"Machine: {cpu or platform.processor()} ({' '.join(features)}), {os.cpu_count()} "
-         f"cores, onnxruntime {ort.__version__}; emulated CPU: {emulation}.")
+    show(f"Machine: {cpu()}, {os.cpu_count()} cores, onnxruntime {ort.__version__}; emulated "
+         f"CPU: {emulation}.")
     results = []
     with tempfile.TemporaryDirectory(prefix="tiered-tiny-") as tmp:
         results += measure("tiny test edge", build_tiny_release(Path(tmp) / "release"), args)

@@ -1,24 +1,9 @@
 """Soak benchmark: steady load on an edge (escalating to a center) for N minutes, watching
 memory, open file descriptors and latency minute by minute.
 
-Run from the repository root (``--minutes`` plus about half a minute)::
-
     .venv/bin/python -m bench.soak [--minutes 10] [--markdown docs/bench/soak.md]
 
-A fleet from ``bench/fleet.py``: ``registry serve``, one center, one edge subscribed to it
-(quality reports flow over the sync stream all along), the release published as versions 1
-and 2 (version 2 served). After a 10 s unrecorded warm-up, wrk (``bench/v2_infer.lua``, one
-thread, ``--concurrency`` connections, 200 real review texts rotated, no ``threshold``: the
-edge's calibrated gate escalates the rows it is unsure about to the center) runs one
-60-second run per minute against the edge. Every 5 s a thread samples each process's RSS and
-open fds (psutil: /proc/PID/fd, children included).
-
-Per minute: requests, failed (non-2xx and socket errors; goal 0), req/s, p50 and p99, the
-rows the edge escalated (``edge_rows_total{tier="center"}``), and at the minute's end the RSS
-and fds of the edge, the center and the registry. Then the first minute against the last:
-RSS growth, fd change, p99 ratio. Flat memory and fds and a steady p99 are the goal; a leak
-per request or per escalation shows as a slope. Processes run on free loopback ports and
-are stopped by PID; everything lives in a temporary directory.
+How it measures: docs/benchmark-methods.md, "Soak".
 """
 
 from __future__ import annotations
@@ -35,11 +20,11 @@ import httpx
 from rich.table import Table
 
 from bench.fleet import DEMO, Fleet, fleet, releases
-from bench.loadgen import Run, Sample, Wrk, growth, run_wrk, sample, write_bodies
+from bench.harness import TEXTS, console, ensure_wrk, review_texts
+from bench.kit import load_average, write_bodies
+from bench.loadgen import Run, Sample, Wrk, growth, run_wrk, sample
 from bench.markdown import Shown
-from bench.tiers import console, ensure_wrk, review_texts
 
-TEXTS = 200
 MINUTE_S = 60
 SAMPLE_S = 5.0
 WARMUP_S = 10
@@ -165,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             result = soak(f, args.minutes, args.concurrency, wrk, bodies)
     show = Shown(console)
     show(f"Release: {what}; load average at the end "
-         f"{' '.join(Path('/proc/loadavg').read_text().split()[:3])}.")
+         f"{load_average()}.")
     show(minutes_table(result, args.concurrency))
     show(delta_table(result))
     if args.markdown is not None:

@@ -1,33 +1,8 @@
 """Hot-swap benchmark: 50 consecutive model swaps on a running edge and center under load.
 
-Run from the repository root (about 3.5 minutes: 50 swaps of ~3.2 s, plus set-up)::
-
     .venv/bin/python -m bench.swaps [--swaps 50] [--window 3] [--markdown docs/bench/swaps.md]
 
-Triton users report memory that grows with every model reload and latency that creeps up after
-many reloads (triton-inference-server/server issues #5944 and #6402). This measures both here.
-
-A fleet from ``bench/fleet.py`` (``registry serve``, one center, one edge subscribed to it,
-two releases published as versions 1 and 2). Each swap is a new production version whose
-artifacts alternate between the two releases (the commit ``registry publish`` makes, without
-the export and calibration): every node copies the bytes it already holds into a new version
-folder, loads and warms a fresh model copy, swaps one reference and drops the oldest copy it
-keeps resident. (A ``promote``/``rollback`` between two versions would load nothing: a node
-keeps its default and the two newest versions resident, so that swap is a pointer flip.)
-
-Every swap runs inside its own ``--window``-second wrk run on the edge and on the center at the
-same time (``bench/v2_infer.lua``, one thread, ``--concurrency`` connections each, 200 real
-review texts rotated, no ``threshold``: the edge escalates the rows its calibrated gate is
-unsure about to the center). The swap is committed 0.5 s into the window; both nodes are
-polled every 20 ms until they serve the new version (the swap time: commit to serving). After
-the window, each server process's RSS (psutil, children included) and open fds are sampled.
-
-Per tier: swaps, requests, failed requests (non-2xx and socket errors; goal 0), RSS after
-swap 5 and after the last swap (goal: < 10% growth; the first swaps fill allocator pools and
-caches), p99 over the first 10 swaps' windows vs the last 10 (exact: wrk's latency
-histograms merged), and the swap time p50/max. A second table shows the trend every 5 swaps.
-Processes run on free loopback ports and are stopped by PID; everything lives in a temporary
-directory. wrk is installed with apt-get when missing (see ``bench/tiers.py``).
+About 3.5 minutes. How it measures: docs/benchmark-methods.md, "Hot swaps".
 """
 
 from __future__ import annotations
@@ -43,11 +18,11 @@ from pathlib import Path
 from rich.table import Table
 
 from bench.fleet import DEMO, Fleet, fleet, releases, wait_serving
-from bench.loadgen import Histogram, Run, Sample, Wrk, growth, sample, write_bodies
+from bench.harness import TEXTS, console, ensure_wrk, review_texts
+from bench.kit import load_average, write_bodies
+from bench.loadgen import Histogram, Run, Sample, Wrk, growth, sample
 from bench.markdown import Shown
-from bench.tiers import console, ensure_wrk, review_texts
 
-TEXTS = 200
 SWAP_AT_S = 0.5
 TIERS = ("edge", "center")
 FIRST, LAST = 10, 10
@@ -167,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     show = Shown(console)
     show(f"Release: {what}. {len(swaps)} swaps, each a new version alternating the two "
          f"releases' artifacts; wrk -t1 -c{args.concurrency} on the edge and on the center; "
-         f"load average {' '.join(Path('/proc/loadavg').read_text().split()[:3])}; "
+         f"load average {load_average()}; "
          f"{time.monotonic() - started:.0f} s in all.")
     show(summary_table(swaps, args.window))
     show(trend_table(swaps))

@@ -1,84 +1,48 @@
 """Serving benchmark: the edge and center servers under HTTP load vs the raw model in-process.
 
-Run from the repository root (about 2.5 minutes by default, under a minute with ``--quick``)::
-
     .venv/bin/python -m bench.tiers [--duration SECONDS] [--quick] [--server-threads N]
         [--markdown PATH]
 
-What it measures, all on the demo release ``sentiment`` pulled from ``var/registry`` into
-temporary stores, with the same 200 real test review texts (``examples.sentiment.data``,
-split seed 7) rotated through, one text per request:
-
-1. **Raw model, in-process**: ``session.run`` of the INT8 ONNX edge model (the server's own
-   session options, ``edge.runtime.OnnxRuntime``) and ``predict`` of the fp32 TorchScript
-   center model (``center.runtime.TorchScriptRuntime``) at batch sizes 1, 8 and 32. Rows are
-   tokenized once up front and padded to the longest row of each batch, as the batcher does.
-   Reported as rows/s (= requests/s), plus the mean padded length and time per token.
-2. **Edge server** throughput, p50 and p99 latency at concurrency 1, 8 and 32, each for
-   ``--duration`` seconds, driven by ``wrk`` (one thread, keep-alive connections) with
-   ``bench/v2_infer.lua``, which POSTs KServe V2 bodies (``threshold: 0``: the edge never
-   escalates). The edge's response cache is disabled (``--cache-size 0``); otherwise every
-   repeat of the 200 texts would be a cache hit and no inference would run. The goal
-   (reported, not asserted) is that the server at concurrency 32 keeps >= 80% of the raw
-   rows/s at the best raw batch size.
-3. **Adaptive batching** on (``--max-batch-size 32 --max-batch-delay-ms 5``, the defaults) vs
-   off (``--max-batch-size 1``) at concurrency 32, for the edge and the center; goal >= 3x.
-4. **INT8 edge vs fp32 center cost per request**: latency at concurrency 1 with batching off
-   (no batch wait) and on (a lone request waits up to 5 ms for company), the model compute
-   per row inside the server, and the in-process time of one row.
-
-Alongside wrk's numbers, each server run reports from the server's ``/metrics`` (scraped
-before and after) the rows per model execution and model compute time per row, and from
-``/proc`` the cores the server process used and the cores used by *other* processes (the
-machine's busy time minus this script, wrk and the server): a shared machine skews results,
-and such rows are flagged in red.
-
-Threads: the servers run with ``--threads 0`` by default (the runtime's default: onnxruntime
-and torch take one intra-op thread per core); ``--server-threads N`` changes that. wrk runs
-with one thread on the same machine, so load generator, HTTP stack and model share the cores;
-the in-process raw numbers have the cores to themselves. Each server is started on a free
-127.0.0.1 port, checked with one request, warmed up with a short unrecorded wrk run, and
-stopped by PID in a ``finally``; stores, request bodies and server logs live in a temporary
-directory. wrk is installed with ``apt-get install -y wrk`` when it is missing (root or
-password-less sudo needed); otherwise the script stops with a message saying so.
+How it measures: docs/benchmark-methods.md, "Serving tiers".
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import re
-import shutil
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import httpx
-from rich.console import Console
 from rich.table import Table
 
-from bench.loadgen import wrk_summary
+from bench.harness import (
+    MODEL,
+    TEXTS,
+    Counters,
+    Cpu,
+    Load,
+    Plan,
+    Release,
+    Usage,
+    bench_parser,
+    console,
+    counters,
+    ensure_wrk,
+    parse_bench_args,
+    pull,
+    review_texts,
+    server,
+    wrk,
+)
+from bench.kit import BUSY_OTHERS, cores, machine, write_bodies, wrk_version
 from bench.markdown import Shown
-from tiered.processes import TierProcess, start_tier
+from tiered.processes import TierProcess
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-
-BIN = Path(sys.executable).parent
-LUA = HERE / "v2_infer.lua"
-MODEL = "sentiment"
-TEXTS = 200
-SPLIT_SEED = 7
 RAW_BATCHES = (1, 8, 32)
 CONCURRENCY = (1, 8, 32)
 SATURATION = 32
@@ -87,87 +51,9 @@ BATCHING_OFF = ("--max-batch-size", "1")
 EDGE_FLAGS = ("--cache-size", "0")
 GOAL_KEEP = 0.8
 GOAL_BATCHING = 3.0
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-BUSY_OTHERS = 0.1  # cores used by other processes above which a result is flagged
-
-console = Console(width=None if sys.stdout.isatty() else 132)
 
 
 # --- results ---------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Load:
-    """What wrk saw during one run."""
-
-    requests: int
-    seconds: float
-    p50_ms: float
-    p99_ms: float
-    mean_ms: float
-    errors: int
-
-    @property
-    def rps(self) -> float:
-        return self.requests / self.seconds if self.seconds else 0.0
-
-
-@dataclass(frozen=True)
-class Counters:
-    """The server's cumulative batch counters (from /metrics)."""
-
-    rows: float = 0.0
-    executions: float = 0.0
-    compute_s: float = 0.0
-
-    def __sub__(self, other: Counters) -> Counters:
-        return Counters(self.rows - other.rows, self.executions - other.executions,
-                        self.compute_s - other.compute_s)
-
-    @property
-    def mean_batch(self) -> float:
-        return self.rows / self.executions if self.executions else math.nan
-
-    @property
-    def compute_ms_per_row(self) -> float:
-        return 1000 * self.compute_s / self.rows if self.rows else math.nan
-
-
-@dataclass(frozen=True)
-class Cpu:
-    """CPU seconds so far: the whole machine's busy time, this process with its reaped
-    children (wrk), and one server process (0 when none)."""
-
-    machine_s: float
-    own_s: float
-    server_s: float = 0.0
-
-    @classmethod
-    def now(cls, server_pid: int | None = None) -> Cpu:
-        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
-        ticks = [int(f) for f in fields]
-        busy = sum(ticks) - ticks[3] - ticks[4]  # minus idle and iowait
-        t = os.times()
-        own = t.user + t.system + t.children_user + t.children_system
-        return cls(busy / CLOCK_TICKS, own, process_cpu_s(server_pid) if server_pid else 0.0)
-
-    def cores_since(self, start: Cpu, seconds: float) -> Usage:
-        """Cores used by the server and by everything else (other users of the machine)."""
-        server = self.server_s - start.server_s
-        other = (self.machine_s - start.machine_s) - (self.own_s - start.own_s) - server
-        return Usage(server / seconds, max(0.0, other) / seconds)
-
-
-@dataclass(frozen=True)
-class Usage:
-    server_cores: float
-    other_cores: float
-
-
-def process_cpu_s(pid: int) -> float:
-    """utime + stime of a live process (all its threads), from /proc/PID/stat."""
-    after_name = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(after_name[11]) + int(after_name[12])) / CLOCK_TICKS
-
 
 @dataclass(frozen=True)
 class Run:
@@ -191,68 +77,6 @@ class Raw:
     @property
     def us_per_token(self) -> float:
         return 1000 * self.ms_per_batch / (self.batch * self.padded_len)
-
-
-@dataclass(frozen=True)
-class Release:
-    """One tier's pulled version folder and what the manifest says about it."""
-
-    store: Path
-    folder: Path
-    model_file: Path
-    tokenizer: Path
-    max_length: int
-
-
-# --- setup -----------------------------------------------------------------------------------
-
-def ensure_wrk() -> str:
-    """Path of wrk, installing it with apt-get when missing; exits with a message if it can't."""
-    found = shutil.which("wrk")
-    if found:
-        return found
-    apt = shutil.which("apt-get")
-    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"] if shutil.which("sudo") else None
-    if apt is None or sudo is None:
-        raise SystemExit("wrk is not installed and cannot be installed here (needs apt-get and "
-                         "root or sudo); install wrk (https://github.com/wg/wrk) and rerun.")
-    console.print("[yellow]wrk not found: running apt-get install -y wrk[/]")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = [*sudo, apt, "install", "-y", "wrk"]
-    if subprocess.run(install, capture_output=True, env=env).returncode != 0:
-        subprocess.run([*sudo, apt, "update"], capture_output=True, env=env)
-        result = subprocess.run(install, capture_output=True, text=True, env=env)
-        if result.returncode != 0:
-            raise SystemExit(f"apt-get install -y wrk failed:\n{result.stderr[-2000:]}")
-    found = shutil.which("wrk")
-    if not found:
-        raise SystemExit("apt-get installed wrk but it is not on PATH")
-    return found
-
-
-def review_texts(count: int) -> list[str]:
-    from examples.sentiment import data
-
-    return list(data.split(data.load_reviews(), seed=SPLIT_SEED).test.texts)[:count]
-
-
-def pull(registry: Path, tier: str, store: Path) -> Release:
-    subprocess.run([str(BIN / "registry"), "--home", str(registry), "pull", MODEL, "--tier",
-                    tier, "--store", str(store)], check=True, capture_output=True)
-    folder = store / MODEL / (store / MODEL / "CURRENT").read_text().strip()
-    manifest = json.loads((folder / "release.json").read_text())
-    return Release(store, folder, folder / manifest[tier]["file"],
-                   folder / manifest["preprocessing"]["tokenizer"],
-                   int(manifest["preprocessing"]["max_length"]))
-
-
-def write_bodies(texts: Sequence[str], path: Path) -> Path:
-    """One V2 request body per line (json.dumps escapes newlines inside texts)."""
-    lines = (json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
-                                     "data": [t]}], "parameters": {"threshold": 0}})
-             for t in texts)
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 # --- raw model, in-process -------------------------------------------------------------------
@@ -308,16 +132,6 @@ def load_predict(tier: str, release: Release) -> Callable[[Any], object]:
 
 # --- servers under wrk -----------------------------------------------------------------------
 
-@contextmanager
-def server(tier: str, store: Path, logs: Path, *flags: str) -> Iterator[TierProcess]:
-    """A running ``edge``/``center`` on a free loopback port, stopped by PID afterwards."""
-    process = start_tier(tier, store, logs, *flags, timeout=120)
-    try:
-        yield process
-    finally:
-        process.stop()
-
-
 def check_answers(url: str, bodies: Path) -> None:
     """One real request: 200, and the edge answered it alone (nothing escalated)."""
     body = bodies.read_text().splitlines()[0]
@@ -327,40 +141,6 @@ def check_answers(url: str, bodies: Path) -> None:
         raise RuntimeError(f"{url}: {response.status_code} {response.text[:500]}")
     if response.json().get("parameters", {}).get("escalated", 0):
         raise RuntimeError(f"{url}: the edge escalated with threshold 0: {response.text[:500]}")
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What every server run shares."""
-
-    wrk: str
-    logs: Path
-    bodies: Path
-    seconds: int
-    warmup: int
-    threads: int
-
-
-def wrk(plan: Plan, url: str, concurrency: int, seconds: int) -> Load:
-    command = [plan.wrk, "-t1", f"-c{concurrency}", f"-d{seconds}s", "--timeout", "10s", "-s",
-               str(LUA), f"{url}/v2/models/{MODEL}/infer", "--", str(plan.bodies)]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
-    values, _ = wrk_summary(result.stdout, result.stderr, result.returncode)
-    return Load(int(values["requests"]), values["duration_us"] / 1e6, values["p50_us"] / 1e3,
-                values["p99_us"] / 1e3, values["mean_us"] / 1e3, int(values["errors"]))
-
-
-METRIC = re.compile(r"^(\w+)(?:\{[^}]*\})?\s+(\S+)$")
-
-
-def counters(url: str, tier: str) -> Counters:
-    totals: dict[str, float] = {}
-    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-        if (match := METRIC.match(line)) is not None:
-            totals[match[1]] = totals.get(match[1], 0.0) + float(match[2])
-    return Counters(totals.get(f"{tier}_inference_count_total", 0.0),
-                    totals.get(f"{tier}_execution_count_total", 0.0),
-                    totals.get(f"{tier}_compute_duration_seconds_sum", 0.0))
 
 
 def measure(plan: Plan, handle: TierProcess, tier: str, batching: str, concurrency: int) -> Run:
@@ -386,41 +166,18 @@ def server_runs(plan: Plan, tier: str, store: Path, batching: str,
 
 # --- report ----------------------------------------------------------------------------------
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
 def machine_table(wrk: str, duration: int, threads: int) -> Table:
     table = Table(title="Machine", show_header=False)
-    wrk_version = subprocess.run([wrk, "--version"], capture_output=True, text=True).stdout
-    rows = [("date", datetime.now().astimezone().isoformat(timespec="seconds")),
-            ("cpu", cpu_model()),
-            ("cores", f"{os.cpu_count()} logical, {len(os.sched_getaffinity(0))} usable"),
-            ("python", sys.version.split()[0]),
-            ("onnxruntime / torch", f"{metadata.version('onnxruntime')} / "
-                                    f"{metadata.version('torch')}"),
-            ("wrk", (wrk_version.split("Copyright")[0] or "?").strip()),
-            ("load", f"wrk -t1, {duration} s per run, {TEXTS} test texts rotated, 1 per req"),
-            ("server flags", f"--threads {threads} (0 = runtime default); edge --cache-size 0"),
-            ("load average", " ".join(Path("/proc/loadavg").read_text().split()[:3]))]
-    for key, value in rows:
+    rows = machine(wrk=wrk_version(wrk),
+                   load=f"wrk -t1, {duration} s per run, {TEXTS} test texts rotated, 1 per req",
+                   server_flags=f"--threads {threads} (0 = runtime default); edge --cache-size 0")
+    for key, value in rows.items():
         table.add_row(key, value)
     return table
 
 
 def ms(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.2f}"
-
-
-def cores(value: float) -> str:
-    """Cores used by other processes; flagged when they may have skewed the measurement."""
-    return f"[red]{value:.2f}[/]" if value > BUSY_OTHERS else f"{value:.2f}"
 
 
 def raw_table(raws: Sequence[Raw]) -> Table:
@@ -505,30 +262,6 @@ def interference_note(raws: Sequence[Raw], runs: Sequence[Run]) -> str:
 
 # --- main ------------------------------------------------------------------------------------
 
-def bench_parser(doc: str | None, quick: str) -> argparse.ArgumentParser:
-    """The options every benchmark takes: --duration, --quick, --registry, --markdown."""
-    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0] if doc else "")
-    parser.add_argument("--duration", type=int, default=10,
-                        help="seconds of load per measured wrk run (default 10)")
-    parser.add_argument("--quick", action="store_true", help=quick)
-    parser.add_argument("--registry", type=Path, default=ROOT / "var" / "registry",
-                        help="registry home holding the demo release (default var/registry)")
-    parser.add_argument("--markdown", type=Path, default=None,
-                        help="also write the tables as a markdown fragment here")
-    return parser
-
-
-def parse_bench_args(parser: argparse.ArgumentParser,
-                     argv: Sequence[str] | None) -> argparse.Namespace:
-    """Parse, check --duration, and shorten runs to 3 s with --quick."""
-    args = parser.parse_args(argv)
-    if args.duration < 1:
-        parser.error("--duration must be >= 1 second")
-    if args.quick:
-        args.duration = min(args.duration, 3)
-    return args
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = bench_parser(__doc__, "3 s runs, 1 s raw timing and warm-up (a smoke run, ~1 min)")
     parser.add_argument("--server-threads", type=int, default=0,
@@ -546,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-serving-") as tmp:
         work = Path(tmp)
         edge, center = (pull(args.registry, t, work / t) for t in ("edge", "center"))
-        bodies = write_bodies(texts, work / "bodies.jsonl")
+        bodies = write_bodies(texts, work / "bodies.jsonl", threshold=0)
         console.log(f"{MODEL}: edge version {edge.folder.name} ({edge.model_file.name}), "
                     f"center version {center.folder.name} ({center.model_file.name})")
         console.log("raw in-process timing")

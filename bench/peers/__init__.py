@@ -1,0 +1,1 @@
+"""Peer comparison (``python -m bench.peers``): measure, report, run (the entry point)."""

@@ -7,16 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from bench.cascade import (
-    Curve,
-    Offline,
-    Point,
-    Saved,
-    calibrated_on,
-    goal_met,
-    merge_points,
-    points,
-)
+from bench.cascade.curve import Curve, Point, Saved, goal_met, merge_points, points
+from bench.cascade.measure import Offline, calibrated_on
 
 
 def _logits(confidence: float, right: bool) -> list[float]:

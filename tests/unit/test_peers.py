@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.peers.run import PeakRss, descendants, stop_tree
+from bench.peers.measure import PeakRss, descendants, stop_tree
 
 
 def alive(pid: int) -> bool:

@@ -1,119 +1,43 @@
-"""Model-sync benchmark: rollout latency, bytes on the wire, fan-out, and edge p99 during a swap.
-
-Run from the repository root::
-
-    .venv/bin/python -m bench.rollout [--subscribers N] [--duration SECONDS] [--quick] [--json PATH]
-
-Three ``registry publish`` runs of the demo release dominate the run time: ~17 s each on a
-quiet 2-core machine (about 1.5 minutes in all by default, 1.3 with ``--quick``), but 40-110 s
-each when other processes compete for the cores.
-
-Everything runs on 127.0.0.1 against a fresh registry home in a temporary directory (never
-``var/registry``): one ``registry serve`` (token auth, ``start_registry``), one ``center`` and
-one ``edge`` started with EMPTY stores and ``--registry`` (``start_tier``'s command line, but
-waiting only for /v2/health/live: an empty node is not ready until sync installs a model), and
-the release folder ``var/demo/release`` published as ``sentiment`` with the ``registry``
-command, as an operator would. A publish builds the version (validate, ONNX export, INT8
-quantize, calibrate) and then commits it; the timings below start either at that commit (the
-``at`` of the change's audit record, written in the committing transaction, ms resolution) or
-at the moment the command returned, which is later (the CLI takes ~1 s to exit after its
-commit), so a node can be serving "before" the return. Parts run in the order 1, 3, 2 (part 2
-needs the real nodes stopped); the tables are printed in part order.
-
-1. **Propagation.** *Cold*: ``registry publish`` (version 1) while both nodes are subscribed
-   with nothing in their stores. A thread polls ``GET /v2/models/sentiment/ready`` on both
-   nodes every 20 ms, from before the publish starts, and records when each first serves the
-   new version; ``registry status --json`` then shows what the registry recorded (the node's
-   ACTIVE ack). *Warm*: publish the same release again (version 2, identical artifacts): each
-   node copies the bytes it already holds, so the time is copy + verify + load + warm + swap.
-   Per node: bytes received (``{tier}_sync_bytes_received_total``) and reused
-   (``{tier}_sync_bytes_reused_total``) from its /metrics against the size of its tier's
-   artifacts (``registry show sentiment@N --json``: model + tokenizer), the registry's
-   ``registry_sync_bytes_sent_total``, and the **push latency**: the ``ts`` of the registry
-   log's ``pushing sentiment version N ... to NODE`` line minus the commit and minus the
-   command's return (goal < 1 s; ``registry serve`` notices other processes' commits by polling
-   ``PRAGMA data_version`` every 0.2 s).
-2. **Fan-out** to ``--subscribers`` simulated edges in this process (asyncio, grpc.aio), each
-   with its own channel (``grpc.use_local_subchannel_pool``, hence its own TCP connection: the
-   established connections to the registry port are counted and reported) and its own
-   temporary store. Each says Hello (``sim-i``, tier edge, region bench, holding nothing),
-   reads the Welcome, and for every pushed Release checks the manifest's sha256, decodes it,
-   downloads ``manifest.artifacts("edge")`` with ``sync.download.Downloader`` (sha256-verified,
-   into ``<store>/.downloads/``) and acks ACTIVE: the simulated node's "ACTIVE". The trigger:
-   production is version 3 when the subscribers connect, so the registry pushes it to each on
-   hello (the *connect* round, reported for information: a fleet coming up, timed from the
-   first connect). Once all hold it, their downloads are deleted and ``registry rollback
-   sentiment`` (3 -> 2: an instant command; the same edge artifact, which no simulated store
-   holds any more) makes the registry push version 2 to all of them: the *rollback* round,
-   timed from the command's return to (a) every subscriber holding the Release and (b) every
-   download verified, with per-subscriber p50/p99/max, the spread of the registry's pushes
-   (from its log), bytes per subscriber vs the artifact size, and aggregate MiB/s. Goal
-   (reported, not asserted): all N verified within 10 s. The stores are deleted afterwards.
-3. **Edge p99 during a swap vs steady state.** First ``registry publish --canary nobody`` makes
-   version 3 a canary that targets no node (production stays 2; checked: the edge still serves
-   2), and the center is stopped: on a small machine its 86 MiB TorchScript reload would
-   compete with the edge for the cores, which says nothing about the edge's own swap (the
-   bodies carry ``threshold: 0``, so the edge never escalates). wrk (``bench/v2_infer.lua``,
-   one thread, concurrency 8, ``--duration`` seconds after a short warm-up, 200 real review
-   texts rotated, edge cache off) runs once steady, then again while, 1 s in, ``registry
-   promote sentiment`` rolls version 3 out: the edge copies its local bytes into a new version
-   folder, loads, warms and swaps under load. Reported: requests, req/s, p50, p99, errors
-   (non-2xx and socket errors; must be 0), the swap/steady ratios, when the edge switched
-   (polled every 50 ms), and the requests each version answered during the run (the edge's
-   ``edge_request_success_total`` by version): both versions answering shows that the swap
-   landed inside the window.
-
-Each figure comes with the cores other processes used meanwhile (the machine's busy time from
-/proc/stat minus this script, its children and the servers): above 0.1 they are flagged in red,
-as the figure is skewed by someone else's work. The summary ends with the warning/error lines
-counted in the servers' logs. Every process is started on a free loopback port and stopped by
-PID in a ``finally`` (also on Ctrl-C); logs, stores and bodies live in the temporary directory.
-wrk is installed with apt-get when missing (see ``bench/tiers.py``).
+"""The model-sync benchmark's measurements: a registry and two nodes started empty, then
+(1) propagation of a publish, (2) fan-out to simulated subscribers, (3) edge p99 during a swap.
+How and why: docs/benchmark-methods.md, "Model sync (rollout)".
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import hashlib
 import json
 import math
-import os
 import re
 import shutil
 import subprocess
-import sys
-import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import grpc
 import httpx
 from prometheus_client import CollectorRegistry
-from rich.table import Table
 
-from bench.markdown import Shown
-from bench.tiers import (
+from bench.harness import (
+    MODEL,
     Cpu,
     Load,
     Plan,
     console,
-    cpu_model,
-    ensure_wrk,
     process_cpu_s,
-    review_texts,
-    write_bodies,
     wrk,
 )
+from bench.kit import ROOT
+from bench.loadgen import MIB
 from serving.manifest import decode
 from serving.store import ModelStore
 from serving.tokens import node_token
@@ -125,13 +49,10 @@ from tiered.processes import (
     BIN,
     RegistryProcess,
     TierProcess,
-    start_registry,
     start_tier,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 RELEASE = ROOT / "var" / "demo" / "release"
-MODEL = "sentiment"
 TOKEN = "bench-sync-token-0123456789"
 SYNC_FLAGS = ("--sync-backoff-max-s", "1")
 EDGE_FLAGS = ("--cache-size", "0")
@@ -140,14 +61,11 @@ POLL_S = 0.02  # propagation: /ready polling interval
 SWAP_POLL_S = 0.05  # during wrk: lighter polling
 SWAP_AFTER_S = 1.0  # promote this long into the swap run
 CONCURRENCY = 8
-TEXTS = 200
 PUBLISH_TIMEOUT_S = 600.0
 PROPAGATION_TIMEOUT_S = 180.0
 FANOUT_TIMEOUT_S = 180.0
 GOAL_PUSH_S = 1.0
 GOAL_FANOUT_S = 10.0
-BUSY_OTHERS = 0.1  # cores used by other processes above which a figure is flagged
-MIB = 1024 * 1024
 SIM_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
                ("grpc.use_local_subchannel_pool", 1)]  # one connection per subscriber
 PUSHING = re.compile(r"pushing (\S+) version (\d+) \((\w+)\) to (\S+)")
@@ -283,6 +201,20 @@ class Results:
     fanout: Fanout
     swap: Swap
     logs: dict[str, dict[str, int]] = field(default_factory=dict)  # process -> level -> lines
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def fmt_s(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"
 
 
 # --- the registry command and the fleet ------------------------------------------------------
@@ -732,321 +664,3 @@ def swap(plan: Plan, cli: Cli, edge: TierProcess, registry: RegistryProcess,
                 f"{fmt_s(switched)} s later ({fmt_s(switched_commit)} s after the commit); "
                 f"p99 {run.load.p99_ms:.2f} ms")
     return Swap(canary_s, steady, run, promote_at, switched, switched_commit, old, new)
-
-
-# --- report ----------------------------------------------------------------------------------
-
-def percentile(values: Sequence[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    rank = (len(ordered) - 1) * q / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def fmt_s(value: float | None, digits: int = 2) -> str:
-    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"
-
-
-def mib(value: float) -> str:
-    return f"{value / MIB:.2f}"
-
-
-def cores(value: float) -> str:
-    """Cores used by other processes; flagged when they may have skewed the measurement."""
-    return f"[red]{value:.2f}[/]" if value > BUSY_OTHERS else f"{value:.2f}"
-
-
-def verdict(ok: bool) -> str:
-    return "[green]met[/]" if ok else "[red]missed[/]"
-
-
-def git_commit() -> str:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True,
-                              text=True).stdout.strip()
-
-    commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    return commit + (" (+ local changes)" if git("status", "--porcelain",
-                                                 "--untracked-files=no") else "")
-
-
-def machine_info(args: argparse.Namespace, wrk_path: str) -> dict[str, str]:
-    wrk_version = subprocess.run([wrk_path, "--version"], capture_output=True,
-                                 text=True).stdout
-    return {"date": datetime.now().astimezone().isoformat(timespec="seconds"),
-            "cpu": cpu_model(),
-            "cores": f"{os.cpu_count()} logical, {len(os.sched_getaffinity(0))} usable",
-            "git commit": git_commit(),
-            "python / grpcio": f"{sys.version.split()[0]} / {metadata.version('grpcio')}",
-            "wrk": (wrk_version.split("Copyright")[0] or "?").strip(),
-            "run": f"{args.subscribers} simulated subscribers, wrk {args.duration} s per run "
-                   f"at concurrency {CONCURRENCY}{', --quick' if args.quick else ''}",
-            "load average": " ".join(Path("/proc/loadavg").read_text().split()[:3])}
-
-
-def machine_table(info: dict[str, str]) -> Table:
-    table = Table(title="Machine", show_header=False)
-    for key, value in info.items():
-        table.add_row(key, value)
-    return table
-
-
-def propagation_table(rollouts: Sequence[Propagation]) -> Table:
-    table = Table(title="1. Propagation: registry publish -> node serving, from the commit and "
-                        "from the publish command's return")
-    columns = ("rollout", "node", "publish\ns", "push after\ncommit s", "push after\nreturn s",
-               "serving after\ncommit s", "serving after\nreturn s", "received\nMiB",
-               "reused\nMiB", "tier size\nMiB", "registry\nstatus")
-    for column in columns:
-        table.add_column(column, justify="left" if column in columns[:2] else "right")
-    for p in rollouts:
-        for n in p.nodes:
-            table.add_row(f"{p.kind} v{p.version}", n.tier, fmt_s(p.publish_s, 1),
-                          fmt_s(n.push_commit_s, 3), fmt_s(n.push_s, 3),
-                          fmt_s(n.serving_commit_s), fmt_s(n.serving_s), mib(n.received),
-                          mib(n.reused), mib(n.artifact_bytes), n.status)
-    nodes = ", ".join(f"{n.tier} = {n.node}" for n in rollouts[0].nodes)
-    sent = ", ".join(f"{p.kind} {mib(p.registry_sent)} MiB" for p in rollouts)
-    exits = ", ".join(f"{p.kind} {p.exit_s:.2f} s" for p in rollouts)
-    others = ", ".join(f"{p.kind} {cores(p.other_cores)}" for p in rollouts)
-    table.caption = (f"{nodes}. registry_sync_bytes_sent_total: {sent}. The publish command "
-                     f"returned this long after its commit: {exits}. Cores used by other "
-                     f"processes during publish + propagation: {others}")
-    return table
-
-
-def fanout_table(f: Fanout) -> Table:
-    table = Table(title=f"2. Fan-out to {f.subscribers} simulated edges (own channel and store "
-                        f"each); seconds after the trigger")
-    columns = ("round", "verified", "pushed\nfirst/last", "all\nreceived", "all\nverified",
-               "verified\np50", "verified\np99", "verified\nmax", "MiB per\nsubscriber",
-               "total\nMiB", "MiB/s", "others'\ncores")
-    for column in columns:
-        table.add_column(column, justify="left" if column == "round" else "right")
-    for r in f.rounds:
-        per = mib(r.bytes_min) if r.bytes_min == r.bytes_max else \
-            f"{mib(r.bytes_min)}-{mib(r.bytes_max)}"
-        table.add_row(r.name, f"{r.verified}/{r.subscribers}",
-                      f"{fmt_s(r.push_first_s)}/{fmt_s(r.push_last_s)}",
-                      fmt_s(r.all_received_s), fmt_s(r.all_verified_s), fmt_s(r.verified_p50_s),
-                      fmt_s(r.verified_p99_s), fmt_s(r.verified_max_s), per,
-                      f"{r.total_bytes / MIB:.1f}", f"{r.mib_per_s:.1f}", cores(r.other_cores))
-    rounds = "; ".join(
-        f"{r.name} (v{r.version}): {r.trigger}"
-        + (f", returned after {r.command_s:.2f} s" if r.command_s else "")
-        + f"; artifact {mib(r.artifact_bytes)} MiB; registry sent {r.registry_sent / MIB:.1f} MiB"
-        for r in f.rounds)
-    table.caption = (f"{rounds}. Established TCP connections to the registry: {f.connections}; "
-                     f"registry_sync_nodes_connected: {f.sessions:.0f}")
-    return table
-
-
-def swap_table(s: Swap) -> Table:
-    table = Table(title=f"3. Edge under wrk (c={CONCURRENCY}): steady vs swap to v{s.new} by "
-                        f"registry promote")
-    for column in ("run", "requests", "req/s", "p50 ms", "p99 ms", "mean ms", "errors",
-                   "answered by version", "others' cores"):
-        table.add_column(column, justify="left" if column == "run" else "right")
-    for r in (s.steady, s.swap):
-        versions = ", ".join(f"v{v}: {n:.0f}" for v, n in sorted(r.by_version.items()))
-        table.add_row(r.name, str(r.load.requests), f"{r.load.rps:.1f}", f"{r.load.p50_ms:.2f}",
-                      f"{r.load.p99_ms:.2f}", f"{r.load.mean_ms:.2f}", str(r.load.errors),
-                      versions, cores(r.other_cores))
-    ratio = s.swap.load.p99_ms / s.steady.load.p99_ms if s.steady.load.p99_ms else math.nan
-    p50 = s.swap.load.p50_ms / s.steady.load.p50_ms if s.steady.load.p50_ms else math.nan
-    table.add_row("swap / steady", "", f"{s.swap.load.rps / s.steady.load.rps:.2f}x",
-                  f"{p50:.2f}x", f"{ratio:.2f}x", "", "", "", "")
-    table.caption = (f"setup: publish v{s.new} --canary nobody took {s.canary_publish_s:.1f} s; "
-                     f"promote returned {s.promote_at_s:.2f} s into the "
-                     f"{s.swap.load.seconds:.1f} s run; the edge served v{s.new} "
-                     f"{fmt_s(s.switched_s)} s later, {fmt_s(s.switched_commit_s)} s after the "
-                     f"commit (copy local bytes, install, load, warm, swap); swap inside the "
-                     f"window: {'yes' if s.inside else 'NO'}")
-    return table
-
-
-def goals(rollouts: Sequence[Propagation], f: Fanout, s: Swap) -> list[tuple[str, bool]]:
-    cold, warm = rollouts
-    nodes = [n for p in rollouts for n in p.nodes]
-    pushes = [x for n in nodes for x in (n.push_s, n.push_commit_s) if x is not None]
-    measured = f.rounds[-1]
-    worst_return = max((n.push_s for n in nodes if n.push_s is not None), default=math.nan)
-    worst_commit = max((n.push_commit_s for n in nodes if n.push_commit_s is not None),
-                       default=math.nan)
-    return [
-        (f"push < {GOAL_PUSH_S:.0f} s after publish, from its return (worst "
-         f"{fmt_s(worst_return, 3)} s) and from its commit (worst {fmt_s(worst_commit, 3)} s)",
-         len(pushes) == 2 * len(nodes) and max(pushes) < GOAL_PUSH_S),
-        ("every node serving after each publish (seconds after the commit; cold: "
-         + ", ".join(f"{n.tier} {fmt_s(n.serving_commit_s)}" for n in cold.nodes) + "; warm: "
-         + ", ".join(f"{n.tier} {fmt_s(n.serving_commit_s)}" for n in warm.nodes) + ")",
-         all(n.serving_s is not None for n in nodes)),
-        ("cold: each node received its tier's artifacts once (received/size "
-         + ", ".join(f"{n.tier} {n.received / n.artifact_bytes:.3f}" for n in cold.nodes) + ")",
-         all(1.0 <= n.received / n.artifact_bytes <= 1.01 for n in cold.nodes)),
-        ("warm: 0 bytes downloaded, the tier's artifacts reused from the local store",
-         all(n.received == 0 and n.reused >= n.artifact_bytes for n in warm.nodes)),
-        (f"fan-out: all {f.subscribers} verified within {GOAL_FANOUT_S:.0f} s of the rollback "
-         f"returning ({measured.verified}/{f.subscribers} in "
-         f"{fmt_s(measured.all_verified_s)} s)",
-         measured.verified == f.subscribers and measured.all_verified_s <= GOAL_FANOUT_S),
-        (f"swap: 0 failed requests (steady {s.steady.load.errors}, swap {s.swap.load.errors}) "
-         f"and the edge switched v{s.old} -> v{s.new} inside the wrk window",
-         s.steady.load.errors == 0 and s.swap.load.errors == 0 and s.inside),
-    ]
-
-
-def log_levels(path: Path) -> dict[str, int]:
-    """Lines per level in a JSON log; lines that are not JSON count as ``other``."""
-    levels: dict[str, int] = {}
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            entry = None
-        level = str(entry.get("level")) if isinstance(entry, dict) else "other"
-        levels[level] = levels.get(level, 0) + 1
-    return levels
-
-
-def log_line(logs: dict[str, dict[str, int]]) -> str:
-    counts = []
-    for name, levels in logs.items():
-        other = f" (+{levels['other']} non-JSON)" if "other" in levels else ""
-        counts.append(f"{name} {levels.get('warning', 0)}/{levels.get('error', 0)}{other}")
-    bad = any(levels.get("error", 0) or levels.get("critical", 0) for levels in logs.values())
-    colour = "red" if bad else "cyan"
-    return f"  [{colour}]logs[/]  warnings/errors in the server logs: {', '.join(counts)}"
-
-
-def report(info: dict[str, str], results: Results, show: Shown) -> None:
-    rollouts, f, s = results.rollouts, results.fanout, results.swap
-    show(machine_table(info))
-    show(propagation_table(rollouts))
-    show(fanout_table(f))
-    for error in f.rounds[-1].errors[:5]:
-        show(f"[red]{error}[/]")
-    show(swap_table(s))
-    show("[bold]Summary[/]")
-    for text, ok in goals(rollouts, f, s):
-        show(f"  {verdict(ok)}  {text}")
-    ratio = s.swap.load.p99_ms / s.steady.load.p99_ms if s.steady.load.p99_ms else math.nan
-    show(f"  [cyan]info[/]  edge p99 {s.steady.load.p99_ms:.2f} ms steady vs "
-                  f"{s.swap.load.p99_ms:.2f} ms during the swap ({ratio:.2f}x); req/s "
-                  f"{s.steady.load.rps:.1f} vs {s.swap.load.rps:.1f}")
-    r = f.rounds[-1]
-    show(f"  [cyan]info[/]  fan-out: the registry pushed to the {f.subscribers} "
-                  f"subscribers over {fmt_s(r.push_last_s - r.push_first_s)} s (first to "
-                  f"last push, from its log); {r.mib_per_s:.0f} MiB/s in aggregate")
-    busy = max([p.other_cores for p in rollouts] + [x.other_cores for x in f.rounds]
-               + [s.steady.other_cores, s.swap.other_cores])
-    if busy > BUSY_OTHERS:
-        show(f"  [red]note[/]  other processes used up to {busy:.2f} cores during a "
-                      f"measurement (flagged in red): those figures are skewed")
-    if results.logs:
-        show(log_line(results.logs))
-
-
-def write_json(path: Path, info: dict[str, str], results: Results) -> None:
-    rollouts, f, s = results.rollouts, results.fanout, results.swap
-    data = {"machine": info, "propagation": [asdict(p) for p in rollouts],
-            "fanout": {**asdict(f), "rounds": [{**asdict(r), "mib_per_s": r.mib_per_s}
-                                               for r in f.rounds]},
-            "swap": {**asdict(s), "inside_window": s.inside}, "logs": results.logs,
-            "goals": [{"goal": text, "met": ok} for text, ok in goals(rollouts, f, s)]}
-    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
-
-
-# --- main ------------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def stopping(processes: list[TierProcess | RegistryProcess]) -> Iterator[None]:
-    """Stop (by PID) every process appended to ``processes``, last started first."""
-    try:
-        yield
-    finally:
-        for process in reversed(processes):
-            try:
-                process.stop()
-            except Exception as exc:  # keep stopping the others
-                console.print(f"[red]could not stop {process.name} (pid {process.pid}): "
-                              f"{exc}[/]")
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
-    parser.add_argument("--subscribers", type=int, default=None,
-                        help="simulated subscribers in the fan-out (default 50; 20 with --quick)")
-    parser.add_argument("--duration", type=int, default=10,
-                        help="seconds per measured wrk run (default 10; at most 5 with --quick)")
-    parser.add_argument("--quick", action="store_true",
-                        help="fewer subscribers, shorter wrk runs (under 2 minutes)")
-    parser.add_argument("--release", type=Path, default=RELEASE,
-                        help="release folder to publish (default var/demo/release)")
-    parser.add_argument("--json", type=Path, default=None, metavar="PATH",
-                        help="also write the results as JSON to PATH")
-    parser.add_argument("--markdown", type=Path, default=None, metavar="PATH",
-                        help="also write the tables as a markdown fragment to PATH")
-    args = parser.parse_args(argv)
-    if args.subscribers is None:
-        args.subscribers = 20 if args.quick else 50
-    if args.quick:
-        args.duration = min(args.duration, 5)
-    if args.subscribers < 1 or args.duration < 3:
-        parser.error("--subscribers must be >= 1 and --duration >= 3 seconds")
-    if not (args.release / "tiered.json").is_file():
-        parser.error(f"{args.release} is not a release folder (no tiered.json)")
-    return args
-
-
-def run(args: argparse.Namespace, wrk_path: str, work: Path,
-        processes: list[TierProcess | RegistryProcess]) -> Results:
-    """Parts 1, 3 and 2, in that order; every process started is appended to ``processes``."""
-    texts = review_texts(TEXTS)
-    cli = Cli(work / "registry")
-    registry = start_registry(cli.home, work, TOKEN)
-    processes.append(registry)
-    flags = ("--registry", registry.target, *SYNC_FLAGS)
-    center = start_node("center", work / "center", work, *flags)
-    processes.append(center)
-    edge = start_node("edge", work / "edge", work, *flags, *EDGE_FLAGS, "--center-url",
-                      center.url)
-    processes.append(edge)
-    rollouts = [propagate(kind, cli, registry, [center, edge], version, args.release)
-                for version, kind in ((1, "cold"), (2, "warm"))]
-    center.stop()  # part 3 measures the edge's own swap (see the docstring)
-    plan = Plan(wrk_path, work, write_bodies(texts, work / "bodies.jsonl"), args.duration,
-                1 if args.quick else 2, 0)
-    swapped = swap(plan, cli, edge, registry, args.release)
-    edge.stop()  # part 2: only the simulated subscribers talk to the registry
-    sims = work / "sims"
-    try:
-        fanned = asyncio.run(fanout(cli, registry, args.subscribers, sims, swapped.new))
-    finally:
-        shutil.rmtree(sims, ignore_errors=True)  # N x 17 MiB
-    return Results(rollouts, fanned, swapped)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(argv)
-    wrk_path = ensure_wrk()
-    info = machine_info(args, wrk_path)
-    processes: list[TierProcess | RegistryProcess] = []
-    with tempfile.TemporaryDirectory(prefix="bench-sync-") as tmp:
-        with stopping(processes):
-            results = run(args, wrk_path, Path(tmp), processes)
-        results.logs = {p.name: log_levels(p.log) for p in processes}
-    show = Shown(console)
-    report(info, results, show)
-    if args.markdown is not None:
-        show.write(args.markdown, "Model sync: propagation, fan-out, swap under load")
-    if args.json is not None:
-        write_json(args.json, info, results)
-        console.print(f"results written to {args.json}")
-
-
-if __name__ == "__main__":
-    main()

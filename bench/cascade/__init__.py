@@ -1,0 +1,1 @@
+"""Cascade benchmark (``python -m bench.cascade``): curve, measure, report, __main__."""

@@ -1,0 +1,124 @@
+"""The peer comparison's table, markdown and JSON (``python -m bench.peers``)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rich.table import Table
+
+from bench.harness import (
+    MODEL,
+    TEXTS,
+)
+from bench.kit import BUSY_OTHERS, cores
+from bench.peers.measure import (
+    CHECK_PARALLEL,
+    GOAL_FROM,
+    GOAL_RATIO,
+    WARMUP_CONCURRENCY,
+    Agreement,
+    Outcome,
+    Verdict,
+)
+
+# --- report ----------------------------------------------------------------------------------
+
+def fmt(value: float, digits: int = 1) -> str:
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+
+
+def results_table(outcomes: Sequence[Outcome]) -> Table:
+    table = Table(title="Same load, same model: req/s, latency, errors, memory")
+    columns = ("server", "conc", "req/s", "p50 ms", "p99 ms", "errors", "peak RSS MiB",
+               "server cores", "others' cores")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "server" else "right")
+    for o in outcomes:
+        for r in o.results:
+            others = r.usage.other_cores
+            table.add_row(o.spec.label, str(r.concurrency), fmt(r.load.rps),
+                          fmt(r.load.p50_ms, 2), fmt(r.load.p99_ms, 2), str(r.load.errors),
+                          fmt(r.peak_rss_mib, 0), f"{r.usage.server_cores:.2f}",
+                          cores(others))
+    return table
+
+
+@dataclass(frozen=True)
+class Context:
+    """Everything the report says besides the numbers."""
+
+    date: str
+    machine: str
+    commit: str
+    duration: int
+    warmup: int
+    wrk: str
+    release: str
+    settings: dict[str, str]
+    versions: dict[str, dict[str, str]]
+    venvs: dict[str, str]
+    alone: dict[str, Agreement]  # answers vs the Tiered edge's, one request in flight
+    agreement: dict[str, Agreement]  # CHECK_PARALLEL requests in flight
+
+
+def markdown(context: Context, outcomes: Sequence[Outcome], result: Verdict) -> str:
+    labels = {o.spec.key: o.spec.label for o in outcomes}
+    lines = ["## Tiered edge vs MLServer and KServe", "",
+             f"Measured {context.date} on {context.machine}, git {context.commit}; "
+             f"{context.wrk}, {context.duration} s per run after a {context.warmup} s warm-up "
+             f"at concurrency {WARMUP_CONCURRENCY}, load generator and server on the same "
+             f"machine.", "", "Settings:", ""]
+    lines += [f"- **{labels.get(k, k)}**: {v}" for k, v in context.settings.items()]
+    lines += [f"- Load: {TEXTS} test-split review texts rotated, one per request, the same V2 "
+              f"JSON bodies for every server (BYTES input `text` of shape [1], "
+              f"`\"parameters\": {{\"threshold\": 0}}`, which the peers ignore).",
+              f"- Model: demo release `{MODEL}` {context.release}, INT8 ONNX, onnxruntime CPU "
+              f"with the edge's session options (graph optimizations all, default intra-op "
+              f"threads) in every server."]
+    def agreeing(found: dict[str, Agreement]) -> str:
+        return "; ".join(f"{labels[k]} {a.same_label}/{a.rows} same label, max |Δp| "
+                         f"{a.max_abs_diff:.2g}" for k, a in found.items())
+
+    alone = next(iter(context.alone.values())).rows if context.alone else 0
+    rows = next(iter(context.agreement.values())).rows if context.agreement else 0
+    lines += [f"- Answers vs the Tiered edge's: the first {alone} texts one request at a time "
+              f"(a batch of 1 everywhere): {agreeing(context.alone)}. The first {rows} texts "
+              f"with {CHECK_PARALLEL} requests in flight (batching servers batch them, and "
+              f"dynamic INT8 quantization depends on the batch-mates): "
+              f"{agreeing(context.agreement)}.", "",
+              "| server | concurrency | req/s | p50 ms | p99 ms | errors | peak RSS MiB |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for o in outcomes:
+        for r in o.results:
+            lines.append(f"| {o.spec.label} | {r.concurrency} | {fmt(r.load.rps)} | "
+                         f"{fmt(r.load.p50_ms, 2)} | {fmt(r.load.p99_ms, 2)} | {r.load.errors} "
+                         f"| {fmt(r.peak_rss_mib, 0)} |")
+    busy = max((r.usage.other_cores for o in outcomes for r in o.results), default=0.0)
+    lines += ["", result.line(labels), ""]
+    if busy > BUSY_OTHERS:
+        lines += [f"Other processes used up to {busy:.2f} cores during a run: the machine was "
+                  f"shared and the numbers are skewed.", ""]
+    return "\n".join(lines)
+
+
+def as_json(context: Context, outcomes: Sequence[Outcome], result: Verdict) -> dict[str, Any]:
+    return {
+        "context": {**asdict(context),
+                    **{name: {k: {**asdict(a), "share": a.share} for k, a in found.items()}
+                       for name, found in (("alone", context.alone),
+                                           ("agreement", context.agreement))}},
+        "servers": [{"key": o.spec.key, "label": o.spec.label, "kind": o.spec.kind,
+                     "processes": o.spec.processes,
+                     **({"parallel_workers": o.spec.workers} if o.spec.kind == "mlserver"
+                        else {})} for o in outcomes],
+        "runs": [{"server": r.server, "concurrency": r.concurrency, "rps": r.load.rps,
+                  **asdict(r.load), "peak_rss_mib": r.peak_rss_mib, **asdict(r.usage)}
+                 for o in outcomes for r in o.results],
+        "goal": {"ratio": GOAL_RATIO, "from_concurrency": GOAL_FROM, "met": result.met,
+                 "assessed": result.assessed, "tiered_errors": result.tiered_errors,
+                 "levels": [{**asdict(v), "ratio": v.ratio, "met": v.met}
+                            for v in result.levels]},
+    }

@@ -1,0 +1,1 @@
+"""Model-sync benchmark (``python -m bench.rollout``): measure, report, __main__."""
