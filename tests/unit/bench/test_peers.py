@@ -1,4 +1,4 @@
-"""bench/peers/run.py's process-tree handling on real processes (no peer venvs needed): the
+"""bench/peers/measure.py's process-tree handling on real processes (no peer venvs needed): the
 benchmark must leave nothing running, even a server that ignores SIGTERM and has children."""
 
 from __future__ import annotations
