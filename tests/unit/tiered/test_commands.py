@@ -22,7 +22,8 @@ def test_registry_serve_argv_and_env() -> None:
                     "--metrics-port", "9300", "--host", "0.0.0.0"]
     env = commands.registry_env({"PATH": "/bin"}, SECRET, Path("/tls"))
     assert env == {"PATH": "/bin", "REGISTRY_TOKEN": SECRET,
-                   "REGISTRY_TLS_CERT": "/tls/registry.pem", "REGISTRY_TLS_KEY": "/tls/registry.key"}
+                   "REGISTRY_TLS_CERT": "/tls/registry.pem",
+                   "REGISTRY_TLS_KEY": "/tls/registry.key"}
     assert commands.registry_env({}, SECRET) == {"REGISTRY_TOKEN": SECRET}
 
 
