@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from serving.discovery import SERVICES
+from serving.flags import options
 from tiered import demo as demo_run
 from tiered.commands import BIN, registry_cli
 from tiered.settings import TieredSettings
@@ -48,12 +49,7 @@ def cli() -> None:
 
 
 @cli.command("up")
-@click.option("--http-port", type=int, default=None, help="nginx entry port. [env: "
-              "TIERED_HTTP_PORT; default 8080]")
-@click.option("--consul-port", type=int, default=None, help="Consul HTTP/UI port. [env: "
-              "TIERED_CONSUL_PORT; default 8500]")
-@click.option("--root", type=click.Path(path_type=Path), default=None,
-              help="Stores, logs, nginx files. [env: TIERED_ROOT; default ./var/stack]")
+@options(TieredSettings, ("http_port", "consul_port", "root"))
 @click.option("--timeout", type=float, default=600, show_default=True,
               help="Seconds to wait for every health check.")
 def up_cmd(http_port: int | None, consul_port: int | None, root: Path | None,
