@@ -75,7 +75,7 @@ def option(name: str, field: FieldInfo, prefix: str, flag: str | None = None,
                 f"default: {default}]"}
     decorator = click.option(f"--{(flag or name).replace('_', '-')}", name,
                              **(settings | kwargs))
-    return decorator  # type: ignore[return-value]
+    return decorator
 
 
 def options(settings_cls: type[BaseSettings], fields: Iterable[str] | None = None, *,
