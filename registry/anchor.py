@@ -36,6 +36,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from registry import audit, keys
 from registry.audit import Head, canonical
 from registry.db import now, transaction
+from registry.errors import AnchorError
 from registry.keys import Signer
 from registry.settings import RegistrySettings
 from serving.signing import key_id
@@ -44,10 +45,6 @@ from serving.store import write_durably
 log = logging.getLogger(__name__)
 FILE, LOCK = "audit-head.json", ".audit-head.lock"
 KIND = "tiered-audit-head-v1"  # what the signature covers says what it is: never a manifest
-
-
-class AnchorError(Exception):
-    """The signed head cannot be read, or the database does not hold the chain it signs."""
 
 
 def body(head: Head) -> bytes:

@@ -23,6 +23,7 @@ from registry.errors import AuditChainBroken, RegistryError
 from registry.nodes import NodeBook
 from registry.pull import pull
 from registry.settings import RegistrySettings
+from serving.flags import options as settings_options
 from serving.store import ModelStore, StoreError
 from serving.tokens import NODE_ID, TokenError, node_token, write_secret
 
@@ -61,15 +62,7 @@ def split_ref(ref: str) -> tuple[str, str | None]:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--home", type=click.Path(path_type=Path), default=None,
-              help="Registry folder (database + blobs). "
-                   "[env: REGISTRY_HOME; default ./var/registry]")
-@click.option("--actor", default=None,
-              help="Name recorded in the audit log. [env: REGISTRY_ACTOR; default user@host]")
-@click.option("--signing-key", type=click.Path(path_type=Path), default=None,
-              help="Ed25519 private key (PEM) releases are signed with. "
-                   "[env: REGISTRY_SIGNING_KEY; default <home>/keys/signing.key, created on "
-                   "first use]")
+@settings_options(RegistrySettings, ("home", "actor", "signing_key"))
 @click.pass_context
 def cli(ctx: click.Context, home: Path | None, actor: str | None,
         signing_key: Path | None) -> None:
@@ -87,14 +80,7 @@ def cli(ctx: click.Context, home: Path | None, actor: str | None,
 @click.option("--name", required=True, help="Model name: [a-z0-9][a-z0-9._-]*.")
 @click.option("--canary", default="", help="Comma-separated node ids: roll out to these only "
               "(alias 'canary') until `registry promote`.")
-@click.option("--min-fidelity", type=click.FloatRange(0, 1), default=None,
-              help="Minimum INT8-vs-fp32 top-1 agreement. [env: REGISTRY_MIN_FIDELITY; 0.97]")
-@click.option("--tolerance", type=click.FloatRange(0, 1), default=None,
-              help="Accepted cascade accuracy loss vs center-only. [env: REGISTRY_TOLERANCE; "
-                   "0.005]")
-@click.option("--confidence", type=click.FloatRange(0, 1, max_open=True), default=None,
-              help="Share of bootstrap resamples in which the threshold must hold. "
-                   "[env: REGISTRY_CONFIDENCE; 0.9; 0 = plain rule]")
+@settings_options(RegistrySettings, ("min_fidelity", "tolerance", "confidence"))
 @click.option("--force", is_flag=True, help="Publish even when fidelity is below the floor.")
 @click.option("--skip-existing", is_flag=True,
               help="Do nothing if the latest version was built from identical source files.")
@@ -301,10 +287,9 @@ def audit_cmd(ctx: Context, verify: bool, anchor_head: bool, model: str | None,
         head, problem = anchor.check(db, settings.home / anchor.FILE,
                                      keys.existing_public(settings), settings.signing_key_path)
         if anchor_head and finding is None and head is None and problem is not None:
-            try:  # the only problem is the missing head: sign the chain as it is now
-                head = anchor.for_settings(settings).create(db)
-            except anchor.AnchorError as exc:
-                raise RegistryError(str(exc)) from exc
+            # the only problem is the missing head: sign the chain as it is now (an AnchorError
+            # is a RegistryError: main() prints it and exits 1)
+            head = anchor.for_settings(settings).create(db)
             problem = None
         elif anchor_head and problem is None and finding is None:
             raise RegistryError(f"{settings.home / anchor.FILE} exists or the log is empty: "
@@ -394,24 +379,18 @@ def tls_cmd(folder: Path, hosts: tuple[str, ...]) -> None:
 
 
 @cli.command("serve")
-@click.option("--host", default=None, help="Interface to listen on. [env: REGISTRY_HOST; "
-              "default 127.0.0.1]")
-@click.option("--port", type=click.IntRange(0, 65535), default=None,
-              help="gRPC port (sync + health). [env: REGISTRY_GRPC_PORT; default 50051]")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
-              help="Prometheus /metrics port. [env: REGISTRY_METRICS_PORT; default 9300]")
-@click.option("--tls-cert", type=click.Path(path_type=Path, exists=True), default=None,
-              help="PEM certificate chain (with --tls-key). [env: REGISTRY_TLS_CERT]")
-@click.option("--tls-key", type=click.Path(path_type=Path, exists=True), default=None,
-              help="PEM private key. [env: REGISTRY_TLS_KEY]")
+@settings_options(RegistrySettings, ("host", "grpc_port", "metrics_port", "tls_cert", "tls_key"),
+                  flags={"grpc_port": "port"},
+                  overrides={name: {"type": click.Path(path_type=Path, exists=True)}
+                             for name in ("tls_cert", "tls_key")})
 @pass_ctx
-def serve_cmd(ctx: Context, host: str | None, port: int | None, metrics_port: int | None,
-              tls_cert: Path | None, tls_key: Path | None) -> None:
+def serve_cmd(ctx: Context, host: str | None, grpc_port: int | None,
+              metrics_port: int | None, tls_cert: Path | None, tls_key: Path | None) -> None:
     """Serve model sync over gRPC: push releases to every subscribed edge and center, send
     artifacts (resumable), record acks and quality reports. Needs REGISTRY_TOKEN."""
     from registry.serve import run  # grpc loads here only
 
-    flags = {"host": host, "grpc_port": port, "metrics_port": metrics_port,
+    flags = {"host": host, "grpc_port": grpc_port, "metrics_port": metrics_port,
              "tls_cert": tls_cert, "tls_key": tls_key}
     s = ctx.settings
     current = {name: getattr(s, name) for name in s.model_fields_set}

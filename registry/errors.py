@@ -43,3 +43,10 @@ class SigningKeyError(RegistryError):
     """The signing key is missing, unreadable, not Ed25519, or would be overwritten."""
 
     exit_code = 2
+
+
+class AnchorError(RegistryError):
+    """The audit chain's signed head cannot be read, or the database does not hold the chain
+    it signs (``registry.anchor``)."""
+
+    exit_code = 1

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 from registry.anchor import SignedHead
 from registry.audit import Finding, Record
@@ -58,8 +60,8 @@ def publish_summary(console: Console, result: PublishResult) -> None:
 def _manifest_table(m: Manifest, title: str, edge_fp32_size: int = 0) -> Table:
     c, f = m.calibration, m.fidelity
     table = Table(title=title, show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
+    table.add_column(style="bold", overflow="fold")
+    table.add_column(overflow="fold")
     edge = mib(m.edge.size) + (f" (fp32 {mib(edge_fp32_size)}, "
                                f"{edge_fp32_size / m.edge.size:.1f}x smaller)"
                                if edge_fp32_size else "")
@@ -104,7 +106,7 @@ def version_detail(console: Console, row: VersionRow) -> None:
     if curve:
         table = Table(title="calibration curve (edge confidence < threshold -> center)")
         for col in ("threshold", "escalated", "cascade accuracy"):
-            table.add_column(col, justify="right")
+            table.add_column(col, justify="right", overflow="fold")
         for point in curve[:: max(1, len(curve) // 12)]:
             table.add_row(f"{point.threshold:.4f}", pct(point.escalation_rate),
                           pct(point.cascade_accuracy))
@@ -117,7 +119,7 @@ def models_table(console: Console, models: list[dict[str, Any]]) -> None:
         return
     table = Table(title="models")
     for col in ("name", "versions", "latest", "production", "canary", "created"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for m in models:
         table.add_row(m["name"], str(m["versions"]), str(m["latest"]),
                       str(m["production"] or "-"), str(m["canary"] or "-"), m["created_at"])
@@ -128,7 +130,7 @@ def versions_table(console: Console, name: str, rows: list[VersionRow]) -> None:
     table = Table(title=f"{name} versions")
     for col in ("version", "aliases", "threshold", "escalation", "cascade acc", "fidelity",
                 "published", "publisher"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for r in rows:
         c = r.manifest.calibration
         table.add_row(str(r.version), ", ".join(r.aliases) or "-", f"{c.threshold:.4f}",
@@ -140,7 +142,7 @@ def versions_table(console: Console, name: str, rows: list[VersionRow]) -> None:
 def audit_table(console: Console, rows: list[Record]) -> None:
     table = Table(title="audit log")
     for col in ("seq", "at", "actor", "action", "model", "version", "hash"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(str(r.seq), r.at, escape(r.actor), r.action, r.model or "-",
                       str(r.version or "-"), r.hash[:16])
@@ -169,27 +171,58 @@ def _fidelity(row: dict[str, Any]) -> str:
     return pct(row["fidelity"]) + (f" (v{row['fidelity_version']})" if other else "")
 
 
+STATUS_COLUMNS = ("node", "tier", "region", "version", "desired", "state", "last seen",
+                  "escalation", "p99", "fidelity", "cpu")
+
+
+def fits(renderable: RenderableType, width: int) -> bool:
+    """Whether ``renderable`` fits ``width`` columns without wrapping a cell."""
+    console = Console(width=100_000)  # a measurement is capped at the console's width
+    return Measurement.get(console, console.options, renderable).maximum <= width
+
+
+def _status_cells(r: dict[str, Any]) -> list[str]:
+    online = "" if r["connected"] else " [dim](offline)[/]"
+    state = {"ACTIVE": "green", "FAILED": "red"}.get(r["state"], "yellow")
+    detail = f" {escape(r['reason'])}" if r["reason"] else ""
+    return [escape(r["node"]) + online, r["tier"], escape(r["region"]),
+            str(r["version"] or "-"), str(r["desired"] or "-"),
+            f"[{state}]{r['state']}[/]{detail}", r["last_seen"],
+            pct(r["escalation_rate"]) if r["tier"] == "edge" else "-",
+            "-" if r["p99_ms"] is None else f"{r['p99_ms']:.1f} ms",
+            _fidelity(r), escape(" ".join(r["cpu_features"]) or "-")]
+
+
+def status_view(model: str, rows: list[dict[str, Any]], width: int) -> RenderableType:
+    """The nodes of one model: a table when it fits ``width``, else one block per node;
+    values fold, never cut short."""
+    table = Table(title=f"{model}: nodes")
+    for col in STATUS_COLUMNS:
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(*_status_cells(r))
+    if fits(table, width):
+        return table
+    blocks: list[RenderableType] = [Text(f"{model}: nodes", style="bold italic")]
+    for r in rows:
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column(overflow="fold")
+        for label, cell in zip(STATUS_COLUMNS, _status_cells(r), strict=True):
+            grid.add_row(label, cell)
+        blocks += [Text(""), grid]
+    return Group(*blocks)
+
+
 def status_tables(console: Console, rows: list[dict[str, Any]]) -> None:
-    """``registry status``: one table per model, then the nodes that lag their desired version."""
+    """``registry status``: the nodes of each model (see ``status_view``), then the nodes that
+    lag their desired version."""
     if not rows:
         console.print("no nodes have subscribed yet (edge/center with --registry HOST:PORT)")
         return
     for model in sorted({r["model"] for r in rows}):
-        table = Table(title=f"{model}: nodes")
-        for col in ("node", "tier", "region", "version", "desired", "state", "last seen",
-                    "escalation", "p99", "fidelity", "cpu"):
-            table.add_column(col)
-        for r in (r for r in rows if r["model"] == model):
-            online = "" if r["connected"] else " [dim](offline)[/]"
-            state = {"ACTIVE": "green", "FAILED": "red"}.get(r["state"], "yellow")
-            detail = f" {escape(r['reason'])}" if r["reason"] else ""
-            table.add_row(escape(r["node"]) + online, r["tier"], escape(r["region"]),
-                          str(r["version"] or "-"), str(r["desired"] or "-"),
-                          f"[{state}]{r['state']}[/]{detail}", r["last_seen"],
-                          pct(r["escalation_rate"]) if r["tier"] == "edge" else "-",
-                          "-" if r["p99_ms"] is None else f"{r['p99_ms']:.1f} ms",
-                          _fidelity(r), escape(" ".join(r["cpu_features"]) or "-"))
-        console.print(table)
+        console.print(status_view(model, [r for r in rows if r["model"] == model],
+                                  console.width))
         lagging = [r["node"] for r in rows if r["model"] == model and r["lagging"]]
         console.print(f"{model}: " + (f"[yellow]lagging[/] {', '.join(map(escape, lagging))}"
                                       if lagging else "[green]every node runs its desired "

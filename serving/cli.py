@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import click
@@ -12,27 +11,10 @@ from pydantic import SecretStr, ValidationError
 from pydantic_settings import BaseSettings
 
 from serving.app import create_app
+from serving.flags import option as _option
 from serving.logs import configure
 from serving.process import Process
 from serving.signing import SigningError
-
-SCALARS = {int: int, float: float, str: str, Path: click.Path(path_type=Path)}
-
-
-def _option(name: str, field: Any, prefix: str) -> Callable[[Any], Any]:
-    annotation = field.annotation
-    kind = next((v for k, v in SCALARS.items() if k in getattr(annotation, "__args__", ())
-                 or annotation is k), str)
-    choices = getattr(annotation, "__args__", None)
-    if getattr(annotation, "__origin__", None) is not None and choices and all(
-            isinstance(c, str) for c in choices):
-        kind = click.Choice(choices)
-    alias = getattr(field.validation_alias, "choices", None)
-    env = str(alias[-1]) if alias else f"{prefix}{name.upper()}"
-    default = "computed" if field.default_factory else field.default
-    return click.option(f"--{name.replace('_', '-')}", name, type=kind, default=None,
-                        help=f"{(field.description or '').strip()} [env: {env}; default: "
-                             f"{default}]")
 
 
 def tier_command(name: str, settings_cls: type[BaseSettings],

@@ -21,12 +21,14 @@ import httpx
 from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
+from serving.discovery import SERVICES
+from serving.flags import options
 from tiered import demo as demo_run
-from tiered.processes import BIN
+from tiered.commands import BIN, registry_cli
 from tiered.settings import TieredSettings
 from tiered.stack import Stack, load_state
+from tiered.views import demo_view, registry_database, status_rows, status_view, summary_view
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
@@ -47,12 +49,7 @@ def cli() -> None:
 
 
 @cli.command("up")
-@click.option("--http-port", type=int, default=None, help="nginx entry port. [env: "
-              "TIERED_HTTP_PORT; default 8080]")
-@click.option("--consul-port", type=int, default=None, help="Consul HTTP/UI port. [env: "
-              "TIERED_CONSUL_PORT; default 8500]")
-@click.option("--root", type=click.Path(path_type=Path), default=None,
-              help="Stores, logs, nginx files. [env: TIERED_ROOT; default ./var/stack]")
+@options(TieredSettings, ("http_port", "consul_port", "root"))
 @click.option("--timeout", type=float, default=600, show_default=True,
               help="Seconds to wait for every health check.")
 def up_cmd(http_port: int | None, consul_port: int | None, root: Path | None,
@@ -122,41 +119,36 @@ def ensure_release(s: TieredSettings) -> None:
     from registry.catalog import Catalog
     from registry.db import connect
 
-    catalog = Catalog(connect(s.registry_home / "registry.sqlite3"), "tiered")
+    catalog = Catalog(connect(registry_database(s.registry_home)), "tiered")
     published = any(m["name"] == s.model and m["production"] for m in catalog.models())
     catalog.db.conn.close()
     env = {"PATH": f"{BIN}:/usr/bin:/bin", "REGISTRY_HOME": str(s.registry_home),
            "HOME": str(Path.home())}
     if published:
         # a registry from before signing: the stack's nodes refuse unsigned releases
-        subprocess.run([str(BIN / "registry"), "sign", s.model], check=True, env=env,
+        subprocess.run(registry_cli(s.registry_home, "sign", s.model), check=True, env=env,
                        stdout=subprocess.DEVNULL)
         return
     err.print(f"no {s.model} release in {s.registry_home}: building the demo (first time ~6 "
               f"min) and publishing it")
     subprocess.run([str(BIN / "python"), "-m", "examples.sentiment.build", "--out",
                     str(s.release)], check=True, env=env)
-    subprocess.run([str(BIN / "registry"), "publish", str(s.release), "--name", s.model,
-                    "--skip-existing"], check=True, env=env)
+    subprocess.run(registry_cli(s.registry_home, "publish", str(s.release), "--name", s.model,
+                                "--skip-existing"), check=True, env=env)
 
 
 def summary(stack: Stack, s: TieredSettings, seconds: float) -> None:
-    table = Table(title=f"tiered is up ({seconds:.0f} s): every health check passes",
-                  show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
-    table.add_row("entry (nginx)", f"{stack.url}/v2/models/{s.model}/infer")
-    table.add_row("full precision", f"{stack.url}/center/v2/models/{s.model}/infer")
-    table.add_row("Consul UI", f"http://{stack.consul}/ui")
+    pairs = [("entry (nginx)", f"{stack.url}/v2/models/{s.model}/infer"),
+             ("full precision", f"{stack.url}/center/v2/models/{s.model}/infer"),
+             ("Consul UI", f"http://{stack.consul}/ui")]
     if stack.consul_acl:
-        table.add_row("Consul token", f"{stack.consul_token_file} (management: UI login, "
-                      f"CONSUL_HTTP_TOKEN; keep it private)")
-    table.add_row("registry metrics", f"{stack.url}/registry/metrics")
-    for child in stack.children.values():
-        if child.role in ("edge", "center"):
-            table.add_row(f"{child.name} metrics", f"http://127.0.0.1:{child.port}/metrics")
-    table.add_row("logs", str(stack.root / "logs"))
-    out.print(table)
+        pairs.append(("Consul token", f"{stack.consul_token_file} (management: UI login, "
+                                      f"CONSUL_HTTP_TOKEN; keep it private)"))
+    pairs.append(("registry metrics", f"{stack.url}/registry/metrics"))
+    pairs += [(f"{child.name} metrics", f"http://127.0.0.1:{child.port}/metrics")
+              for child in stack.children.values() if child.role in ("edge", "center")]
+    pairs.append(("logs", str(stack.root / "logs")))
+    out.print(summary_view(seconds, pairs))
     out.print(f"try:  curl -s {stack.url}/v2/models/{s.model}/infer -H 'X-Tiered-Region: eu' "
               f"-d '{{\"inputs\": [{{\"name\": \"text\", \"shape\": [1], \"datatype\": "
               f"\"BYTES\", \"data\": [\"A tedious slog.\"]}}]}}'")
@@ -186,26 +178,9 @@ def demo_cmd(url: str | None, rows: int, concurrency: int, region: str | None,
     if as_json:
         click.echo(json.dumps(data, indent=2))
     else:
-        demo_tables(data)
+        out.print(demo_view(data))
     if outcome.failed:
         raise SystemExit(1)
-
-
-def demo_tables(d: dict[str, Any]) -> None:
-    answered = d["sent"] - d["failed"]
-    table = Table(title=f"{d['sent']} reviews through {d['url']} in {d['seconds']:.1f} s",
-                  show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
-    table.add_row("answered", f"{answered} ({d['failed']} failed {d['errors'] or ''})")
-    table.add_row("accuracy", f"{d['accuracy'] * 100:.2f}%")
-    for tier, n in sorted(d["rows_by_tier"].items()):
-        table.add_row(f"answered by {tier}", f"{n} ({n / max(answered, 1) * 100:.1f}%)")
-    table.add_row("latency", f"p50 {d['p50_ms']:.1f} ms, p99 {d['p99_ms']:.1f} ms "
-                  f"({d['sent'] / max(d['seconds'], 1e-9):.0f} req/s)")
-    for node, n in sorted(d["by_node"].items()):
-        table.add_row(f"edge {node}", str(n))
-    out.print(table)
 
 
 @cli.command("status")
@@ -221,10 +196,10 @@ def status_cmd(as_json: bool) -> None:
     consul = state.get("consul", f"127.0.0.1:{s.consul_port}")
     headers = consul_headers(state)
     home = Path(state.get("registry_home", s.registry_home))
-    catalog = Catalog(connect(home / "registry.sqlite3"), "tiered")
+    catalog = Catalog(connect(registry_database(home)), "tiered")
     rollout = {(r["node"], r["model"]): r for r in NodeBook(catalog.db).status(catalog)}
-    rows = []
-    for service in ("tiered-registry", "tiered-center", "tiered-edge"):
+    health: dict[str, list[dict[str, Any]]] = {}
+    for service in (SERVICES["registry"], SERVICES["center"], SERVICES["edge"]):
         try:
             answer = httpx.get(f"http://{consul}/v1/health/service/{service}",
                                headers=headers, timeout=3)
@@ -233,34 +208,12 @@ def status_cmd(as_json: bool) -> None:
         if answer.status_code != 200:
             raise click.ClickException(f"Consul at {consul} refused the health query "
                                        f"({answer.status_code}: {answer.text[:200]})")
-        entries = answer.json()
-        for entry in entries:
-            sid = entry["Service"]["ID"]
-            checks = [c["Status"] for c in entry["Checks"] if c.get("ServiceID")]
-            sync = rollout.get((sid, s.model), {})
-            rows.append({"service": service, "node": sid, "address":
-                         f"{entry['Service']['Address']}:{entry['Service']['Port']}",
-                         "region": entry["Service"].get("Meta", {}).get("region", "-"),
-                         "health": "passing" if checks and all(c == "passing" for c in checks)
-                         else ",".join(checks) or "-",
-                         "version": sync.get("version"), "desired": sync.get("desired"),
-                         "state": sync.get("state"), "escalation_rate":
-                         sync.get("escalation_rate"), "p99_ms": sync.get("p99_ms")})
+        health[service] = answer.json()
+    rows = status_rows(health, rollout, s.model)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    table = Table(title=f"Tiered services in Consul ({consul}) and their rollout")
-    for col in ("service", "node", "address", "region", "health", "version", "desired",
-                "sync", "escalation", "p99"):
-        table.add_column(col)
-    for r in rows:
-        colour = "green" if r["health"] == "passing" else "red"
-        table.add_row(r["service"], r["node"], r["address"], r["region"],
-                      f"[{colour}]{r['health']}[/]", str(r["version"] or "-"),
-                      str(r["desired"] or "-"), r["state"] or "-",
-                      "-" if r["escalation_rate"] is None else f"{r['escalation_rate']:.1%}",
-                      "-" if r["p99_ms"] is None else f"{r['p99_ms']:.1f} ms")
-    out.print(table)
+    out.print(status_view(rows, consul, out.width))
 
 
 def consul_headers(state: dict[str, Any]) -> dict[str, str]:

@@ -8,7 +8,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,9 +17,10 @@ from typing import TypeVar
 import grpc
 import httpx
 
-from serving.tokens import node_token
+from tiered.commands import BIN, registry_argv, registry_env, tier_argv, tier_env
 
-BIN = Path(sys.executable).parent
+__all__ = ["BIN", "Process", "RegistryProcess", "TierProcess", "free_port", "start_registry",
+           "start_tier"]
 
 
 _GIVEN: set[int] = set()  # ports handed out by this process: never the same one twice
@@ -112,10 +112,8 @@ def start_registry(home: Path, log_dir: Path, token: str, *flags: str, port: int
     log = log_dir / f"registry-{port}.log"
     with log.open("ab") as out:
         process = subprocess.Popen(
-            [str(BIN / "registry"), "--home", str(home), "serve", "--port", str(port),
-             "--metrics-port", str(metrics_port), *flags],
-            stdout=out, stderr=subprocess.STDOUT,
-            env={"PATH": str(BIN), **(env or {}), "REGISTRY_TOKEN": token})
+            registry_argv(home, port, metrics_port, *flags), stdout=out,
+            stderr=subprocess.STDOUT, env=registry_env({"PATH": str(BIN), **(env or {})}, token))
     server = RegistryProcess("registry", port, process, log, metrics_port)
     channel = (grpc.secure_channel(server.target, grpc.ssl_channel_credentials(ca.read_bytes()))
                if ca else grpc.insecure_channel(server.target))
@@ -160,13 +158,10 @@ def start_tier(tier: str, store: Path, log_dir: Path, *flags: str, timeout: floa
     node_id = node_id or f"{tier}-{port}"
     log = log_dir / f"{tier}-{port}.log"
     if registry_secret is not None:
-        env = {**(env if env is not None else os.environ),
-               "REGISTRY_TOKEN": node_token(registry_secret, node_id)}
+        env = tier_env(env if env is not None else os.environ, tier, node_id, registry_secret)
     with log.open("wb") as out:
-        process = subprocess.Popen(
-            [str(BIN / tier), "--host", "127.0.0.1", "--port", str(port), "--store", str(store),
-             "--node-id", node_id, *flags],
-            stdout=out, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(tier_argv(tier, port, store, node_id, *flags), stdout=out,
+                                   stderr=subprocess.STDOUT, env=env)
     server = TierProcess(tier, port, process, log, "https" if ca is not None else "http", node_id)
     verify = ssl.create_default_context(cafile=str(ca)) if ca is not None else True
 

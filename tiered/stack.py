@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -21,8 +20,16 @@ import httpx
 
 from registry import pki
 from serving.discovery import SERVICES
-from serving.tokens import node_token, write_secret
-from tiered.processes import BIN, Process, free_port
+from serving.tokens import write_secret
+from tiered.commands import (
+    BIN,
+    nginx_argv,
+    registry_argv,
+    registry_env,
+    tier_argv,
+    tier_env,
+)
+from tiered.processes import Process, free_port
 
 Echo = Callable[[str, str], None]  # (child name, output line)
 CONSUL_CONFIG = Path(__file__).resolve().parent.parent / "consul" / "dev.hcl"
@@ -90,12 +97,9 @@ class Stack:
         env = {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/bin", "CONSUL_HTTP_ADDR": self.consul,
                "REGISTRY_HOME": str(self.registry_home)}
         if role == "registry":
-            env |= {"REGISTRY_TOKEN": self.token,
-                    "REGISTRY_TLS_CERT": str(self.tls / "registry.pem"),
-                    "REGISTRY_TLS_KEY": str(self.tls / "registry.key")}
+            env = registry_env(env, self.token, self.tls)
         elif role in ("center", "edge"):
-            env |= {"REGISTRY_TOKEN": node_token(self.token, name),
-                    f"{role.upper()}_REGISTRY_CA": str(self.tls / "ca.pem")}
+            env = tier_env(env, role, name, self.token, self.tls / "ca.pem")
         consul = self.consul_token or self.consul_tokens.get(CHILD_CONSUL_ROLE.get(role, ""))
         return env | ({"CONSUL_HTTP_TOKEN": consul} if consul else {})
 
@@ -209,8 +213,7 @@ class Stack:
 
     def start_registry(self) -> Child:
         port = free_port()
-        argv = [str(BIN / "registry"), "--home", str(self.registry_home), "serve", "--port",
-                str(port), "--metrics-port", str(free_port())]
+        argv = registry_argv(self.registry_home, port, free_port())
         return self.spawn("registry", argv, port, "registry")
 
     def start_center(self, name: str) -> Child:
@@ -223,15 +226,12 @@ class Stack:
         port = free_port()
         if self.release_key is None:
             self.release_key = registry_public_key(self.registry_home)
-        argv = [str(BIN / tier), "--release-key", str(self.release_key),
-                "--host", "127.0.0.1", "--port", str(port), "--store",
-                str(self.root / "stores" / name), "--node-id", name, "--region", region,
-                "--sync-backoff-max-s", "2", *self.tier_flags]
+        argv = tier_argv(tier, port, self.root / "stores" / name, name, "--sync-backoff-max-s",
+                         "2", *self.tier_flags, release_key=self.release_key, region=region)
         return self.spawn(name, argv, port, tier)
 
     def start_nginx(self) -> Child:
-        argv = [sys.executable, "-m", "nginx.render", "--prefix", str(self.root / "nginx"),
-                "--listen", f"127.0.0.1:{self.http_port}", "--run-nginx", *self.nginx_flags]
+        argv = nginx_argv(self.root / "nginx", f"127.0.0.1:{self.http_port}", *self.nginx_flags)
         return self.spawn("nginx", argv, self.http_port, "nginx")
 
     # -- supervision -------------------------------------------------------------------

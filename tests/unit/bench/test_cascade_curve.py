@@ -1,4 +1,4 @@
-"""The cascade report's curve arithmetic (bench/cascade/curve.py), on rows whose outcome is known."""
+"""The cascade report's curve arithmetic (bench/cascade/curve.py), on rows with known outcomes."""
 
 from __future__ import annotations
 

@@ -1,0 +1,114 @@
+"""What ``tiered`` prints, as pure functions of data (and the terminal's width): no Consul,
+registry or console here, so every view is unit-tested. A value is never cut short with
+``…``: long cells fold onto the next line, and ``tiered status`` switches to one block per
+node when its table does not fit the width."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from registry.render import fits
+from registry.settings import RegistrySettings
+
+STATUS_COLUMNS = ("service", "node", "address", "region", "health", "version", "desired",
+                  "sync", "escalation", "p99")
+
+
+def registry_database(home: Path) -> Path:
+    """The registry database of ``home``, named where the registry names it (its settings);
+    built without reading REGISTRY_* variables, which are the registry's, not ours."""
+    return RegistrySettings.model_construct(home=home).database
+
+
+def status_rows(health: Mapping[str, Sequence[Mapping[str, Any]]],
+                rollout: Mapping[tuple[str, str], Mapping[str, Any]],
+                model: str) -> list[dict[str, Any]]:
+    """One row per service instance: Consul's ``/v1/health/service/<name>`` answers (by
+    service name) joined with ``registry status`` rows (by node id and model)."""
+    rows = []
+    for service, entries in health.items():
+        for entry in entries:
+            sid = entry["Service"]["ID"]
+            checks = [c["Status"] for c in entry["Checks"] if c.get("ServiceID")]
+            sync = rollout.get((sid, model), {})
+            rows.append({"service": service, "node": sid, "address":
+                         f"{entry['Service']['Address']}:{entry['Service']['Port']}",
+                         "region": (entry["Service"].get("Meta") or {}).get("region", "-"),
+                         "health": "passing" if checks and all(c == "passing" for c in checks)
+                         else ",".join(checks) or "-",
+                         "version": sync.get("version"), "desired": sync.get("desired"),
+                         "state": sync.get("state"), "escalation_rate":
+                         sync.get("escalation_rate"), "p99_ms": sync.get("p99_ms")})
+    return rows
+
+
+def _cells(r: Mapping[str, Any]) -> list[Text]:
+    colour = "green" if r["health"] == "passing" else "red"
+    values = [r["service"], r["node"], r["address"], r["region"], r["health"],
+              str(r["version"] or "-"), str(r["desired"] or "-"), r["state"] or "-",
+              "-" if r["escalation_rate"] is None else f"{r['escalation_rate']:.1%}",
+              "-" if r["p99_ms"] is None else f"{r['p99_ms']:.1f} ms"]
+    return [Text(str(v), style=colour if i == 4 else "") for i, v in enumerate(values)]
+
+
+def status_view(rows: Sequence[Mapping[str, Any]], consul: str,
+                width: int) -> RenderableType:
+    """``tiered status``: a table when it fits ``width``, else one block per node (every
+    value in full either way)."""
+    title = f"Tiered services in Consul ({consul}) and their rollout"
+    table = Table(title=title)
+    for col in STATUS_COLUMNS:
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        table.add_row(*_cells(r))
+    if fits(table, width):
+        return table
+    blocks: list[RenderableType] = [Text(title, style="bold italic")]
+    if not rows:
+        blocks.append(Text("no Tiered service is registered"))
+    for r in rows:
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold", no_wrap=True)
+        grid.add_column(overflow="fold")
+        cells = _cells(r)
+        node = cells.pop(1)
+        node.stylize("bold")
+        grid.add_row("node", node)
+        for label, cell in zip((c for c in STATUS_COLUMNS if c != "node"), cells, strict=True):
+            grid.add_row(label, cell)
+        blocks += [Text(""), grid]
+    return Group(*blocks)
+
+
+def pairs_view(title: str, pairs: Sequence[tuple[str, str]]) -> Table:
+    """A two-column key/value table; long values (URLs, paths) fold, never cut."""
+    table = Table(title=title, show_header=False)
+    table.add_column(style="bold", overflow="fold")
+    table.add_column(overflow="fold")
+    for key, value in pairs:
+        table.add_row(Text(key), Text(value))
+    return table
+
+
+def summary_view(seconds: float, pairs: Sequence[tuple[str, str]]) -> Table:
+    """``tiered up``'s summary once every health check passes."""
+    return pairs_view(f"tiered is up ({seconds:.0f} s): every health check passes", pairs)
+
+
+def demo_view(d: Mapping[str, Any]) -> Table:
+    """``tiered demo``'s result (the same data ``--json`` prints)."""
+    answered = d["sent"] - d["failed"]
+    pairs = [("answered", f"{answered} ({d['failed']} failed {d['errors'] or ''})"),
+             ("accuracy", f"{d['accuracy'] * 100:.2f}%")]
+    pairs += [(f"answered by {tier}", f"{n} ({n / max(answered, 1) * 100:.1f}%)")
+              for tier, n in sorted(d["rows_by_tier"].items())]
+    pairs.append(("latency", f"p50 {d['p50_ms']:.1f} ms, p99 {d['p99_ms']:.1f} ms "
+                             f"({d['sent'] / max(d['seconds'], 1e-9):.0f} req/s)"))
+    pairs += [(f"edge {node}", str(n)) for node, n in sorted(d["by_node"].items())]
+    return pairs_view(f"{d['sent']} reviews through {d['url']} in {d['seconds']:.1f} s", pairs)
