@@ -188,17 +188,20 @@ def test_a_replayed_older_release_is_refused_across_restarts(home: Home,
     rogue = RogueRegistry(home.captured, {})
     server = rogue_on(port, rogue)
     try:
-        wait_for(lambda: bool(rogue.reasons("victim")), 60, "the edge's answer to the replay")
-        (reason,) = rogue.reasons("victim")
-        assert reason.startswith("refused:") and "older than seq" in reason
+        def refusals() -> list[str]:  # a refusal is its own ack state, never retried
+            return rogue.reasons("victim", pb.REFUSED)
+
+        wait_for(lambda: bool(refusals()), 60, "the edge's answer to the replay")
+        (reason,) = refusals()
+        assert "older than seq" in reason and rogue.reasons("victim") == []
         assert served(edge) == 2 and not (home.root / "victim" / "tiny" / "1").exists()
         answer = httpx.post(f"{edge.url}/v2/models/tiny/infer", timeout=10, content=json.dumps(
             {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["ok"]}]}))
         assert answer.status_code == 200 and answer.json()["model_version"] == "2"
         edge.stop()  # a restarted node keeps its floor (<store>/.directives.json)
         home.edge = edge = home.start_edge("victim", port)
-        wait_for(lambda: len(rogue.reasons("victim")) == 2, 60, "the answer after a restart")
-        assert "older than seq" in rogue.reasons("victim")[1] and served(edge) == 2
+        wait_for(lambda: len(refusals()) == 2, 60, "the answer after a restart")
+        assert "older than seq" in refusals()[1] and served(edge) == 2
     finally:
         server.stop(None)
 
