@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import re
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +24,7 @@ import pytest
 
 from serving.tokens import node_token
 from tests.conftest import RegistryCli
-from tiered.processes import free_port
+from tiered.processes import BIN, free_port
 from tiered.stack import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -62,6 +64,30 @@ def wait_for(condition: Any, timeout: float, what: str) -> float:
             return time.monotonic() - started
         time.sleep(0.1)
     raise AssertionError(f"no {what} within {timeout}s")
+
+
+def test_tiered_status_in_an_80_column_terminal_shows_every_node_in_full(stack: Stack) -> None:
+    env = {**os.environ, "COLUMNS": "80", "TIERED_ROOT": str(stack.root), "TIERED_MODEL": "tiny"}
+
+    def status(*flags: str) -> subprocess.CompletedProcess[str]:
+        shown = subprocess.run([str(BIN / "tiered"), "status", *flags], env=env,
+                               capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        return shown
+
+    def synced() -> bool:
+        rows = json.loads(status("--json").stdout)
+        return {r["node"] for r in rows if r["state"] == "ACTIVE"} >= {
+            "center-1", "center-2", "edge-eu-1", "edge-us-1"}
+
+    wait_for(synced, 60, "every node ACTIVE in tiered status --json")
+    shown = status()
+    lines = shown.stdout.splitlines()
+    assert "…" not in shown.stdout and max(len(line) for line in lines) <= 80, shown.stdout
+    text = " ".join(shown.stdout.split())
+    for node in (_registry_id(stack), "center-1", "center-2", "edge-eu-1", "edge-us-1"):
+        assert node in text, (node, shown.stdout)
+    assert text.count("ACTIVE") >= 4 and text.count("passing") >= 5, shown.stdout
 
 
 def test_every_service_is_passing_in_consul_with_its_tags(stack: Stack) -> None:
