@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -193,25 +194,39 @@ def _status_cells(r: dict[str, Any]) -> list[str]:
             _fidelity(r), escape(" ".join(r["cpu_features"]) or "-")]
 
 
-def status_view(model: str, rows: list[dict[str, Any]], width: int) -> RenderableType:
-    """The nodes of one model: a table when it fits ``width``, else one block per node;
-    values fold, never cut short."""
-    table = Table(title=f"{model}: nodes")
-    for col in STATUS_COLUMNS:
+def table_or_blocks(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]],
+                    width: int, lead: int = 0, empty: str = "") -> RenderableType:
+    """A table when it fits ``width`` columns, else one block per row (``label  value``
+    lines, column ``lead`` first and bold); values fold, never cut short with an ellipsis."""
+    table = Table(title=title)
+    for col in columns:
         table.add_column(col, overflow="fold")
-    for r in rows:
-        table.add_row(*_status_cells(r))
+    for cells in rows:
+        table.add_row(*cells)
     if fits(table, width):
         return table
-    blocks: list[RenderableType] = [Text(f"{model}: nodes", style="bold italic")]
-    for r in rows:
+    blocks: list[RenderableType] = [Text(title, style="bold italic")]
+    if not rows and empty:
+        blocks.append(Text(empty))
+    order = [lead, *(i for i in range(len(columns)) if i != lead)]
+    for cells in rows:
         grid = Table.grid(padding=(0, 2))
         grid.add_column(style="bold", no_wrap=True)
         grid.add_column(overflow="fold")
-        for label, cell in zip(STATUS_COLUMNS, _status_cells(r), strict=True):
-            grid.add_row(label, cell)
+        for i in order:
+            cell = cells[i]
+            if i == lead:
+                cell = Text.from_markup(cell) if isinstance(cell, str) else cell.copy()
+                cell.stylize("bold")
+            grid.add_row(columns[i], cell)
         blocks += [Text(""), grid]
     return Group(*blocks)
+
+
+def status_view(model: str, rows: list[dict[str, Any]], width: int) -> RenderableType:
+    """The nodes of one model (see ``table_or_blocks``)."""
+    return table_or_blocks(f"{model}: nodes", STATUS_COLUMNS,
+                           [_status_cells(r) for r in rows], width)
 
 
 def status_tables(console: Console, rows: list[dict[str, Any]]) -> None:

@@ -9,11 +9,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rich.console import Group, RenderableType
+from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from registry.render import fits
+from registry.render import table_or_blocks
 from registry.settings import RegistrySettings
 
 STATUS_COLUMNS = ("service", "node", "address", "region", "health", "version", "desired",
@@ -59,31 +59,12 @@ def _cells(r: Mapping[str, Any]) -> list[Text]:
 
 def status_view(rows: Sequence[Mapping[str, Any]], consul: str,
                 width: int) -> RenderableType:
-    """``tiered status``: a table when it fits ``width``, else one block per node (every
-    value in full either way)."""
-    title = f"Tiered services in Consul ({consul}) and their rollout"
-    table = Table(title=title)
-    for col in STATUS_COLUMNS:
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        table.add_row(*_cells(r))
-    if fits(table, width):
-        return table
-    blocks: list[RenderableType] = [Text(title, style="bold italic")]
-    if not rows:
-        blocks.append(Text("no Tiered service is registered"))
-    for r in rows:
-        grid = Table.grid(padding=(0, 2))
-        grid.add_column(style="bold", no_wrap=True)
-        grid.add_column(overflow="fold")
-        cells = _cells(r)
-        node = cells.pop(1)
-        node.stylize("bold")
-        grid.add_row("node", node)
-        for label, cell in zip((c for c in STATUS_COLUMNS if c != "node"), cells, strict=True):
-            grid.add_row(label, cell)
-        blocks += [Text(""), grid]
-    return Group(*blocks)
+    """``tiered status``: a table when it fits ``width``, else one block per node, node first
+    (every value in full either way)."""
+    return table_or_blocks(f"Tiered services in Consul ({consul}) and their rollout",
+                           STATUS_COLUMNS, [_cells(r) for r in rows], width,
+                           lead=STATUS_COLUMNS.index("node"),
+                           empty="no Tiered service is registered")
 
 
 def pairs_view(title: str, pairs: Sequence[tuple[str, str]]) -> Table:
