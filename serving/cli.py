@@ -7,11 +7,11 @@ from typing import Any
 
 import click
 import uvicorn
-from pydantic import SecretStr, ValidationError
+from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
 from serving.app import create_app
-from serving.flags import option as _option
+from serving.flags import options
 from serving.logs import configure
 from serving.process import Process
 from serving.signing import SigningError
@@ -21,7 +21,6 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
                  wire: Callable[[Any], Process]) -> click.Command:
     """The tier's command: settings from flags and environment, then ``wire`` builds the
     process (service, data plane, node) that the HTTP app serves under uvicorn."""
-    prefix = str(settings_cls.model_config.get("env_prefix", ""))
 
     def run(**flags: Any) -> None:
         overrides = {key: value for key, value in flags.items() if value is not None}
@@ -45,8 +44,4 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
     command = click.Command(name, callback=run, help=f"Run the {name} tier (Open Inference "
                             f"Protocol V2 over HTTP).",
                             context_settings={"help_option_names": ["-h", "--help"]})
-    for field_name, field in settings_cls.model_fields.items():
-        if SecretStr in getattr(field.annotation, "__args__", (field.annotation,)):
-            continue  # secrets come from the environment or a *_file setting, never argv
-        command = _option(field_name, field, prefix)(command)
-    return command
+    return options(settings_cls)(command)
