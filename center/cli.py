@@ -14,7 +14,7 @@ from sync.subscriber import subscribe
 def wire(settings: CenterSettings) -> Process:
     service = CenterService(settings)
     node = Node(settings, service.repository, service.watches())
-    subscribe(node, settings, service.repository, service.metrics)
+    subscribe(node, service.metrics)
     return Process(DataPlane(service), node)
 
 

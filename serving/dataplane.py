@@ -67,6 +67,7 @@ class DataPlane:
         self.service = service
         self.repository = service.repository
         self.metrics = service.metrics
+        self._watch: asyncio.Task[None] | None = None  # the store watcher, from start to stop
 
     async def start(self) -> None:
         """Serve what the store holds (edge autonomy: before any registry is reached)."""
@@ -75,10 +76,9 @@ class DataPlane:
 
     async def stop(self) -> None:
         """After the transports stopped taking requests: drain the batchers, release the tier."""
-        watch = getattr(self, "_watch", None)
-        if watch is not None:
-            watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
         await self.service.stop()
         await self.repository.stop()
 

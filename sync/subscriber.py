@@ -334,10 +334,9 @@ def _report_message(report: dict[str, object]) -> pb.QualityReport:
     return message
 
 
-def subscribe(node: Node, settings: ServingSettings, repository: Repository,
-              metrics: Metrics) -> None:
-    """Hand ``node`` a subscriber when it has a registry to follow: the one its settings name,
-    or those Consul lists."""
-    if settings.registry or node.discovers:
-        node.add(Subscriber(settings, repository, metrics.quality, metrics.registry,
+def subscribe(node: Node, metrics: Metrics) -> None:
+    """Hand ``node`` a subscriber for its repository when it has a registry to follow: the one
+    its settings name, or those Consul lists."""
+    if node.settings.registry or node.discovers:
+        node.add(Subscriber(node.settings, node.repository, metrics.quality, metrics.registry,
                             metrics.prefix, node.registry_target))
