@@ -18,6 +18,10 @@ class CenterSettings(ServingSettings):
     port: int = Field(default=8100, ge=0, le=65535)
     """HTTP port of the V2 API (the escalation API) and /metrics."""
 
+    grpc_port: int = Field(default=8101, ge=0, le=65535)
+    """gRPC port of the V2 API (``inference.GRPCInferenceService``, health, reflection);
+    0 = no gRPC."""
+
     store: Path = Path("./var/center")
     """Model store folder holding the TorchScript artifacts (registry pull --tier center)."""
 

@@ -17,6 +17,10 @@ class EdgeSettings(ServingSettings):
     port: int = Field(default=8200, ge=0, le=65535)
     """HTTP port of the V2 API and /metrics."""
 
+    grpc_port: int = Field(default=8201, ge=0, le=65535)
+    """gRPC port of the V2 API (``inference.GRPCInferenceService``, health, reflection);
+    0 = no gRPC."""
+
     store: Path = Path("./var/edge")
     """Model store folder holding the INT8 ONNX artifacts (registry pull --tier edge)."""
 

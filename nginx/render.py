@@ -42,7 +42,8 @@ class Fleet:
     registries: list[Instance] = field(default_factory=list)
 
 
-def _servers(instances: list[Instance], backup: list[Instance] | None = None) -> list[str]:
+def _servers(instances: list[Instance], backup: list[Instance] | None = None,
+             grpc: bool = False) -> list[str]:
     """Passing ``instances`` first, then ``backup`` and, as a last resort, the instances Consul
     lists as failing: one that just came back may not be passing yet in this config (a reload
     takes a moment; workers on keep-alive connections still use the old one), and a refused
@@ -51,11 +52,14 @@ def _servers(instances: list[Instance], backup: list[Instance] | None = None) ->
     it dead stayed shut out for ``fail_timeout``, and when the other edge died then, every
     request got a 502 (the chaos replay found both). (Failing instances stay here: they pass
     the same checks as passing ones, and only a token holder of the role registers them.)"""
-    live = [i for i in instances if i.passing]
-    spare = [i for i in backup or [] if i.passing]
-    spare += [i for i in [*instances, *(backup or [])] if not i.passing]
-    lines = [f"server {_target(i.address, i.port)} max_fails=0;" for i in live] or [NOWHERE]
-    lines += [f"server {_target(i.address, i.port)} max_fails=0 backup;" for i in spare]
+    def port(i: Instance) -> int | None:
+        return i.grpc_port if grpc else i.port
+
+    live = [i for i in instances if i.passing and port(i)]
+    spare = [i for i in backup or [] if i.passing and port(i)]
+    spare += [i for i in [*instances, *(backup or [])] if not i.passing and port(i)]
+    lines = [f"server {_target(i.address, port(i))} max_fails=0;" for i in live] or [NOWHERE]
+    lines += [f"server {_target(i.address, port(i))} max_fails=0 backup;" for i in spare]
     return lines
 
 
@@ -74,7 +78,7 @@ def _renderable(instances: list[Instance]) -> list[Instance]:
         try:
             _target(i.address, i.port)
             discovery.checked_region(i.region)
-            _ = i.metrics_port  # checked when present
+            _ = i.metrics_port, i.grpc_port  # checked when present
         except discovery.InvalidInstance as exc:
             skipped.warning("not rendering %r: %s", str(i.service_id)[:80], exc)
             continue
@@ -93,17 +97,20 @@ def upstreams(fleet: Fleet) -> str:
     edges, centers = _renderable(fleet.edges), _renderable(fleet.centers)
     registries = _renderable(fleet.registries)
     regions = sorted({discovery.checked_region(i.region) for i in edges})
-    parts = ["# written by nginx/render.py from Consul; rewritten on every change\n",
-             _upstream("tiered_edges", _servers(edges))]
-    pools = []
-    for region in regions:
-        local = [i for i in edges if i.region == region]
-        others = [i for i in edges if i not in local]
-        name = f"tiered_edges_{region.replace('-', '_')}"  # [a-z0-9_]: no two regions collide
-        parts.append(_upstream(name, _servers(local, others)))
-        pools.append(f'    "{region}" {name};')
-    parts.append("map $http_x_tiered_region $tiered_edge_pool {\n    default tiered_edges;\n"
-                 + "".join(f"{p}\n" for p in pools) + "}\n")
+    parts = ["# written by nginx/render.py from Consul; rewritten on every change\n"]
+    for suffix, grpc in (("", False), ("_grpc", True)):  # HTTP, and gRPC (meta grpc_port)
+        parts.append(_upstream(f"tiered_edges{suffix}", _servers(edges, grpc=grpc)))
+        pools = []
+        for region in regions:
+            local = [i for i in edges if i.region == region]
+            others = [i for i in edges if i not in local]
+            # [a-z0-9_]: no two regions collide
+            name = f"tiered_edges{suffix}_{region.replace('-', '_')}"
+            parts.append(_upstream(name, _servers(local, others, grpc=grpc)))
+            pools.append(f'    "{region}" {name};')
+        parts.append(f"map $http_x_tiered_region $tiered_edge{suffix}_pool {{\n"
+                     f"    default tiered_edges{suffix};\n"
+                     + "".join(f"{p}\n" for p in pools) + "}\n")
     parts.append(_upstream("tiered_centers", _servers(centers)))
     metrics = [f"server {_target(i.address, i.metrics_port)};" for i in registries
                if i.metrics_port and i.passing]
@@ -111,15 +118,35 @@ def upstreams(fleet: Fleet) -> str:
     return "\n".join(parts)
 
 
+GRPC_SERVER = """
+    # gRPC V2 (HTTP/2) to the edges' gRPC ports, same pools and X-Tiered-Region hint as /v2/
+    server {
+        listen @GRPC_LISTEN@ http2;
+        location / {
+            limit_req zone=per_client burst=@BURST@ nodelay;
+            grpc_next_upstream error timeout non_idempotent;
+            grpc_next_upstream_tries 0;  # each server at most once
+            grpc_next_upstream_timeout 15s;
+            grpc_read_timeout 30s;
+            grpc_send_timeout 30s;
+            grpc_set_header X-Request-ID $tiered_request_id;
+            grpc_pass grpc://$tiered_edge_grpc_pool;
+        }
+    }
+"""
+
+
 def config(prefix: Path, listen: str, rate: int, burst: int, max_body: str,
-           temp: Path | None = None) -> str:
+           temp: Path | None = None, grpc_listen: str | None = None) -> str:
     text = TEMPLATE.read_text()
     temp = temp or prefix / "tmp"
     user = ""
     if os.geteuid() == 0:  # workers drop to nobody; say so, temp_dir gives them their folder
         nobody = pwd.getpwnam("nobody")
         user = f"user nobody {grp.getgrgid(nobody.pw_gid).gr_name};\n"
-    for key, value in {"@PREFIX@": str(prefix.resolve()), "@TEMP@": str(temp.resolve()),
+    grpc = GRPC_SERVER.replace("@GRPC_LISTEN@", grpc_listen) if grpc_listen else ""
+    for key, value in {"@GRPC_SERVER@": grpc,
+                       "@PREFIX@": str(prefix.resolve()), "@TEMP@": str(temp.resolve()),
                        "@USER@": user,
                        "@LISTEN@": listen,
                        "@RATE@": str(rate), "@BURST@": str(burst), "@MAX_BODY@": max_body}.items():
@@ -234,6 +261,9 @@ async def _exit_with(child: subprocess.Popen[bytes], stopping: asyncio.Event) ->
               help="Folder for nginx.conf, upstreams.conf, the pid file, logs and temp files.")
 @click.option("--listen", default="127.0.0.1:8080", show_default=True,
               help="Address nginx listens on (TIERED_HTTP_PORT in `tiered up`).")
+@click.option("--grpc-listen", default=None,
+              help="Address nginx takes gRPC V2 (HTTP/2) on, routed to the edges' gRPC ports "
+                   "(TIERED_GRPC_PORT in `tiered up`); unset = no gRPC listener.")
 @click.option("--consul", "consul_addr", envvar="CONSUL_HTTP_ADDR", default=None,
               help="Consul agent host:port. [env: CONSUL_HTTP_ADDR]")
 @click.option("--consul-token-file", type=click.Path(path_type=Path, dir_okay=False),
@@ -246,8 +276,9 @@ async def _exit_with(child: subprocess.Popen[bytes], stopping: asyncio.Event) ->
 @click.option("--rate", default=500, show_default=True, help="Requests per second per client.")
 @click.option("--burst", default=1000, show_default=True, help="Burst above --rate per client.")
 @click.option("--max-body", default="1m", show_default=True, help="client_max_body_size.")
-def main(prefix: Path, listen: str, consul_addr: str | None, consul_token_file: Path | None,
-         nginx_bin: str | None, run_nginx: bool, rate: int, burst: int, max_body: str) -> None:
+def main(prefix: Path, listen: str, grpc_listen: str | None, consul_addr: str | None,
+         consul_token_file: Path | None, nginx_bin: str | None, run_nginx: bool, rate: int,
+         burst: int, max_body: str) -> None:
     """Render nginx's config from the template and keep its upstreams in step with Consul."""
     configure("nginx-render", "INFO", None, 10 * 1024 * 1024, 3)
     nginx = nginx_bin or shutil.which("nginx") or "/usr/sbin/nginx"
@@ -255,7 +286,8 @@ def main(prefix: Path, listen: str, consul_addr: str | None, consul_token_file: 
         (prefix / sub).mkdir(parents=True, exist_ok=True)
     temp = temp_dir(prefix)
     renderer = Renderer(prefix, nginx, run_nginx)
-    write_atomically(renderer.conf, config(prefix, listen, rate, burst, max_body, temp))
+    write_atomically(renderer.conf, config(prefix, listen, rate, burst, max_body, temp,
+                                                  grpc_listen))
     write_atomically(prefix / "upstreams.conf", upstreams(renderer.fleet))
     if run_nginx:
         renderer.start_nginx()

@@ -33,12 +33,12 @@ from registry.settings import RegistrySettings
 from serving import probe
 from serving.manifest import is_valid_name
 from serving.tokens import NODE_ID, Verifier
+from serving.wire import Malformed, ParseInterceptor
 from sync import auth, directive
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 from sync.limits import Refusals
 from sync.metrics import SyncMetrics
-from sync.wire import Malformed, ParseInterceptor
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -123,9 +123,13 @@ def model_ready(request: Request[Any, Any, Any], model: FromPath[str],
           openapi.INFER_RESPONSE, (400, 404, 413, 503), request=openapi.INFER_REQUEST))
 async def infer(request: Request[Any, Any, Any], model: FromPath[str],
                 version: FromPath[str | None] = None) -> Response[Any]:
-    body = v2.JsonRequest(await request.body())
+    body = v2.HttpRequest(await request.body(), request.headers.get(v2.HEADER_LENGTH))
     result = await _plane(request).infer(model, version, body)
-    return Response(content=v2.encode_response(result), media_type=MediaType.JSON)
+    content, header_length = v2.encode_http(result, body.parsed)
+    if header_length is None:
+        return Response(content=content, media_type=MediaType.JSON)
+    return Response(content=content, media_type="application/octet-stream",
+                    headers={v2.HEADER_LENGTH: str(header_length)})
 
 
 @get("/metrics", sync_to_thread=False,

@@ -59,9 +59,9 @@ def response(resident: Resident, parsed: v2.Parsed, probabilities: np.ndarray,
         "label": v2.ResponseOutput("label", [n], "BYTES",
                                    [names[i] for i in probabilities.argmax(1)]),
         "probabilities": v2.ResponseOutput("probabilities", [n, labels], "FP32",
-                                           probabilities.astype(float).ravel().tolist()),
+                                           probabilities.astype(np.float32).ravel()),
         "confidence": v2.ResponseOutput("confidence", [n], "FP32",
-                                        probabilities.max(1).astype(float).tolist()),
+                                        probabilities.max(1).astype(np.float32)),
         "tier": v2.ResponseOutput("tier", [n], "BYTES", tiers),
     }
     wanted = parsed.outputs if parsed.outputs is not None else list(OUTPUTS)

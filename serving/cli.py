@@ -14,13 +14,15 @@ from serving.app import create_app
 from serving.flags import options
 from serving.logs import configure
 from serving.process import Process
+from serving.rpc import GrpcTransport
 from serving.signing import SigningError
 
 
 def tier_command(name: str, settings_cls: type[BaseSettings],
                  wire: Callable[[Any], Process]) -> click.Command:
     """The tier's command: settings from flags and environment, then ``wire`` builds the
-    process (service, data plane, node) that the HTTP app serves under uvicorn."""
+    process (service, data plane, node) that the HTTP app serves under uvicorn, with the gRPC
+    transport on ``grpc_port`` beside it."""
 
     def run(**flags: Any) -> None:
         overrides = {key: value for key, value in flags.items() if value is not None}
@@ -34,6 +36,8 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
             process = wire(settings)
         except SigningError as exc:
             raise click.UsageError(str(exc)) from exc
+        if s.grpc_port:
+            process.transports.append(GrpcTransport(process.plane, s))
         app = create_app(process.plane, process)
         # uvicorn owns SIGINT/SIGTERM: it stops accepting, drains in-flight requests (up to the
         # grace period), then runs the lifespan shutdown that drains the batchers.
@@ -42,6 +46,6 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
                     ssl_certfile=s.tls_cert, ssl_keyfile=s.tls_key)
 
     command = click.Command(name, callback=run, help=f"Run the {name} tier (Open Inference "
-                            f"Protocol V2 over HTTP).",
+                            f"Protocol V2 over HTTP and gRPC).",
                             context_settings={"help_option_names": ["-h", "--help"]})
     return options(settings_cls)(command)

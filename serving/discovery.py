@@ -78,7 +78,15 @@ class Instance:
     @property
     def metrics_port(self) -> int | None:
         """Meta ``metrics_port`` (decimal digits; "" = none), checked like a port."""
-        value = self.meta.get("metrics_port")
+        return self._meta_port("metrics_port")
+
+    @property
+    def grpc_port(self) -> int | None:
+        """Meta ``grpc_port``: the node's gRPC V2 port (none = no gRPC), checked like a port."""
+        return self._meta_port("grpc_port")
+
+    def _meta_port(self, key: str) -> int | None:
+        value = self.meta.get(key)
         if not value:
             return None
         digits = value.isascii() and value.isdigit() and len(value) <= 5
@@ -169,6 +177,7 @@ class Registration:
     check: dict[str, Any]
     tags: list[str]
     meta: Callable[[], dict[str, str]]
+    extra_checks: list[dict[str, Any]] = field(default_factory=list)  # e.g. the gRPC health
     _published: dict[str, str] | None = None
 
     async def run(self) -> None:
@@ -187,7 +196,7 @@ class Registration:
             return
         await self.consul.agent.service.register(
             self.name, service_id=self.service_id, address=self.address, port=self.port,
-            tags=self.tags, meta=meta, check=self.check)
+            tags=self.tags, meta=meta, check=self.check, extra_checks=self.extra_checks or None)
         if self._published is None:
             log.info("consul: registered %s as %s at %s:%s", self.service_id, self.name,
                      self.address, self.port)
@@ -285,7 +294,7 @@ def instance(node: Any) -> Instance:
                          tuple(_checked(TAG, "tag", t) for t in tags), checked_meta,
                          all(c.get("Status") == "passing" for c in checks))
         checked_region(found.region)
-        _ = found.metrics_port  # checked if present
+        _ = found.metrics_port, found.grpc_port  # checked if present
     except InvalidInstance:
         raise
     except (KeyError, TypeError, AttributeError) as exc:

@@ -70,18 +70,22 @@ class Node:
     def _register(self) -> None:
         s, tier = self.settings, self.repository.tier
         assert self.consul is not None
+        tls = s.tls_cert is not None
+        grpc = ([discovery.grpc_check(discovery.host_port(s.advertised, s.grpc_port), tls=tls)]
+                if s.grpc_port else [])
         self.registration = discovery.Registration(
             self.consul, discovery.SERVICES[tier], s.node_id, s.advertised, s.port,
             discovery.http_check(f"{s.scheme}://{s.advertised}:{s.port}/v2/health/ready",
-                                 tls=s.tls_cert is not None),
-            tags=[tier, f"region-{s.region}"], meta=self._meta)
+                                 tls=tls),
+            tags=[tier, f"region-{s.region}"], meta=self._meta, extra_checks=grpc)
         self._spawn(self.registration.run())
 
     def _meta(self) -> dict[str, str]:
         repository = self.repository
         versions = ",".join(f"{m}={repository.default_version(m)}" for m in repository.models())
+        grpc = {"grpc_port": str(self.settings.grpc_port)} if self.settings.grpc_port else {}
         return {"tier": repository.tier, "region": self.settings.region,
-                "node_id": self.settings.node_id, "versions": versions or "-"}
+                "node_id": self.settings.node_id, "versions": versions or "-", **grpc}
 
     def _registries(self, instances: list[discovery.Instance]) -> None:
         self.registries = instances

@@ -61,6 +61,10 @@ class ServingSettings(ConsulSettings):
     port: int = Field(default=8000, ge=0, le=65535)
     """HTTP port of the V2 API and /metrics (0 = any free port)."""
 
+    grpc_port: int = Field(default=0, ge=0, le=65535)
+    """gRPC port of the V2 API (``inference.GRPCInferenceService``, gRPC health, reflection);
+    0 = no gRPC."""
+
     store: Path = Path("./var/model-store")
     """Model store folder (<store>/<model>/<version>/, CURRENT), filled by registry pull."""
 

@@ -49,21 +49,22 @@ def cli() -> None:
 
 
 @cli.command("up")
-@options(TieredSettings, ("http_port", "consul_port", "root"))
+@options(TieredSettings, ("http_port", "grpc_port", "consul_port", "root"))
 @click.option("--timeout", type=float, default=600, show_default=True,
               help="Seconds to wait for every health check.")
-def up_cmd(http_port: int | None, consul_port: int | None, root: Path | None,
-           timeout: float) -> None:
+def up_cmd(http_port: int | None, grpc_port: int | None, consul_port: int | None,
+           root: Path | None, timeout: float) -> None:
     """Install what is missing, publish the demo if the registry has no release, start Consul
     (dev), registry serve, a center, two edges (eu, us) and nginx; wait until all are healthy;
     restart a registry, center or edge that dies; Ctrl-C stops everything."""
-    s = settings_from(http_port=http_port, consul_port=consul_port, root=root)
+    s = settings_from(http_port=http_port, grpc_port=grpc_port, consul_port=consul_port,
+                      root=root)
     started = time.monotonic()
     ensure_tools()
     ensure_release(s)
     token = s.registry_token.get_secret_value() if s.registry_token else secrets.token_hex(16)
     stack = Stack(s.root.resolve(), s.registry_home.resolve(), token, s.http_port,
-                  s.consul_port, echo=Printer())
+                  s.consul_port, grpc_port=s.grpc_port, echo=Printer())
     stopping = stack.cancelled  # Ctrl-C while starting cancels the wait, later it stops
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
@@ -139,8 +140,11 @@ def ensure_release(s: TieredSettings) -> None:
 
 def summary(stack: Stack, s: TieredSettings, seconds: float) -> None:
     pairs = [("entry (nginx)", f"{stack.url}/v2/models/{s.model}/infer"),
-             ("full precision", f"{stack.url}/center/v2/models/{s.model}/infer"),
-             ("Consul UI", f"http://{stack.consul}/ui")]
+             ("full precision", f"{stack.url}/center/v2/models/{s.model}/infer")]
+    if stack.grpc_port:
+        pairs.append(("gRPC entry (nginx)", f"127.0.0.1:{stack.grpc_port} "
+                                            f"(inference.GRPCInferenceService)"))
+    pairs.append(("Consul UI", f"http://{stack.consul}/ui"))
     if stack.consul_acl:
         pairs.append(("Consul token", f"{stack.consul_token_file} (management: UI login, "
                                       f"CONSUL_HTTP_TOKEN; keep it private)"))

@@ -39,11 +39,12 @@ def registry_env(base: Mapping[str, str], secret: str,
 
 
 def tier_argv(tier: str, port: int, store: Path, node_id: str, *flags: str,
-              release_key: Path | None = None, region: str | None = None) -> list[str]:
-    """``center``/``edge`` on 127.0.0.1:``port`` serving ``store`` as ``node_id``; ``flags``
-    last (they win over what is set here)."""
-    argv = [str(BIN / tier), "--host", LOOPBACK, "--port", str(port), "--store", str(store),
-            "--node-id", node_id]
+              release_key: Path | None = None, region: str | None = None,
+              grpc_port: int = 0) -> list[str]:
+    """``center``/``edge`` on 127.0.0.1:``port`` (and gRPC on ``grpc_port``; 0: none) serving
+    ``store`` as ``node_id``; ``flags`` last (they win over what is set here)."""
+    argv = [str(BIN / tier), "--host", LOOPBACK, "--port", str(port), "--grpc-port",
+            str(grpc_port), "--store", str(store), "--node-id", node_id]
     if release_key is not None:
         argv += ["--release-key", str(release_key)]
     if region is not None:
@@ -64,7 +65,10 @@ def tier_env(base: Mapping[str, str], tier: str, node_id: str, secret: str | Non
     return env
 
 
-def nginx_argv(prefix: Path, listen: str, *flags: str) -> list[str]:
-    """The Consul-fed nginx renderer, running nginx under ``prefix`` on ``listen``."""
+def nginx_argv(prefix: Path, listen: str, *flags: str,
+               grpc_listen: str | None = None) -> list[str]:
+    """The Consul-fed nginx renderer, running nginx under ``prefix`` on ``listen`` (and gRPC
+    on ``grpc_listen``)."""
+    grpc = ["--grpc-listen", grpc_listen] if grpc_listen else []
     return [sys.executable, "-m", "nginx.render", "--prefix", str(prefix), "--listen", listen,
-            "--run-nginx", *flags]
+            *grpc, "--run-nginx", *flags]

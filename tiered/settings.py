@@ -18,6 +18,9 @@ class TieredSettings(BaseSettings):
     http_port: int = Field(default=8080, ge=1, le=65535)
     """nginx entry port: clients send V2 requests here."""
 
+    grpc_port: int = Field(default=8081, ge=0, le=65535)
+    """nginx's gRPC entry port: clients send V2 gRPC calls here (0 = none)."""
+
     consul_port: int = Field(default=8500, ge=1, le=65535)
     """HTTP port of the Consul dev agent (its UI is at /ui)."""
 

@@ -58,6 +58,7 @@ class Stack:
     token: str
     http_port: int = 8080
     consul_port: int = 8500
+    grpc_port: int = 0  # nginx's gRPC entry (0: none; the tiers' gRPC ports are free ports)
     regions: tuple[str, ...] = ("eu", "us")
     centers: int = 1
     tier_flags: tuple[str, ...] = ()
@@ -227,11 +228,14 @@ class Stack:
         if self.release_key is None:
             self.release_key = registry_public_key(self.registry_home)
         argv = tier_argv(tier, port, self.root / "stores" / name, name, "--sync-backoff-max-s",
-                         "2", *self.tier_flags, release_key=self.release_key, region=region)
+                         "2", *self.tier_flags, release_key=self.release_key, region=region,
+                         grpc_port=free_port())
         return self.spawn(name, argv, port, tier)
 
     def start_nginx(self) -> Child:
-        argv = nginx_argv(self.root / "nginx", f"127.0.0.1:{self.http_port}", *self.nginx_flags)
+        grpc = f"127.0.0.1:{self.grpc_port}" if self.grpc_port else None
+        argv = nginx_argv(self.root / "nginx", f"127.0.0.1:{self.http_port}", *self.nginx_flags,
+                          grpc_listen=grpc)
         return self.spawn("nginx", argv, self.http_port, "nginx")
 
     # -- supervision -------------------------------------------------------------------

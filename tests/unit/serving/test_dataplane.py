@@ -98,7 +98,7 @@ def sample(tier: Tier, name: str, **labels: str) -> float:
 
 def test_infer_parses_within_the_model_limits_and_counts_the_success() -> None:
     p, tier = plane()
-    answer = asyncio.run(p.infer("sentiment", None, v2.JsonRequest(BODY)))
+    answer = asyncio.run(p.infer("sentiment", None, v2.HttpRequest(BODY)))
     assert answer.id == "r1" and [list(r) for r in tier.parsed[0].token_rows or []] == [[5, 6]]
     assert sample(tier, "test_request_success_total", model="sentiment", version="1") == 1
     assert sample(tier, "test_request_duration_seconds_count", model="sentiment",
@@ -110,7 +110,7 @@ def test_a_failure_is_raised_and_counted_by_its_reason(body: bytes,
                                                        error: type[Exception]) -> None:
     p, tier = plane(fail=Overloaded("queue full"))
     with pytest.raises(error):
-        asyncio.run(p.infer("sentiment", "1", v2.JsonRequest(body)))
+        asyncio.run(p.infer("sentiment", "1", v2.HttpRequest(body)))
     assert sample(tier, "test_request_failure_total", model="sentiment", version="1",
                   reason=error.__name__) == 1
     assert sample(tier, "test_request_success_total", model="sentiment", version="1") == 0
@@ -161,6 +161,6 @@ def test_start_serves_the_store_and_stop_drains_the_repository() -> None:
 
 def test_rows_are_numpy_int64() -> None:
     p, tier = plane()
-    asyncio.run(p.infer("sentiment", None, v2.JsonRequest(BODY)))
+    asyncio.run(p.infer("sentiment", None, v2.HttpRequest(BODY)))
     (row,) = tier.parsed[0].token_rows or []
     assert row.dtype == np.int64

@@ -1,4 +1,5 @@
-"""Messages that do not parse: the sync service answers them ``INVALID_ARGUMENT``.
+"""Messages that do not parse: the sync service and the V2 gRPC transport answer them
+``INVALID_ARGUMENT``.
 
 gRPC deserializes a request before the servicer sees it; a ``DecodeError`` there reaches the
 client as ``UNKNOWN`` with the Python exception in its details. ``ParseInterceptor`` gives

@@ -1,0 +1,293 @@
+"""The gRPC transport both tiers serve: the Open Inference Protocol's ``GRPCInferenceService``
+(``serving/grpc_predict_v2.proto``) over the same data plane as REST, with gRPC health and
+reflection, on ``grpc_port``.
+
+Like ``serving/app.py`` it only decodes and encodes: a ``ModelInferRequest`` becomes a
+:class:`GrpcRequest` (typed ``contents`` or ``raw_input_contents``, checked by ``v2.validate``
+like every REST body), the answer goes back as ``raw_output_contents`` (what Triton answers and
+every V2 gRPC client reads). Serving errors map to status codes: 400 -> INVALID_ARGUMENT, 404 ->
+NOT_FOUND, 413 and messages over ``max_body_bytes`` -> RESOURCE_EXHAUSTED, 503 -> UNAVAILABLE
+(back-pressure adds ``retry-after`` and a ``google.rpc.RetryInfo`` detail).
+
+The stubs declare the package ``inference``, as tritonclient's and KServe's do: a process can
+load only one of them (protobuf refuses a second definition of ``inference.*``), so this module
+runs in the tier processes, never inside a client or the test runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf import duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from serving import v2
+from serving.dataplane import DataPlane
+from serving.errors import (
+    BadRequest,
+    ModelNotFound,
+    NotReady,
+    Overloaded,
+    PayloadTooLarge,
+    ServingError,
+)
+from serving.gen import grpc_predict_v2_pb2 as pb
+from serving.gen import grpc_predict_v2_pb2_grpc as pb_grpc
+from serving.logs import request_id
+from serving.settings import ServingSettings
+from serving.wire import Malformed, ParseInterceptor
+
+log = logging.getLogger("serving.grpc")
+SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
+REQUEST_ID = "x-request-id"
+GRACE_S = 10.0  # in-flight calls finish within this on stop, like uvicorn's graceful shutdown
+CODES = {BadRequest: grpc.StatusCode.INVALID_ARGUMENT, ModelNotFound: grpc.StatusCode.NOT_FOUND,
+         PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
+         NotReady: grpc.StatusCode.UNAVAILABLE, Overloaded: grpc.StatusCode.UNAVAILABLE}
+CONTENTS = {"BYTES": "bytes_contents", "INT64": "int64_contents"}  # the inputs' datatypes
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcRequest:
+    """A ``ModelInferRequest`` as a ``dataplane.Request``."""
+
+    message: pb.ModelInferRequest
+
+    @property
+    def size(self) -> int:
+        return int(self.message.ByteSize())
+
+    def parse(self, limits: v2.Limits) -> v2.Parsed:
+        m = self.message
+        raw = m.raw_input_contents
+        if raw and len(raw) != len(m.inputs):
+            raise BadRequest(f"raw_input_contents has {len(raw)} entries for {len(m.inputs)} "
+                             f"inputs: give one per input, in input order, or none")
+        tensors = []
+        for i, tensor in enumerate(m.inputs):
+            shape = list(tensor.shape)
+            if raw:
+                if tensor.HasField("contents"):
+                    raise BadRequest(f"input {tensor.name!r} has contents as well as "
+                                     f"raw_input_contents")
+                tensors.append(v2.Tensor(tensor.name, shape, tensor.datatype, raw=raw[i]))
+                continue
+            field = CONTENTS.get(tensor.datatype)
+            values = getattr(tensor.contents, field) if field else ()
+            tensors.append(v2.Tensor(tensor.name, shape, tensor.datatype, values=values))
+        outputs = [o.name for o in m.outputs] or None
+        return v2.validate(m.id or None, parameters(m.parameters), tensors, outputs, limits)
+
+
+def parameters(message: Mapping[str, pb.InferParameter]) -> dict[str, Any]:
+    """``InferParameter``s as the Python values a JSON request's parameters would hold."""
+    out: dict[str, Any] = {}
+    for key, parameter in message.items():
+        choice = parameter.WhichOneof("parameter_choice")
+        out[key] = getattr(parameter, choice) if choice else None
+    return out
+
+
+def _parameter(value: Any) -> pb.InferParameter:
+    if isinstance(value, bool):
+        return pb.InferParameter(bool_param=value)
+    if isinstance(value, int):
+        return pb.InferParameter(int64_param=value)
+    if isinstance(value, float):
+        return pb.InferParameter(double_param=value)
+    return pb.InferParameter(string_param=str(value))
+
+
+def infer_response(result: v2.InferResponse) -> pb.ModelInferResponse:
+    """The answer with every output in ``raw_output_contents``."""
+    response = pb.ModelInferResponse(model_name=result.model_name,
+                                     model_version=result.model_version, id=result.id or "")
+    for key, value in result.parameters.items():
+        response.parameters[key].CopyFrom(_parameter(value))
+    for output in result.outputs:
+        response.outputs.add(name=output.name, datatype=output.datatype, shape=output.shape)
+        response.raw_output_contents.append(v2.raw_bytes(output))
+    return response
+
+
+def _status(exc: ServingError) -> grpc.StatusCode:
+    return next((code for kind, code in CODES.items() if isinstance(exc, kind)),
+                grpc.StatusCode.INTERNAL)
+
+
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: ServingError) -> None:
+    code = _status(exc)
+    retry = exc.headers.get("Retry-After")
+    if retry is not None:  # back-pressure: say when to come back, both ways clients read it
+        detail = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(
+            seconds=int(retry)))
+        status = status_pb2.Status(code=code_pb2.UNAVAILABLE, message=str(exc))
+        status.details.add().Pack(detail)
+        context.set_trailing_metadata((("retry-after", retry),
+                                       ("grpc-status-details-bin", status.SerializeToString())))
+    await context.abort(code, str(exc))
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+
+    async def ServerLive(self, request: pb.ServerLiveRequest,
+                         context: grpc.aio.ServicerContext[Any, Any]) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest,
+                          context: grpc.aio.ServicerContext[Any, Any]) -> pb.ServerReadyResponse:
+        try:
+            self.plane.ready()
+        except NotReady:
+            return pb.ServerReadyResponse(ready=False)
+        return pb.ServerReadyResponse(ready=True)
+
+    async def ModelReady(self, request: pb.ModelReadyRequest,
+                         context: grpc.aio.ServicerContext[Any, Any]) -> pb.ModelReadyResponse:
+        async with _call(context, "ModelReady", request):
+            self.plane.model_ready(request.name, request.version or None)
+            return pb.ModelReadyResponse(ready=True)
+        raise AssertionError("unreachable")  # _call aborts
+
+    async def ServerMetadata(
+            self, request: pb.ServerMetadataRequest,
+            context: grpc.aio.ServicerContext[Any, Any]) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(**self.plane.server_metadata())
+
+    async def ModelMetadata(
+            self, request: pb.ModelMetadataRequest,
+            context: grpc.aio.ServicerContext[Any, Any]) -> pb.ModelMetadataResponse:
+        async with _call(context, "ModelMetadata", request):
+            m = self.plane.model_metadata(request.name, request.version or None)
+            tensor = pb.ModelMetadataResponse.TensorMetadata
+            return pb.ModelMetadataResponse(
+                name=m["name"], versions=m["versions"], platform=m["platform"],
+                inputs=[tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+                        for t in m["inputs"]],
+                outputs=[tensor(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+                         for t in m["outputs"]])
+        raise AssertionError("unreachable")
+
+    async def ModelInfer(self, request: pb.ModelInferRequest,
+                         context: grpc.aio.ServicerContext[Any, Any]) -> pb.ModelInferResponse:
+        async with _call(context, "ModelInfer", request):
+            result = await self.plane.infer(request.model_name, request.model_version or None,
+                                            GrpcRequest(request))
+            return infer_response(result)
+        raise AssertionError("unreachable")
+
+
+@contextlib.asynccontextmanager
+async def _call(context: grpc.aio.ServicerContext[Any, Any], method: str,
+                request: object) -> AsyncIterator[None]:
+    """The request id (``x-request-id`` metadata, else a new one) in logs and trailing metadata,
+    a message that did not parse as INVALID_ARGUMENT, a serving error as its status code, an
+    unexpected one as INTERNAL, an access log line."""
+    metadata = dict(context.invocation_metadata() or ())
+    given = metadata.get(REQUEST_ID, "")
+    rid = (given if isinstance(given, str) else "")[:128] or uuid.uuid4().hex
+    token = request_id.set(rid)
+    started, code = time.perf_counter(), grpc.StatusCode.OK
+    context.set_trailing_metadata(((REQUEST_ID, rid),))
+    try:
+        if isinstance(request, Malformed):
+            raise BadRequest(request.details)
+        yield
+    except ServingError as exc:
+        code = _status(exc)
+        await _abort(context, exc)
+    except grpc.aio.AbortError:
+        raise
+    except Exception as exc:
+        code = grpc.StatusCode.INTERNAL
+        log.error("unhandled error", exc_info=exc)
+        await context.abort(code, "internal error; see the server log for the request id")
+    finally:
+        log.info("grpc %s %s", method, code.name, extra={"fields": {
+            "status": code.name, "ms": round((time.perf_counter() - started) * 1000, 2)}})
+        request_id.reset(token)
+
+
+class ReadinessHealth(health.aio.HealthServicer):
+    """gRPC health whose status follows the data plane's readiness (what Consul's gRPC check
+    and load balancers ask): SERVING once a model is loaded, NOT_SERVING before and while
+    stopping, for the server ("") and the inference service alike."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        super().__init__()
+        self.plane = plane
+
+    async def refresh(self) -> None:
+        try:
+            self.plane.ready()
+            status = health_pb2.HealthCheckResponse.SERVING
+        except NotReady:
+            status = health_pb2.HealthCheckResponse.NOT_SERVING
+        for service in ("", SERVICE):
+            await self.set(service, status)
+
+    async def Check(self, request: health_pb2.HealthCheckRequest,
+                    context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await self.refresh()
+        return await super().Check(request, context)
+
+
+class GrpcTransport:
+    """The gRPC server: started after the data plane, stopped before it drains."""
+
+    def __init__(self, plane: DataPlane, settings: ServingSettings) -> None:
+        self.plane, self.settings = plane, settings
+        self.health = ReadinessHealth(plane)
+        self.server: grpc.aio.Server | None = None
+        self._refresh: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        s = self.settings
+        limit = s.max_body_bytes
+        server = grpc.aio.server(interceptors=[ParseInterceptor(f"/{SERVICE}/")], options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", 4 * limit),
+            ("grpc.max_concurrent_streams", 1024)])
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.plane), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (SERVICE, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME), server)
+        address = f"{s.host}:{s.grpc_port}"
+        if s.tls_cert is not None and s.tls_key is not None:
+            credentials = grpc.ssl_server_credentials(
+                [(s.tls_key.read_bytes(), s.tls_cert.read_bytes())])
+            server.add_secure_port(address, credentials)
+        else:
+            server.add_insecure_port(address)
+        await server.start()
+        self.server = server
+        await self.health.refresh()
+        self._refresh = asyncio.create_task(self._follow())
+        log.info("gRPC V2 (%s) on %s", SERVICE, address)
+
+    async def _follow(self) -> None:
+        """Keep health Watch streams current (Check refreshes by itself)."""
+        while True:
+            await asyncio.sleep(1.0)
+            await self.health.refresh()
+
+    async def stop(self) -> None:
+        if self._refresh is not None:
+            self._refresh.cancel()
+            await asyncio.gather(self._refresh, return_exceptions=True)
+        if self.server is not None:
+            await self.health.enter_graceful_shutdown()
+            await self.server.stop(GRACE_S)

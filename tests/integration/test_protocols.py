@@ -1,0 +1,321 @@
+"""Every V2 client unchanged: tritonclient.http with its defaults (binary tensors both ways),
+tritonclient.grpc (raw contents), typed gRPC contents as KServe's client sends them, against
+real edge and center processes; answers equal the JSON path's.
+
+This process loads tritonclient's gRPC stubs (package ``inference``); the tiers load their own
+in their processes (protobuf allows one definition of ``inference.*`` per process).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+from tritonclient.utils import InferenceServerException
+
+from tests.conftest import RegistryCli
+from tests.servers import Server, start
+from tiered.processes import free_port
+
+pytestmark = pytest.mark.integration
+TEXTS = ["a great film", "awful", "meh", "wonderful acting and a touching story",
+         "the plot makes no sense", "fine"]
+OUTPUTS = ("label", "probabilities", "confidence", "tier")
+
+
+@dataclass
+class Tier:
+    server: Server
+    grpc_port: int
+
+    @property
+    def http(self) -> str:
+        return self.server.url.removeprefix("http://")
+
+    @property
+    def grpc(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+
+@dataclass
+class Pair:
+    center: Tier
+    edge: Tier
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Iterator[Pair]:
+    root = tmp_path_factory.mktemp("protocols")
+    cli = RegistryCli(root / "registry")
+    cli("publish", tiny_release, "--name", "tiny")
+    for tier in ("center", "edge"):
+        cli("pull", "tiny", "--tier", tier, "--store", root / tier)
+    ports = free_port(), free_port()
+    center = start("center", root / "center", root, "--grpc-port", str(ports[0]))
+    edge = start("edge", root / "edge", root, "--center-url", center.url, "--grpc-port",
+                 str(ports[1]), "--cache-size", "0")
+    yield Pair(Tier(center, ports[0]), Tier(edge, ports[1]))
+    edge.stop()
+    center.stop()
+
+
+def json_answer(tier: Tier, texts: list[str], **parameters: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"inputs": [{"name": "text", "shape": [len(texts)],
+                                        "datatype": "BYTES", "data": texts}]}
+    if parameters:
+        body["parameters"] = parameters
+    response = httpx.post(f"{tier.server.url}/v2/models/tiny/infer", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    answer: dict[str, Any] = response.json()
+    return answer
+
+
+def same_as_json(expected: dict[str, Any], got: dict[str, np.ndarray]) -> None:
+    """The binary/gRPC answer holds the JSON answer's values (float32 exactly)."""
+    by_name = {o["name"]: o for o in expected["outputs"]}
+    for name in OUTPUTS:
+        values = got[name]
+        if by_name[name]["datatype"] == "BYTES":
+            assert [v.decode() for v in values.ravel()] == by_name[name]["data"], name
+        else:
+            want = np.asarray(by_name[name]["data"], dtype=np.float32)
+            assert values.dtype == np.float32 and values.shape == tuple(by_name[name]["shape"])
+            assert np.array_equal(values.ravel(), want), name
+
+
+@pytest.mark.parametrize("tier_name", ["edge", "center"])
+def test_tritonclient_http_defaults_binary_both_ways(pair: Pair, tier_name: str) -> None:
+    tier: Tier = getattr(pair, tier_name)
+    client = triton_http.InferenceServerClient(tier.http)
+    text = triton_http.InferInput("text", [len(TEXTS)], "BYTES")
+    text.set_data_from_numpy(np.array([t.encode() for t in TEXTS], dtype=object))  # binary
+    result = client.infer("tiny", [text], request_id="bin-1")  # no outputs: all, as binary
+    response = result.get_response()
+    assert response["id"] == "bin-1"
+    assert all("data" not in o and o["parameters"]["binary_data_size"] > 0
+               for o in response["outputs"])
+    same_as_json(json_answer(tier, TEXTS), {n: result.as_numpy(n) for n in OUTPUTS})
+    # mixed: one output binary, one JSON, in one answer
+    mixed = client.infer("tiny", [text], outputs=[
+        triton_http.InferRequestedOutput("label", binary_data=True),
+        triton_http.InferRequestedOutput("confidence", binary_data=False)])
+    kinds = {o["name"]: "data" in o for o in mixed.get_response()["outputs"]}
+    assert kinds == {"label": False, "confidence": True}
+    assert [v.decode() for v in mixed.as_numpy("label")] == \
+        next(o["data"] for o in json_answer(tier, TEXTS)["outputs"] if o["name"] == "label")
+    client.close()
+
+
+def test_binary_token_tensors_answer_like_json(pair: Pair) -> None:
+    ids = np.array([[101, 2307, 2143, 102], [101, 9643, 102, 0]], dtype=np.int64)
+    mask = (ids != 0).astype(np.int64)
+    client = triton_http.InferenceServerClient(pair.edge.http)
+    inputs = [triton_http.InferInput("input_ids", list(ids.shape), "INT64"),
+              triton_http.InferInput("attention_mask", list(mask.shape), "INT64")]
+    inputs[0].set_data_from_numpy(ids)
+    inputs[1].set_data_from_numpy(mask, binary_data=False)  # one binary, one JSON
+    got = client.infer("tiny", inputs).as_numpy("probabilities")
+    body = {"inputs": [{"name": "input_ids", "shape": [2, 4], "datatype": "INT64",
+                        "data": ids.ravel().tolist()},
+                       {"name": "attention_mask", "shape": [2, 4], "datatype": "INT64",
+                        "data": mask.ravel().tolist()}]}
+    want = httpx.post(f"{pair.edge.server.url}/v2/models/tiny/infer", json=body).json()
+    probabilities = next(o for o in want["outputs"] if o["name"] == "probabilities")
+    assert np.array_equal(got.ravel(), np.asarray(probabilities["data"], dtype=np.float32))
+    client.close()
+
+
+@pytest.mark.parametrize("tier_name", ["edge", "center"])
+def test_tritonclient_grpc_health_metadata_and_raw_infer(pair: Pair, tier_name: str) -> None:
+    tier: Tier = getattr(pair, tier_name)
+    client = triton_grpc.InferenceServerClient(tier.grpc)
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("tiny") and client.is_model_ready("tiny", "1")
+    metadata = client.get_model_metadata("tiny", as_json=True)
+    assert metadata["platform"] == ("onnxruntime_onnx" if tier_name == "edge"
+                                    else "pytorch_libtorch")
+    assert [o["name"] for o in metadata["outputs"]] == list(OUTPUTS)
+    assert client.get_server_metadata(as_json=True)["name"] == f"tiered-{tier_name}"
+    text = triton_grpc.InferInput("text", [len(TEXTS)], "BYTES")
+    text.set_data_from_numpy(np.array([t.encode() for t in TEXTS], dtype=object))
+    result = client.infer("tiny", [text], request_id="grpc-1")
+    response = result.get_response()
+    assert response.id == "grpc-1" and len(response.raw_output_contents) == len(OUTPUTS)
+    same_as_json(json_answer(tier, TEXTS), {n: result.as_numpy(n) for n in OUTPUTS})
+    with pytest.raises(InferenceServerException, match=r"StatusCode\.NOT_FOUND"):
+        client.infer("no-such-model", [text])
+    client.close()
+
+
+def test_grpc_rows_escalate_with_tier_and_versions_as_in_rest(pair: Pair) -> None:
+    client = triton_grpc.InferenceServerClient(pair.edge.grpc)
+    text = triton_grpc.InferInput("text", [2], "BYTES")
+    text.set_data_from_numpy(np.array([b"a great film", b"awful"], dtype=object))
+    result = client.infer("tiny", [text], parameters={"threshold": 1.0})
+    assert [t.decode() for t in result.as_numpy("tier")] == ["center", "center"]
+    parameters = result.get_response(as_json=True)["parameters"]
+    assert parameters["escalated"]["int64_param"] == "2"
+    assert parameters["center_version"]["string_param"] == "1"
+    rest = json_answer(pair.edge, ["a great film", "awful"], threshold=1.0)
+    assert rest["parameters"]["escalated"] == 2
+    same_as_json(rest, {n: result.as_numpy(n) for n in OUTPUTS})
+    client.close()
+
+
+def test_typed_contents_as_kserve_sends_them(pair: Pair) -> None:
+    """KServe's client puts BYTES in ``contents.bytes_contents`` rather than raw."""
+    with grpc.insecure_channel(pair.center.grpc) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        request = pb.ModelInferRequest(model_name="tiny", id="typed")
+        tensor = request.inputs.add(name="text", datatype="BYTES", shape=[2])
+        tensor.contents.bytes_contents.extend([b"a great film", b"awful"])
+        request.outputs.add(name="label")
+        response = stub.ModelInfer(request, timeout=30)
+    assert [o.name for o in response.outputs] == ["label"]
+    raw = response.raw_output_contents[0]
+    labels, offset = [], 0
+    while offset < len(raw):
+        (size,) = struct.unpack_from("<I", raw, offset)
+        labels.append(raw[offset + 4:offset + 4 + size].decode())
+        offset += 4 + size
+    rest = json_answer(pair.center, ["a great film", "awful"])
+    assert labels == next(o["data"] for o in rest["outputs"] if o["name"] == "label")
+
+
+def infer_status(target: str, request: pb.ModelInferRequest | bytes) -> grpc.StatusCode:
+    with grpc.insecure_channel(target) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                   request_serializer=None, response_deserializer=None)
+        body = request if isinstance(request, bytes) else request.SerializeToString()
+        try:
+            call(body, timeout=30)
+        except grpc.RpcError as exc:
+            return exc.code()  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
+
+
+def _text(raw: bytes, shape: list[int] | None = None) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="tiny")
+    request.inputs.add(name="text", datatype="BYTES", shape=shape or [1])
+    request.raw_input_contents.append(raw)
+    return request
+
+
+def test_malformed_grpc_requests_are_invalid_argument(pair: Pair) -> None:
+    ok = _text(struct.pack("<I", 4) + b"good")
+    assert infer_status(pair.edge.grpc, ok) == grpc.StatusCode.OK
+    two_raw = _text(b"")
+    two_raw.raw_input_contents.append(b"")
+    too_many_rows = pb.ModelInferRequest(model_name="tiny")
+    too_many_rows.inputs.add(name="text", datatype="BYTES", shape=[10_000]).contents \
+        .bytes_contents.extend([b"x"] * 10_000)
+    cases = {
+        "length prefix past the end": _text(struct.pack("<I", 99) + b"short"),
+        "truncated prefix": _text(b"\x01\x00"),
+        "bytes left over": _text(struct.pack("<I", 1) + b"ab"),
+        "fewer elements than the shape": _text(struct.pack("<I", 1) + b"a", [3]),
+        "invalid UTF-8": _text(struct.pack("<I", 2) + b"\xff\xfe"),
+        "raw for an input that is not there": two_raw,
+        "INT64 of the wrong length": _ids(b"\x00" * 12),
+        "too many rows": too_many_rows,
+        "not a protobuf message": b"\xff\xff\xff\xff\x0f garbage",
+    }
+    for what, request in cases.items():
+        assert infer_status(pair.edge.grpc, request) == grpc.StatusCode.INVALID_ARGUMENT, what
+    huge = _text(struct.pack("<I", 3_000_000) + b"x" * 3_000_000)
+    assert infer_status(pair.edge.grpc, huge) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert infer_status(pair.edge.grpc, ok) == grpc.StatusCode.OK  # still serving
+
+
+def _ids(raw: bytes) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="tiny")
+    for name in ("input_ids", "attention_mask"):
+        request.inputs.add(name=name, datatype="INT64", shape=[1, 2])
+        request.raw_input_contents.append(raw)
+    return request
+
+
+def binary_post(tier: Tier, header: dict[str, Any], tail: bytes,
+                length: str | None = None) -> httpx.Response:
+    head = json.dumps(header).encode()
+    return httpx.post(f"{tier.server.url}/v2/models/tiny/infer", content=head + tail,
+                      headers={"Inference-Header-Content-Length": length or str(len(head))},
+                      timeout=30)
+
+
+def test_malformed_binary_framing_is_400_with_the_v2_error_body(pair: Pair) -> None:
+    def text(size: int, shape: int = 1) -> dict[str, Any]:
+        return {"inputs": [{"name": "text", "shape": [shape], "datatype": "BYTES",
+                            "parameters": {"binary_data_size": size}}]}
+
+    good = struct.pack("<I", 4) + b"good"
+    assert binary_post(pair.edge, text(8), good).status_code == 200
+    cases = {
+        "header length over the body": (text(8), good, "99999"),
+        "header length not a number": (text(8), good, "12abc"),
+        "header length zero": (text(8), good, "0"),
+        "declared size past the end": (text(64), good, None),
+        "bytes after the last input": (text(8), good + b"xx", None),
+        "negative size": (text(-1), good, None),
+        "size not an integer": ({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
+                                             "parameters": {"binary_data_size": "8"}}]},
+                                good, None),
+        "element longer than its data": (text(8), struct.pack("<I", 5) + b"good", None),
+        "fewer elements than the shape": (text(8, 2), good, None),
+        "neither data nor binary": ({"inputs": [{"name": "text", "shape": [1],
+                                                 "datatype": "BYTES"}]}, b"", None),
+        "binary_data_output not a boolean": ({**text(8), "parameters": {
+            "binary_data_output": "yes"}}, good, None),
+    }
+    for what, (header, tail, length) in cases.items():
+        response = binary_post(pair.edge, header, tail, length)
+        assert response.status_code == 400, (what, response.text)
+        assert set(response.json()) == {"error"}, what
+    head = json.dumps(text(8)).encode()
+    over = httpx.post(f"{pair.edge.server.url}/v2/models/tiny/infer",
+                      content=head + b"x" * (2 * 1024 * 1024),
+                      headers={"Inference-Header-Content-Length": str(len(head))}, timeout=30)
+    assert over.status_code == 413 and "error" in over.json()
+
+
+def test_grpc_field_numbers_match_tritonclients() -> None:
+    """The tiers' own stubs (loaded in a child: one ``inference`` package per process) number
+    every field as tritonclient's do."""
+    names = ["ModelInferRequest", "ModelInferResponse", "InferParameter", "InferTensorContents",
+             "ModelMetadataResponse", "ServerMetadataResponse", "ModelReadyRequest",
+             "ModelMetadataRequest", "ServerLiveResponse", "ServerReadyResponse"]
+    script = ("import json, sys\nfrom serving.gen import grpc_predict_v2_pb2 as p\n"
+              "def fields(d):\n"
+              "    out = {f.name: f.number for f in d.fields}\n"
+              "    for n in d.nested_types: out |= {n.name + '.' + k: v for k, v in "
+              "fields(n).items()}\n"
+              "    return out\n"
+              f"print(json.dumps({{n: fields(p.DESCRIPTOR.message_types_by_name[n]) "
+              f"for n in {names!r}}}))")
+    ours = json.loads(subprocess.run([sys.executable, "-c", script], check=True,
+                                     capture_output=True, text=True).stdout)
+
+    def fields(d: Any) -> dict[str, int]:
+        out = {f.name: f.number for f in d.fields}
+        for n in d.nested_types:
+            out |= {n.name + "." + k: v for k, v in fields(n).items()}
+        return out
+
+    for name in names:
+        theirs = fields(pb.DESCRIPTOR.message_types_by_name[name])
+        assert {k: v for k, v in theirs.items() if k in ours[name]} == ours[name], name
+        assert set(ours[name]) <= set(theirs), name
