@@ -6,7 +6,7 @@ from pathlib import Path
 
 from center.runtime import TorchScriptRuntime, pick_device
 from center.settings import CenterSettings
-from serving import classify, v2
+from serving import classify, tracing, v2
 from serving.discovery import OnChange
 from serving.manifest import Manifest
 from serving.metrics import Metrics
@@ -37,6 +37,10 @@ class CenterService:
         probabilities = classify.softmax(await resident.batcher.submit(rows))
         self.metrics.quality.rows(resident.manifest.name, resident.version,
                                   [len(r) for r in rows], ["center"] * len(rows))
+        if tracing.active():
+            tracing.set_attributes(**{"tiered.tier": "center", "tiered.rows": len(rows),
+                                      "tiered.confidence": float(probabilities.max(axis=1).min(
+                                          initial=1.0))})
         return classify.response(resident, parsed, probabilities, ["center"] * len(rows),
                                  {"center_version": resident.version})
 

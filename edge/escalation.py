@@ -17,7 +17,7 @@ import numpy as np
 
 from edge.breaker import CircuitBreaker
 from edge.errors import CenterUnavailable
-from serving import v2
+from serving import tracing, v2
 from serving.text import pad
 
 # The TLS server name of a center's certificate (registry.pki): checked in the handshake,
@@ -77,13 +77,23 @@ class CenterClient:
                 breaker.failure()
                 reasons.append(f"{url}: not HTTPS (center_ca is set)")
                 continue
-            try:
-                response = await self.http.post(f"{url}/v2/models/{model}/infer", content=body,
-                                                headers=headers, extensions=self.extensions)
-            except httpx.HTTPError as exc:
-                breaker.failure()
-                reasons.append(f"{url}: {type(exc).__name__}")
-                continue
+            target = f"{url}/v2/models/{model}/infer"
+            with tracing.span("POST", tracing.SpanKind.CLIENT, **{
+                    "http.request.method": "POST", "url.full": target,
+                    "tiered.escalated": len(rows)}) as call:
+                sent = dict(headers)
+                tracing.inject(sent)  # the center's span is this call's child
+                try:
+                    response = await self.http.post(target, content=body, headers=sent,
+                                                    extensions=self.extensions)
+                except httpx.HTTPError as exc:
+                    breaker.failure()
+                    reasons.append(f"{url}: {type(exc).__name__}")
+                    if call is not None:
+                        call.set_attributes({"error.type": type(exc).__name__})
+                    continue
+                if call is not None:
+                    call.set_attribute("http.response.status_code", response.status_code)
             if response.status_code != 200:
                 _judge(breaker, response)
                 reasons.append(f"{url}: HTTP {response.status_code}")

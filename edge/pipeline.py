@@ -14,7 +14,7 @@ from edge.cache import Cached, ResponseCache
 from edge.escalation import CenterClient, CenterUnavailable
 from edge.runtime import OnnxRuntime
 from edge.settings import EdgeSettings
-from serving import classify, v2
+from serving import classify, tracing, v2
 from serving.discovery import SERVICES, Instance, OnChange
 from serving.logs import request_id
 from serving.manifest import Manifest
@@ -92,6 +92,14 @@ class EdgeService:
         center_versions = {a.center_version for a in answers if a.center_version}
         if center_versions:
             parameters["center_version"] = ",".join(sorted(center_versions))
+        if tracing.active():
+            confidence = [float(a.probabilities.max()) for a in answers]
+            tracing.set_attributes(**{
+                "tiered.tier": "+".join(sorted(set(tiers))), "tiered.threshold": threshold,
+                "tiered.rows": len(answers), "tiered.escalated": tiers.count("center"),
+                "tiered.degraded": tiers.count("edge-degraded"), "tiered.cached": cached,
+                "tiered.confidence": min(confidence, default=1.0),
+                "tiered.center_version": ",".join(sorted(center_versions))})
         probabilities = (np.stack([a.probabilities for a in answers]) if answers
                          else np.zeros((0, len(m.labels)), dtype=np.float32))
         return classify.response(resident, parsed, probabilities, tiers, parameters)
@@ -105,7 +113,12 @@ class EdgeService:
         edge = classify.softmax(await resident.batcher.submit([rows[i] for i in indices]))
         self._observe(resident, edge)
         answers = [Cached(p.copy(), "edge") for p in edge]
-        unsure = gate.unsure(edge, threshold).tolist()
+        with tracing.span("gate", **{"tiered.threshold": threshold}) as decided:
+            unsure = gate.unsure(edge, threshold).tolist()
+            if decided is not None:
+                decided.set_attributes({"tiered.rows": len(indices),
+                                        "tiered.escalated": len(unsure),
+                                        "tiered.confidence": float(edge.max(axis=1).min())})
         if unsure:
             escalated = await self._escalate(resident, parsed, rows, [indices[j] for j in unsure],
                                              [answers[j] for j in unsure])

@@ -20,7 +20,7 @@ from litestar.params import FromPath
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from serving import openapi, v2
+from serving import openapi, tracing, v2
 from serving.dataplane import DataPlane
 from serving.errors import ServingError
 from serving.logs import request_id
@@ -41,7 +41,8 @@ def _plane(request: Request[Any, Any, Any]) -> DataPlane:
 
 
 def request_id_middleware(app: ASGIApp) -> ASGIApp:
-    """Accept or generate X-Request-ID, expose it to logs, return it, log the request."""
+    """Accept or generate X-Request-ID, expose it to logs, return it, log the request; the
+    request's server span (child of the client's ``traceparent``), its trace id in the logs."""
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -51,6 +52,9 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
         rid = headers.get(HEADER.encode(), b"").decode("latin-1")[:128] or uuid.uuid4().hex
         token = request_id.set(rid)
         started, status = time.perf_counter(), 0
+        method, route = scope.get("method", ""), scope.get("path_template") or scope["path"]
+        carrier = {key: headers.get(key.encode(), b"").decode("latin-1")
+                   for key in (tracing.TRACEPARENT, tracing.TRACESTATE)}
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
@@ -60,12 +64,18 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
                                       (HEADER.encode(), rid.encode("latin-1"))]
             await send(message)
 
-        try:
-            await app(scope, receive, send_with_id)
-        finally:
-            log.info("%s %s %s", scope.get("method"), scope["path"], status, extra={"fields": {
-                "status": status, "ms": round((time.perf_counter() - started) * 1000, 2)}})
-            request_id.reset(token)
+        with tracing.server_span(f"{method} {route}", carrier, {
+                "http.request.method": method, "http.route": route, "url.path": scope["path"],
+                "url.scheme": scope.get("scheme", "http"), "tiered.request_id": rid}) as span:
+            try:
+                await app(scope, receive, send_with_id)
+            finally:
+                span.set(**{"http.response.status_code": status})
+                if status >= 500 or status == 0:
+                    span.fail(f"HTTP {status}")
+                log.info("%s %s %s", method, scope["path"], status, extra={"fields": {
+                    "status": status, "ms": round((time.perf_counter() - started) * 1000, 2)}})
+                request_id.reset(token)
 
     return middleware
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from serving import tracing
 from serving.errors import NotReady, Overloaded
 from serving.text import Encoded, pad
 
@@ -41,6 +42,7 @@ class _Pending:
     rows: list[np.ndarray]
     future: asyncio.Future[np.ndarray]
     enqueued: float = field(default_factory=time.perf_counter)
+    computed: tuple[float, float, int] | None = None  # its batch's start, end and rows
 
 
 class Batcher:
@@ -93,7 +95,15 @@ class Batcher:
         self._queued_rows += len(rows)
         self._queue.put_nowait(pending)
         self._arrived.set()
-        return await pending.future
+        try:
+            return await pending.future
+        finally:
+            if pending.computed is not None and tracing.active():
+                started, ended, batch_rows = pending.computed
+                tracing.record("batch queue", pending.enqueued, started,
+                               **{"tiered.rows": len(rows)})
+                tracing.record("model compute", started, ended, **{
+                    "tiered.rows": len(rows), "tiered.batch_rows": batch_rows})
 
     async def _collect(self) -> list[_Pending]:
         self._taken = batch = [await self._queue.get()]
@@ -152,10 +162,12 @@ class Batcher:
             logits = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self._timed, pad(rows), timing)
         except Exception as exc:  # every waiter learns why its batch failed
+            self._stamp(batch, timing, len(rows))
             for p in batch:
                 if not p.future.done():
                     p.future.set_exception(exc)
         else:
+            self._stamp(batch, timing, len(rows))
             offset = 0
             for p in batch:
                 if not p.future.done():
@@ -167,6 +179,13 @@ class Batcher:
             started, seconds = timing
             self.observe(BatchStats(len(rows), len(batch), started - batch[0].enqueued,
                                     seconds))
+
+    @staticmethod
+    def _stamp(batch: list[_Pending], timing: list[float], rows: int) -> None:
+        if timing:
+            started, seconds = timing
+            for p in batch:
+                p.computed = (started, started + seconds, rows)
 
     def _timed(self, batch: Encoded, timing: list[float]) -> np.ndarray:
         """Runs in the worker thread, so compute time excludes the hand-back to the loop."""

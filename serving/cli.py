@@ -10,6 +10,7 @@ import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
+from serving import tracing
 from serving.app import create_app
 from serving.flags import options
 from serving.logs import configure
@@ -39,11 +40,15 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
         if s.grpc_port:
             process.transports.append(GrpcTransport(process.plane, s))
         app = create_app(process.plane, process)
+        tracing.configure(f"tiered-{name}", s.node_id)  # OTEL_* variables; off when unset
         # uvicorn owns SIGINT/SIGTERM: it stops accepting, drains in-flight requests (up to the
         # grace period), then runs the lifespan shutdown that drains the batchers.
-        uvicorn.run(app, host=s.host, port=s.port, loop="uvloop", http="httptools",
-                    log_config=None, access_log=False, timeout_graceful_shutdown=10,
-                    ssl_certfile=s.tls_cert, ssl_keyfile=s.tls_key)
+        try:
+            uvicorn.run(app, host=s.host, port=s.port, loop="uvloop", http="httptools",
+                        log_config=None, access_log=False, timeout_graceful_shutdown=10,
+                        ssl_certfile=s.tls_cert, ssl_keyfile=s.tls_key)
+        finally:
+            tracing.shutdown()  # the spans still batched go out
 
     command = click.Command(name, callback=run, help=f"Run the {name} tier (Open Inference "
                             f"Protocol V2 over HTTP and gRPC).",

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from prometheus_client import generate_latest
 
-from serving import classify, v2
+from serving import classify, tracing, v2
 from serving.discovery import OnChange
 from serving.errors import NotReady, ServingError
 from serving.metrics import Metrics
@@ -114,6 +114,12 @@ class DataPlane:
         resident = self.repository.get(model, version)
         labels = {"model": model, "version": str(resident.version)}
         started = time.perf_counter()
+        if tracing.active():
+            served = (resident.manifest.edge if self.repository.tier == "edge"
+                      else resident.manifest.center)
+            tracing.set_attributes(**{"tiered.model": model, "tiered.version": resident.version,
+                                      "tiered.release_digest": served.sha256,
+                                      "tiered.request_bytes": request.size})
         try:
             limits = classify.limits(resident, self.service.settings)
             parsed = (request.parse(limits) if request.size <= PARSE_INLINE_BYTES

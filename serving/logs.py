@@ -1,4 +1,4 @@
-"""Structured JSON logs carrying the request id, with rotation limits."""
+"""Structured JSON logs carrying the request id and the W3C trace id, with rotation limits."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from contextvars import ContextVar
 from pathlib import Path
 
 request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
+trace_id: ContextVar[str | None] = ContextVar("trace_id", default=None)  # set by serving.tracing
 
 
 class JsonFormatter(logging.Formatter):
@@ -24,6 +25,7 @@ class JsonFormatter(logging.Formatter):
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(), "service": self.service, "logger": record.name,
             "msg": record.getMessage(), "request_id": request_id.get(),
+            "trace_id": trace_id.get(),
         }
         entry.update(getattr(record, "fields", {}))
         if record.exc_info:

@@ -31,7 +31,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from serving import v2
+from serving import tracing, v2
 from serving.dataplane import DataPlane
 from serving.errors import (
     BadRequest,
@@ -55,6 +55,11 @@ CODES = {BadRequest: grpc.StatusCode.INVALID_ARGUMENT, ModelNotFound: grpc.Statu
          PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
          NotReady: grpc.StatusCode.UNAVAILABLE, Overloaded: grpc.StatusCode.UNAVAILABLE}
 CONTENTS = {"BYTES": "bytes_contents", "INT64": "int64_contents"}  # the inputs' datatypes
+# statuses that are the server's fault (OpenTelemetry's gRPC server span convention): the span
+# is marked failed; a client's bad request is not
+SERVER_FAULTS = {grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED,
+                 grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.INTERNAL,
+                 grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DATA_LOSS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,23 +206,29 @@ async def _call(context: grpc.aio.ServicerContext[Any, Any], method: str,
     token = request_id.set(rid)
     started, code = time.perf_counter(), grpc.StatusCode.OK
     context.set_trailing_metadata(((REQUEST_ID, rid),))
-    try:
-        if isinstance(request, Malformed):
-            raise BadRequest(request.details)
-        yield
-    except ServingError as exc:
-        code = _status(exc)
-        await _abort(context, exc)
-    except grpc.aio.AbortError:
-        raise
-    except Exception as exc:
-        code = grpc.StatusCode.INTERNAL
-        log.error("unhandled error", exc_info=exc)
-        await context.abort(code, "internal error; see the server log for the request id")
-    finally:
-        log.info("grpc %s %s", method, code.name, extra={"fields": {
-            "status": code.name, "ms": round((time.perf_counter() - started) * 1000, 2)}})
-        request_id.reset(token)
+    with tracing.server_span(f"{SERVICE}/{method}", metadata, {
+            "rpc.system": "grpc", "rpc.service": SERVICE, "rpc.method": method,
+            "tiered.request_id": rid}) as span:
+        try:
+            if isinstance(request, Malformed):
+                raise BadRequest(request.details)
+            yield
+        except ServingError as exc:
+            code = _status(exc)
+            await _abort(context, exc)
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:
+            code = grpc.StatusCode.INTERNAL
+            log.error("unhandled error", exc_info=exc)
+            await context.abort(code, "internal error; see the server log for the request id")
+        finally:
+            span.set(**{"rpc.grpc.status_code": code.value[0]})
+            if code in SERVER_FAULTS:
+                span.fail(code.name)
+            log.info("grpc %s %s", method, code.name, extra={"fields": {
+                "status": code.name, "ms": round((time.perf_counter() - started) * 1000, 2)}})
+            request_id.reset(token)
 
 
 class ReadinessHealth(health.aio.HealthServicer):

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,22 +50,23 @@ def cli() -> None:
 
 
 @cli.command("up")
-@options(TieredSettings, ("http_port", "grpc_port", "consul_port", "root"))
+@options(TieredSettings, ("http_port", "grpc_port", "consul_port", "root", "otlp_endpoint"))
 @click.option("--timeout", type=float, default=600, show_default=True,
               help="Seconds to wait for every health check.")
 def up_cmd(http_port: int | None, grpc_port: int | None, consul_port: int | None,
-           root: Path | None, timeout: float) -> None:
+           root: Path | None, otlp_endpoint: str | None, timeout: float) -> None:
     """Install what is missing, publish the demo if the registry has no release, start Consul
     (dev), registry serve, a center, two edges (eu, us) and nginx; wait until all are healthy;
     restart a registry, center or edge that dies; Ctrl-C stops everything."""
     s = settings_from(http_port=http_port, grpc_port=grpc_port, consul_port=consul_port,
-                      root=root)
+                      root=root, otlp_endpoint=otlp_endpoint)
     started = time.monotonic()
     ensure_tools()
     ensure_release(s)
     token = s.registry_token.get_secret_value() if s.registry_token else secrets.token_hex(16)
     stack = Stack(s.root.resolve(), s.registry_home.resolve(), token, s.http_port,
-                  s.consul_port, grpc_port=s.grpc_port, echo=Printer())
+                  s.consul_port, grpc_port=s.grpc_port, tracing=tracing_env(s, os.environ),
+                  echo=Printer())
     stopping = stack.cancelled  # Ctrl-C while starting cancels the wait, later it stops
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
@@ -82,6 +84,15 @@ def up_cmd(http_port: int | None, grpc_port: int | None, consul_port: int | None
         err.print("stopping the stack …")
         stack.stop()
         err.print("stopped")
+
+
+def tracing_env(s: TieredSettings, base: Mapping[str, str]) -> dict[str, str]:
+    """The tiers' OpenTelemetry variables: ``--otlp-endpoint`` (plain gRPC for http://), else
+    the OTEL_* variables tiered itself runs with."""
+    if s.otlp_endpoint:
+        return {"OTEL_EXPORTER_OTLP_ENDPOINT": s.otlp_endpoint,
+                "OTEL_EXPORTER_OTLP_INSECURE": str(s.otlp_endpoint.startswith("http:")).lower()}
+    return {k: v for k, v in base.items() if k.startswith("OTEL_")}
 
 
 class Printer:
@@ -152,6 +163,10 @@ def summary(stack: Stack, s: TieredSettings, seconds: float) -> None:
     pairs += [(f"{child.name} metrics", f"http://127.0.0.1:{child.port}/metrics")
               for child in stack.children.values() if child.role in ("edge", "center")]
     pairs.append(("logs", str(stack.root / "logs")))
+    endpoint = (stack.tracing.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                or stack.tracing.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+    pairs.append(("traces", f"OTLP/gRPC to {endpoint}" if endpoint else
+                  "off (--otlp-endpoint or OTEL_EXPORTER_OTLP_ENDPOINT)"))
     out.print(summary_view(seconds, pairs))
     out.print(f"try:  curl -s {stack.url}/v2/models/{s.model}/infer -H 'X-Tiered-Region: eu' "
               f"-d '{{\"inputs\": [{{\"name\": \"text\", \"shape\": [1], \"datatype\": "

@@ -21,6 +21,10 @@ class TieredSettings(BaseSettings):
     grpc_port: int = Field(default=8081, ge=0, le=65535)
     """nginx's gRPC entry port: clients send V2 gRPC calls here (0 = none)."""
 
+    otlp_endpoint: str | None = Field(default=None, pattern=r"^https?://[A-Za-z0-9.:\[\]_-]+/?$")
+    """OpenTelemetry collector (OTLP/gRPC, e.g. http://127.0.0.1:4317) the center and edges send
+    their spans to; unset: the OTEL_* variables tiered runs with, if any."""
+
     consul_port: int = Field(default=8500, ge=1, le=65535)
     """HTTP port of the Consul dev agent (its UI is at /ui)."""
 

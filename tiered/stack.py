@@ -70,6 +70,7 @@ class Stack:
     consul_acl: bool = True  # Consul with ACLs (default deny) and a token per role
     consul_tokens: dict[str, str] = field(default_factory=dict)  # role (+ "management") ->
     # secret; made once per stack, so a restarted (empty) dev agent gets the very same ones
+    tracing: dict[str, str] = field(default_factory=dict)  # OTEL_* variables for the tiers
     echo: Echo | None = None
     children: dict[str, Child] = field(default_factory=dict)
     cancelled: threading.Event = field(default_factory=threading.Event)  # Ctrl-C while starting
@@ -100,7 +101,7 @@ class Stack:
         if role == "registry":
             env = registry_env(env, self.token, self.tls)
         elif role in ("center", "edge"):
-            env = tier_env(env, role, name, self.token, self.tls / "ca.pem")
+            env = tier_env(env, role, name, self.token, self.tls / "ca.pem") | self.tracing
         consul = self.consul_token or self.consul_tokens.get(CHILD_CONSUL_ROLE.get(role, ""))
         return env | ({"CONSUL_HTTP_TOKEN": consul} if consul else {})
 

@@ -319,3 +319,22 @@ def test_grpc_field_numbers_match_tritonclients() -> None:
         theirs = fields(pb.DESCRIPTOR.message_types_by_name[name])
         assert {k: v for k, v in theirs.items() if k in ours[name]} == ours[name], name
         assert set(ours[name]) <= set(theirs), name
+
+
+def test_tracing_off_the_clients_trace_context_still_reaches_the_center_and_the_logs(
+        pair: Pair) -> None:
+    """No OTEL_* variables here: nothing is exported, yet the client's ``traceparent`` is
+    passed on unchanged, so the edge's and the center's log lines share its trace id."""
+    trace = "5c9a4e0c7dd64a8cb1b2a7a2f1a4e3d1"
+    body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["fine"]}],
+            "parameters": {"threshold": 1.0}}
+    answer = httpx.post(f"{pair.edge.server.url}/v2/models/tiny/infer", json=body, timeout=30,
+                        headers={"traceparent": f"00-{trace}-1111111111111111-01",
+                                 "x-request-id": "passed-1"})
+    assert answer.status_code == 200
+    assert next(o["data"] for o in answer.json()["outputs"] if o["name"] == "tier") == ["center"]
+    for server in (pair.edge.server, pair.center.server):
+        lines = [json.loads(line) for line in server.log.read_text().splitlines()
+                 if line.startswith("{")]
+        mine = [line for line in lines if line.get("request_id") == "passed-1"]
+        assert mine and {line["trace_id"] for line in mine} == {trace}, (server.name, mine)

@@ -38,7 +38,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Itera
     cli = RegistryCli(root / "registry")
     cli("publish", tiny_release, "--name", "tiny")
     fleet = Stack(root, cli.home, "stack-token-0123456789", http_port=free_port(),
-                  consul_port=free_port(), centers=2,
+                  consul_port=free_port(), centers=2, grpc_port=free_port(),
                   nginx_flags=("--rate", "300", "--burst", "100"))
     try:
         fleet.up(timeout=120)
@@ -102,11 +102,15 @@ def test_every_service_is_passing_in_consul_with_its_tags(stack: Stack) -> None:
              "the served version in the edge's Consul meta")
     eu = edges()["edge-eu-1"]["Service"]
     assert {"edge", "region-eu"} <= set(eu["Tags"])
+    grpc_port = eu["Meta"].pop("grpc_port")
     assert eu["Meta"] == {"tier": "edge", "region": "eu", "node_id": "edge-eu-1",
                           "versions": "tiny=1"}
-    checks = edges()["edge-eu-1"]["Checks"]
-    http = next(c for c in checks if c["ServiceID"] == "edge-eu-1")
-    assert http["Type"] == "http" and "/v2/health/ready" in http["Output"]
+    checks = [c for c in edges()["edge-eu-1"]["Checks"] if c["ServiceID"] == "edge-eu-1"]
+    by_type = {c["Type"]: c for c in checks}
+    assert "/v2/health/ready" in by_type["http"]["Output"]
+    # the gRPC port has its own check (grpc.health.v1 on that port), passing
+    assert by_type["grpc"]["Status"] == "passing", by_type
+    assert f":{grpc_port}" in by_type["grpc"]["Output"], by_type["grpc"]
     registry = consul(stack, "/v1/health/service/tiered-registry")[0]
     assert any(c["Type"] == "grpc" and c["Status"] == "passing" for c in registry["Checks"])
 
@@ -160,6 +164,46 @@ def test_nginx_routes_to_edges_and_escalations_reach_a_center(stack: Stack) -> N
     long = {"inputs": [{**BODY["inputs"][0], "data": ["x" * (1 << 19)]}]}
     refused = infer(stack, long)
     assert refused.status_code == 400 and "the limit is" in refused.json()["error"]
+
+
+def test_binary_http_and_grpc_clients_work_through_nginx_unchanged(stack: Stack) -> None:
+    """tritonclient.http with its defaults (binary both ways) on nginx's HTTP entry and
+    tritonclient.grpc on its HTTP/2 entry (``grpc_pass`` to the edges' gRPC ports) answer what
+    the JSON path answers; the region hint routes gRPC too; escalations reach a center."""
+    import numpy as np
+    import tritonclient.grpc as triton_grpc
+    import tritonclient.http as triton_http
+
+    texts = ["fine film", "awful", "a touching story"]
+    body = {"inputs": [{**BODY["inputs"][0], "shape": [3], "data": texts}]}
+    want = {o["name"]: o["data"] for o in infer(stack, body).json()["outputs"]}
+    raw = np.array([t.encode() for t in texts], dtype=object)
+    http = triton_http.InferenceServerClient(stack.url.removeprefix("http://"))
+    text = triton_http.InferInput("text", [3], "BYTES")
+    text.set_data_from_numpy(raw)
+    answer = http.infer("tiny", [text])
+    assert all("data" not in o for o in answer.get_response()["outputs"])  # binary came back
+    assert [v.decode() for v in answer.as_numpy("label")] == want["label"]
+    assert answer.as_numpy("confidence").tolist() == \
+        np.asarray(want["confidence"], dtype=np.float32).tolist()
+    http.close()
+
+    client = triton_grpc.InferenceServerClient(f"127.0.0.1:{stack.grpc_port}")
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.is_model_ready("tiny")
+    text = triton_grpc.InferInput("text", [3], "BYTES")
+    text.set_data_from_numpy(raw)
+    result = client.infer("tiny", [text])
+    assert [v.decode() for v in result.as_numpy("label")] == want["label"]
+    assert result.as_numpy("probabilities").ravel().tolist() == \
+        np.asarray(want["probabilities"], dtype=np.float32).tolist()
+    for region in ("eu", "us"):  # the region hint picks that region's edge over gRPC too
+        nodes = {client.infer("tiny", [text], headers={"x-tiered-region": region})
+                 .get_response().parameters["node_id"].string_param for _ in range(4)}
+        assert nodes == {f"edge-{region}-1"}
+    escalated = client.infer("tiny", [text], parameters={"threshold": 1.0})
+    assert [v.decode() for v in escalated.as_numpy("tier")] == ["center"] * 3
+    client.close()
 
 
 def test_a_client_over_its_rate_limit_gets_429_in_the_v2_error_shape(stack: Stack) -> None:

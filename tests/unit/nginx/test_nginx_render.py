@@ -81,11 +81,27 @@ def test_hostile_instances_are_not_rendered_and_change_nothing() -> None:
     assert block(conf, "tiered_centers") == ["server center.example:8100 max_fails=0;"]
     assert block(conf, "tiered_registry_metrics") == ["server [::1]:9300;"]
     for trace in ("leak", "alias", "default_server", "$", "'", "bad-", "10.0.0.1"):
-        assert trace not in conf.replace("$http_x_tiered_region $tiered_edge_pool", ""), trace
-    assert re.findall(r'"([^"]*)" tiered_edges_', conf) == ["eu", "us"]
+        assert trace not in conf.replace("$http_x_tiered_region $tiered_edge_pool", "").replace(
+                "$http_x_tiered_region $tiered_edge_grpc_pool", ""), trace
+    assert re.findall(r'"([^"]*)" tiered_edges_(?!grpc_)', conf) == ["eu", "us"]
 
 
 def test_a_region_with_a_hyphen_gets_a_pool_of_its_own() -> None:
     conf = upstreams(Fleet(edges=[edge(1001, "eu-west-1"), edge(1002, "eu")]))
     assert '    "eu-west-1" tiered_edges_eu_west_1;' in conf
     assert block(conf, "tiered_edges_eu_west_1")[0] == "server 127.0.0.1:1001 max_fails=0;"
+
+
+def test_grpc_pools_hold_the_edges_grpc_ports_and_skip_edges_without_one() -> None:
+    with_grpc = Instance("edge-eu-1001", "127.0.0.1", 1001, ("edge",),
+                         {"region": "eu", "grpc_port": "2001"})
+    hostile = Instance("edge-us-1002", "127.0.0.1", 1002, ("edge",),
+                       {"region": "us", "grpc_port": "2002;}"})
+    conf = upstreams(Fleet(edges=[with_grpc, edge(1003, "us"), hostile]))
+    assert block(conf, "tiered_edges_grpc") == ["server 127.0.0.1:2001 max_fails=0;"]
+    assert block(conf, "tiered_edges_grpc_us") == ["server 127.0.0.1:9 down;  # none passing",
+                                                   "server 127.0.0.1:2001 max_fails=0 backup;"]
+    assert block(conf, "tiered_edges") == ["server 127.0.0.1:1001 max_fails=0;",
+                                           "server 127.0.0.1:1003 max_fails=0;"]
+    assert "2002" not in conf and "1002" not in conf
+    assert "map $http_x_tiered_region $tiered_edge_grpc_pool" in conf
