@@ -8,6 +8,8 @@ How it tests: docs/benchmark-methods.md, "Fuzzing the V2 API".
 from __future__ import annotations
 
 import argparse
+import json
+import struct
 import subprocess
 import tempfile
 import time
@@ -293,16 +295,103 @@ def hostile_bodies(max_body: int = MAX_BODY, edge: bool = True) -> list[tuple[st
     return out
 
 
+def _framed(inputs: list[dict[str, Any]], *chunks: bytes, length: str | None = None,
+            **request: Any) -> tuple[bytes, str]:
+    """A binary-extension body (JSON header, then ``chunks``) and its header length (or
+    ``length``, when the case is a wrong one)."""
+    head = json.dumps({"inputs": inputs, **request}).encode()
+    return head + b"".join(chunks), length if length is not None else str(len(head))
+
+
+def _strings(*values: bytes) -> bytes:
+    return b"".join(struct.pack("<I", len(v)) + v for v in values)
+
+
+def _binary_text(data: bytes, shape: list[int] | None = None, size: Any = None,
+                 length: str | None = None, **request: Any) -> tuple[bytes, str]:
+    item = {"name": "text", "datatype": "BYTES", "shape": shape or [1],
+            "parameters": {"binary_data_size": len(data) if size is None else size}}
+    return _framed([item], data, length=length, **request)
+
+
+def _binary_ids(ids: bytes, shape: list[int], mask: list[int]) -> tuple[bytes, str]:
+    return _framed([{"name": "input_ids", "datatype": "INT64", "shape": shape,
+                     "parameters": {"binary_data_size": len(ids)}},
+                    {"name": "attention_mask", "datatype": "INT64", "shape": shape,
+                     "data": mask}], ids)
+
+
+def hostile_binary_bodies(max_body: int = MAX_BODY) -> list[tuple[str, bytes, str]]:
+    """Bodies of the binary tensor extension (``Inference-Header-Content-Length``) that a
+    correct tier refuses with a 4xx and a ``{"error": ...}`` body: header lengths that are not
+    byte counts or point outside the body or into the JSON, ``binary_data_size`` values that
+    overrun, underrun or are not integers, BYTES elements whose length prefixes lie or are cut,
+    invalid UTF-8, INT64 data of the wrong length, shapes far over the limits, and a body over
+    the limit. (name, body, header length)."""
+    good = _strings(b"a fine film")
+    cases: list[tuple[str, tuple[bytes, str]]] = [
+        (f"header length {value!r}", _binary_text(good, length=value))
+        for value in ("", "abc", "-1", "0", "1e3", "0x10", " 12 13", "9" * 13, "\u00b2",
+                      "18446744073709551616")]
+    raw, length = _binary_text(good)
+    cases += [
+        ("header length past the body", (raw, str(len(raw) + 1))),
+        ("header length inside the JSON", (raw, str(int(length) // 2))),
+        ("header length covering the binary part", (raw, str(len(raw)))),
+        ("binary_data_size past the body", _binary_text(good, size=len(good) + 1)),
+        ("binary_data_size short of the body", _binary_text(good, size=len(good) - 1)),
+        ("binary_data_size 2**62", _binary_text(good, size=1 << 62)),
+        ("binary_data_size -1", _binary_text(good, size=-1)),
+        ("binary_data_size a string", _binary_text(good, size="11")),
+        ("binary_data_size a float", _binary_text(good, size=11.0)),
+        ("binary_data_size true", _binary_text(good, size=True)),
+        ("length prefix past the end", _binary_text(struct.pack("<I", 99) + b"short")),
+        ("length prefix 2**32-1", _binary_text(struct.pack("<I", 0xFFFFFFFF) + b"x")),
+        ("length prefix cut short", _binary_text(b"\x01\x00")),
+        ("bytes after the last element", _binary_text(good + b"trailing")),
+        ("fewer elements than the shape", _binary_text(good, [3])),
+        ("more elements than the shape", _binary_text(_strings(b"a", b"b"), [1])),
+        ("invalid UTF-8", _binary_text(_strings(b"\xff\xfe\xfd"))),
+        ("100,000 empty strings, shape [100000]", _binary_text(
+            _strings(*[b""] * 100_000), [100_000])),
+        ("text shape [2**62]", _binary_text(good, [1 << 62])),
+        ("a string over the text limit", _binary_text(_strings(b"x" * (max_body // 2)))),
+        ("both data and binary_data_size", _framed([
+            {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"],
+             "parameters": {"binary_data_size": len(good)}}], good)),
+        ("binary data nobody declared", _framed([
+            {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}], good)),
+        ("binary_data_output not a boolean", _binary_text(
+            good, parameters={"binary_data_output": "yes"})),
+        ("output binary_data not a boolean", _binary_text(
+            good, outputs=[{"name": "label", "parameters": {"binary_data": 1}}])),
+        ("INT64 data 4 bytes short", _binary_ids(b"\x00" * 12, [1, 2], [1, 1])),
+        ("INT64 ids past the vocabulary", _binary_ids(
+            struct.pack("<2q", 101, 1 << 62), [1, 2], [1, 1])),
+        ("negative INT64 ids", _binary_ids(struct.pack("<2q", 101, -5), [1, 2], [1, 1])),
+        ("INT64 shape [2**31, 2**31]", _binary_ids(b"\x00" * 16, [1 << 31, 1 << 31], [1, 1])),
+        (f"{max_body + 1} bytes of binary data", _binary_text(
+            _strings(b"x" * (max_body + 1)))),
+    ]
+    return [(name, body, header) for name, (body, header) in cases]
+
+
 def fuzz_hostile(tier: str, base_url: str, model: str = "tiny",
                  max_body: int = MAX_BODY) -> Tally:
-    """Every ``hostile_bodies`` body, sent once to the infer route: each must get a 4xx with
-    a ``{"error": ...}`` body (anything else is a failure; 5xx are counted apart)."""
+    """Every ``hostile_bodies`` and ``hostile_binary_bodies`` body, sent once to the infer
+    route: each must get a 4xx with a ``{"error": ...}`` body (anything else is a failure; 5xx
+    are counted apart)."""
     tally = Tally(tier, "POST /v2/models/{model}/infer (hostile bodies)")
     started = time.perf_counter()
+    json_type = {"content-type": "application/json"}
+    cases = [(name, body, json_type) for name, body in hostile_bodies(max_body, tier == "edge")]
+    cases += [(name, body, {"content-type": "application/octet-stream",
+                            "inference-header-content-length": header})
+              for name, body, header in hostile_binary_bodies(max_body)]
     with requests.Session() as session:
-        for name, body in hostile_bodies(max_body, edge=tier == "edge"):
+        for name, body, headers in cases:
             response = session.post(f"{base_url}/v2/models/{model}/infer", data=body,
-                                    headers={"content-type": "application/json"}, timeout=60)
+                                    headers=headers, timeout=60)
             problems = [] if 400 <= response.status_code < 500 and _error_body(response) else [
                 f"{name}: {response.status_code} {response.text[:200]}"]
             tally.record(response.status_code, problems)

@@ -5,7 +5,8 @@ center and edge serving a tiny release: no 5xx, every response as documented (4x
 ``{"error": "..."}``). Then the regressions it led to, and checks that no error, however it
 arises, carries a traceback, a file path or the exception's text (debug is off). Hostile
 bodies (``bench.fuzz.hostile_bodies``: deep nesting, huge declared shapes, near-limit token
-bodies, numbers no INT64 holds) get a 4xx, log no traceback, and never starve the health check.
+bodies, numbers no INT64 holds; ``hostile_binary_bodies``: the binary extension's framing
+lies) get a 4xx, log no traceback, and never starve the health check.
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ import numpy as np
 import pytest
 from litestar.testing import TestClient
 
-from bench.fuzz import MAX_BODY, fill_stores, fuzz_hostile, fuzz_tier, hostile_bodies, tiers
+from bench.fuzz import (
+    MAX_BODY,
+    fill_stores,
+    fuzz_hostile,
+    fuzz_tier,
+    hostile_binary_bodies,
+    hostile_bodies,
+    tiers,
+)
 from center.service import CenterService
 from center.settings import CenterSettings
 from edge.pipeline import EdgeService
@@ -107,11 +116,13 @@ def test_client_errors_are_v2_shaped_and_leak_nothing(served: Tiers) -> None:
 
 def test_hostile_bodies_get_a_v2_4xx_and_log_no_traceback(served: Tiers) -> None:
     """Findings 7 and 9: deep nesting was a 500 with a traceback; huge token bodies were
-    parsed in full on the event loop. Each body is refused (400, or 413 over the limit)."""
+    parsed in full on the event loop. Each body is refused (400, or 413 over the limit), the
+    binary extension's malformed framing too."""
     for server in (served.center, served.edge):
         tally = fuzz_hostile(server.tier, server.url)
         assert tally.server_errors == 0 and tally.failures == [], tally.failures
-        assert tally.client_errors == tally.cases == len(hostile_bodies(edge=server.tier == "edge"))
+        assert tally.client_errors == tally.cases == len(hostile_bodies(
+            edge=server.tier == "edge")) + len(hostile_binary_bodies())
         assert httpx.get(f"{server.url}/v2/health/live", timeout=10).status_code == 200
         log = server.log.read_text()
         assert "Traceback" not in log and "RecursionError" not in log

@@ -9,6 +9,7 @@ in their processes (protobuf allows one definition of ``inference.*`` per proces
 from __future__ import annotations
 
 import json
+import random
 import struct
 import subprocess
 import sys
@@ -247,6 +248,75 @@ def _ids(raw: bytes) -> pb.ModelInferRequest:
         request.inputs.add(name=name, datatype="INT64", shape=[1, 2])
         request.raw_input_contents.append(raw)
     return request
+
+
+CLEAN = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+         grpc.StatusCode.RESOURCE_EXHAUSTED}
+FUZZ_CASES = 300
+
+
+def _mutants(rng: random.Random) -> Iterator[tuple[str, bytes, list[tuple[str, str]]]]:
+    """Valid ModelInfer messages with bytes flipped, cut or spliced, random field values, and
+    random bytes; with hostile metadata now and then."""
+    seeds = [_text(struct.pack("<I", 4) + b"good", [1]), _ids(b"\x01" + b"\x00" * 15)]
+    typed = pb.ModelInferRequest(model_name="tiny", id="typed")
+    typed.inputs.add(name="text", datatype="BYTES", shape=[2]).contents.bytes_contents.extend(
+        [b"a", b"b"])
+    typed.outputs.add(name="label").parameters["binary_data"].bool_param = True
+    seeds.append(typed)
+    metadata = [[], [("traceparent", "00-" + "f" * 32 + "-" + "0" * 16 + "-01")],
+                [("traceparent", "x" * 4000)], [("x-request-id", "r" * 5000)],
+                [("tracestate", "k=v," * 400)], [("x-tiered-region", "../../etc/passwd")]]
+    for i in range(FUZZ_CASES):
+        base = bytearray(rng.choice(seeds).SerializeToString())
+        kind = i % 5
+        if kind == 0:  # flip bytes
+            for _ in range(rng.randint(1, 4)):
+                base[rng.randrange(len(base))] = rng.randrange(256)
+        elif kind == 1:  # cut
+            base = base[:rng.randrange(len(base))]
+        elif kind == 2:  # splice random bytes in
+            at = rng.randrange(len(base))
+            base[at:at] = rng.randbytes(rng.randint(1, 32))
+        elif kind == 3:  # random shapes, datatypes and raw contents on a well-formed message
+            request = pb.ModelInferRequest(model_name=rng.choice(["tiny", "", "x" * 300]))
+            for _ in range(rng.randint(0, 3)):
+                request.inputs.add(
+                    name=rng.choice(["text", "input_ids", "attention_mask", "", "other"]),
+                    datatype=rng.choice(["BYTES", "INT64", "FP32", "", "INT8"]),
+                    shape=[rng.choice([-1, 0, 1, 2, 3, 1 << 40, (1 << 63) - 1])
+                           for _ in range(rng.randint(0, 3))])
+            for _ in range(rng.randint(0, 3)):
+                request.raw_input_contents.append(rng.randbytes(rng.randint(0, 64)))
+            request.parameters["threshold"].double_param = rng.choice(
+                [0.5, -1.0, float("nan"), float("inf"), 2.0])
+            base = bytearray(request.SerializeToString())
+        else:  # random bytes
+            base = bytearray(rng.randbytes(rng.randint(0, 200)))
+        yield f"case {i} (kind {kind})", bytes(base), rng.choice(metadata)
+
+
+def test_fuzzed_grpc_messages_get_a_clean_status_and_the_tier_keeps_serving(pair: Pair) -> None:
+    """Mutated and random ModelInfer messages end with OK or a client error status, never
+    INTERNAL or UNKNOWN, and leave no traceback in the log."""
+    rng = random.Random(15)
+    statuses: dict[grpc.StatusCode, int] = {}
+    with grpc.insecure_channel(pair.edge.grpc) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer",
+                                   request_serializer=None, response_deserializer=None)
+        for what, body, metadata in _mutants(rng):
+            try:
+                call(body, metadata=metadata, timeout=30)
+                code = grpc.StatusCode.OK
+            except grpc.RpcError as exc:
+                code = exc.code()
+            assert code in CLEAN, (what, code, body[:80])
+            statuses[code] = statuses.get(code, 0) + 1
+    assert statuses.get(grpc.StatusCode.INVALID_ARGUMENT, 0) > FUZZ_CASES // 4, statuses
+    assert statuses.get(grpc.StatusCode.OK, 0) > 0, statuses  # some mutants still reach the model
+    assert infer_status(pair.edge.grpc, _text(struct.pack("<I", 4) + b"good")) == \
+        grpc.StatusCode.OK
+    assert "Traceback" not in pair.edge.server.log.read_text()
 
 
 def binary_post(tier: Tier, header: dict[str, Any], tail: bytes,

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import json
+import struct
 
+import numpy as np
 import pytest
 
 from serving import v2
@@ -165,3 +167,151 @@ def test_an_8_mib_token_body_with_a_huge_declared_shape_is_refused_unread() -> N
                     max_sequence=128)
     with pytest.raises(BadRequest, match="8000 tokens per row; the limit is 128"):
         v2.parse(raw, big)
+
+
+# -- the binary tensor extension ------------------------------------------------------------
+
+def framed(header: dict[str, object], *chunks: bytes) -> tuple[bytes, str]:
+    """A binary-extension body and its Inference-Header-Content-Length."""
+    head = json.dumps(header).encode()
+    return head + b"".join(chunks), str(len(head))
+
+
+def strings(*values: bytes) -> bytes:
+    return b"".join(struct.pack("<I", len(v)) + v for v in values)
+
+
+def binary_text(count: int, data: bytes, **extra: object) -> tuple[bytes, str]:
+    return framed({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [count],
+                               "parameters": {"binary_data_size": len(data)}}], **extra}, data)
+
+
+def test_binary_inputs_parse_like_their_json_form() -> None:
+    raw, length = binary_text(2, strings(b"caf\xc3\xa9", b""), id="b1")
+    parsed = v2.parse(raw, LIMITS, length)
+    assert parsed.texts == ["café", ""] and parsed.id == "b1"
+    ids = np.array([[101, 7, 102], [101, 102, 0]], dtype="<i8")
+    mask = (ids != 0).astype("<i8")
+    raw, length = framed({"inputs": [
+        {"name": "input_ids", "datatype": "INT64", "shape": [2, 3],
+         "parameters": {"binary_data_size": ids.nbytes}},
+        {"name": "attention_mask", "datatype": "INT64", "shape": [2, 3],
+         "data": mask.ravel().tolist()}]}, ids.tobytes())  # mixed: one binary, one JSON
+    binary = v2.parse(raw, LIMITS, length)
+    as_json = v2.parse(tensors(ids.ravel().tolist(), mask.ravel().tolist(), [2, 3]), LIMITS)
+    assert [r.tolist() for r in binary.token_rows or []] == \
+        [r.tolist() for r in as_json.token_rows or []] == [[101, 7, 102], [101, 102]]
+
+
+@pytest.mark.parametrize(("length", "message"), [
+    ("abc", "not a byte count"), ("-5", "not a byte count"), ("0", "the body has"),
+    ("99999", "the body has"), ("1" * 13, "not a byte count"), ("١٢", "not a byte count"),
+])
+def test_a_bad_header_length_is_a_bad_request(length: str, message: str) -> None:
+    raw, _ = binary_text(1, strings(b"x"))
+    with pytest.raises(BadRequest, match=message):
+        v2.parse(raw, LIMITS, length)
+
+
+@pytest.mark.parametrize(("count", "data", "declared", "message"), [
+    (1, strings(b"x") + b"extra", None, "after its 1 elements"),
+    (2, strings(b"x"), None, "ends before element 1"),
+    (1, struct.pack("<I", 1000) + b"x", None, "declares 1000 bytes"),
+    (1, b"\x01\x00", None, "ends before element 0"),
+    (1, strings(b"\xff\xfe"), None, "not valid UTF-8"),
+    (1, strings(b"x"), 100, "binary part has"),
+    (1, strings(b"x"), 2, "follow the last input"),
+    (1, strings(b"x"), -1, "non-negative integer"),
+    (1, strings(b"x"), "5", "non-negative integer"),
+    (1, strings(b"x"), True, "non-negative integer"),
+])
+def test_malformed_binary_framing_is_a_bad_request(count: int, data: bytes,
+                                                   declared: object, message: str) -> None:
+    size = len(data) if declared is None else declared
+    raw, length = framed({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [count],
+                                      "parameters": {"binary_data_size": size}}]}, data)
+    with pytest.raises(BadRequest, match=message):
+        v2.parse(raw, LIMITS, length)
+
+
+def test_binary_limits_are_those_of_json() -> None:
+    raw, length = binary_text(5, strings(*[b"x"] * 5))
+    with pytest.raises(BadRequest, match="rows"):
+        v2.parse(raw, LIMITS, length)
+    raw, length = binary_text(1, strings(b"x" * 51))
+    with pytest.raises(BadRequest, match="the limit is"):
+        v2.parse(raw, LIMITS, length)
+    ids = np.array([[101, 5000]], dtype="<i8")  # past the vocabulary
+    raw, length = framed({"inputs": [
+        {"name": "input_ids", "datatype": "INT64", "shape": [1, 2],
+         "parameters": {"binary_data_size": 16}},
+        {"name": "attention_mask", "datatype": "INT64", "shape": [1, 2], "data": [1, 1]}]},
+        ids.tobytes())
+    with pytest.raises(BadRequest, match=r"must lie in \[0, 1000\)"):
+        v2.parse(raw, LIMITS, length)
+    raw, length = framed({"inputs": [
+        {"name": "input_ids", "datatype": "INT64", "shape": [1, 2],
+         "parameters": {"binary_data_size": 12}},
+        {"name": "attention_mask", "datatype": "INT64", "shape": [1, 2], "data": [1, 1]}]},
+        ids.tobytes()[:12])
+    with pytest.raises(BadRequest, match="takes 16 bytes"):
+        v2.parse(raw, LIMITS, length)
+
+
+def test_both_data_and_binary_or_neither_is_refused() -> None:
+    raw, length = framed({"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1],
+                                      "data": ["x"], "parameters": {"binary_data_size": 5}}]},
+                         strings(b"x"))
+    with pytest.raises(BadRequest, match="both data and binary"):
+        v2.parse(raw, LIMITS, length)
+    with pytest.raises(BadRequest, match="neither data nor"):
+        v2.parse(body(inputs=[{"name": "text", "datatype": "BYTES", "shape": [1]}]), LIMITS)
+
+
+def response(*names: str) -> v2.InferResponse:
+    outputs = {"label": v2.ResponseOutput("label", [2], "BYTES", ["pos", "négatif"]),
+               "confidence": v2.ResponseOutput("confidence", [2], "FP32",
+                                               np.array([0.75, 0.5], dtype=np.float32))}
+    return v2.InferResponse("m", "1", [outputs[n] for n in names], id="r",
+                            parameters={"node_id": "e"})
+
+
+@pytest.mark.parametrize(("request_extra", "binary"), [
+    ({}, set()),
+    ({"parameters": {"binary_data_output": True}}, {"label", "confidence"}),
+    ({"outputs": [{"name": "label", "parameters": {"binary_data": True}},
+                  {"name": "confidence"}]}, {"label"}),
+    ({"parameters": {"binary_data_output": True},
+      "outputs": [{"name": "label", "parameters": {"binary_data": False}},
+                  {"name": "confidence"}]}, {"confidence"}),
+])
+def test_outputs_come_back_binary_where_asked(request_extra: dict[str, object],
+                                              binary: set[str]) -> None:
+    parsed = v2.parse(text(["a", "b"], **request_extra), LIMITS)
+    encoded, header = v2.encode_http(response("label", "confidence"), parsed)
+    if not binary:
+        assert header is None and json.loads(encoded)["outputs"][1]["data"] == [0.75, 0.5]
+        return
+    assert header is not None
+    head, tail = json.loads(encoded[:header]), encoded[header:]
+    assert head["id"] == "r" and head["parameters"] == {"node_id": "e"}
+    expected = {"label": strings(b"pos", "négatif".encode()),
+                "confidence": np.array([0.75, 0.5], dtype="<f4").tobytes()}
+    offset = 0
+    for output in head["outputs"]:
+        if output["name"] in binary:
+            size = output["parameters"]["binary_data_size"]
+            assert "data" not in output and tail[offset:offset + size] == expected[output["name"]]
+            offset += size
+        else:
+            assert output["data"] in (["pos", "négatif"], [0.75, 0.5])
+    assert offset == len(tail)
+
+
+@pytest.mark.parametrize("extra", [
+    {"parameters": {"binary_data_output": "yes"}},
+    {"outputs": [{"name": "label", "parameters": {"binary_data": 1}}]},
+])
+def test_binary_flags_must_be_booleans(extra: dict[str, object]) -> None:
+    with pytest.raises(BadRequest, match="must be a boolean"):
+        v2.parse(text(["a"], **extra), LIMITS)
