@@ -32,6 +32,7 @@ bench: demo
 	$(BIN)/python -m bench.tiers --markdown docs/bench/tiers.md
 	$(BIN)/python -m bench.quantization --markdown docs/bench/quantization.md
 	$(BIN)/python -m bench.peers --markdown docs/bench/peers.md
+	$(BIN)/python -m bench.protocols --markdown docs/bench/protocols.md
 	$(BIN)/python -m bench.cascade --markdown docs/bench/cascade.md --plot docs/cascade.png
 	$(BIN)/python -m bench.rollout --markdown docs/bench/rollout.md
 	$(BIN)/python -m bench.chaos --markdown docs/bench/chaos.md

@@ -13,8 +13,8 @@ from pathlib import Path
 from bench.kit import machine_line
 
 DOCS = Path("docs")
-ORDER = ["tiers", "quantization", "peers", "cascade", "rollout", "chaos", "fuzz", "swaps", "soak",
-         "gpu"]
+ORDER = ["tiers", "quantization", "peers", "protocols", "cascade", "rollout", "chaos", "fuzz",
+         "swaps", "soak", "gpu"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -32,5 +32,5 @@ WORKDIR /home/tiered
 
 ENV CENTER_HOST=0.0.0.0 CENTER_PORT=8100 CENTER_STORE=/var/lib/tiered/center \
     CENTER_DEVICE=auto
-EXPOSE 8100
+EXPOSE 8100 8101
 CMD ["center"]

@@ -20,7 +20,8 @@ RUN pip install -r /tmp/edge-requirements.txt
 # last test fails it if torch slipped in.
 COPY . /src
 RUN pip install --no-deps /src && rm -rf /src \
-    && python -c "import edge.cli, serving.discovery, sync.subscriber" \
+    && python -c "import edge.cli, serving.discovery, serving.rpc, serving.tracing, sync.subscriber" \
+    && python -c "import opentelemetry.exporter.otlp.proto.grpc.trace_exporter" \
     && edge --help >/dev/null \
     && ! python -c "import torch" 2>/dev/null
 
@@ -30,5 +31,5 @@ USER tiered
 WORKDIR /home/tiered
 
 ENV EDGE_HOST=0.0.0.0 EDGE_PORT=8200 EDGE_STORE=/var/lib/tiered/edge
-EXPOSE 8200
+EXPOSE 8200 8201
 CMD ["edge"]

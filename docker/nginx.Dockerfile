@@ -34,6 +34,7 @@ RUN useradd --system --create-home --uid 10001 tiered \
 USER tiered
 WORKDIR /home/tiered
 
-EXPOSE 8080
+EXPOSE 8080 8081
 CMD ["python", "-m", "nginx.render", "--prefix", "/var/lib/tiered/nginx", \
-     "--listen", "0.0.0.0:8080", "--consul", "consul:8500", "--run-nginx"]
+     "--listen", "0.0.0.0:8080", "--grpc-listen", "0.0.0.0:8081", "--consul", "consul:8500", \
+     "--run-nginx"]

@@ -14,6 +14,7 @@ import os
 import re
 import secrets
 import subprocess
+import sys
 import tomllib
 import uuid
 from importlib import metadata
@@ -130,6 +131,38 @@ def test_entry_points_nginx_8080_and_the_consul_ui_8500(services: dict[str, Any]
     assert "--run-nginx" in services["nginx"]["command"]
 
 
+def test_grpc_on_the_default_ports_and_through_nginx_8081(services: dict[str, Any]) -> None:
+    """gRPC V2 on 8101 (center) and 8201 (edges), registered with their own Consul check;
+    nginx's HTTP/2 listener on 8081 routes gRPC to healthy edges."""
+    assert services["center"]["environment"]["CENTER_GRPC_PORT"] == "8101"
+    for edge in ("edge-eu", "edge-us"):
+        assert services[edge]["environment"]["EDGE_GRPC_PORT"] == "8201"
+    nginx = services["nginx"]
+    assert {(p["target"], p["published"]) for p in nginx["ports"]} >= {(8081, "8081")}
+    command = nginx["command"]
+    assert command[command.index("--grpc-listen") + 1] == "0.0.0.0:8081"
+    for dockerfile, ports in (("center", "8100 8101"), ("edge", "8200 8201"),
+                              ("nginx", "8080 8081")):
+        assert f"EXPOSE {ports}" in (ROOT / f"docker/{dockerfile}.Dockerfile").read_text()
+
+
+def test_tracing_is_off_unless_an_otlp_endpoint_is_given(compose: Any, tmp_path: Path) -> None:
+    def endpoints(env_file: Path | None) -> set[str]:
+        proc = compose("config", "--format", "json", env_file=env_file)
+        assert proc.returncode == 0, proc.stderr
+        services = json.loads(proc.stdout)["services"]
+        return {services[n]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"]
+                for n in ("center", "edge-eu", "edge-us")}
+
+    assert endpoints(None) == {""}  # empty: serving.tracing stays off
+    env_file = tmp_path / ".env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in {
+        **CONSUL_SECRETS, "REGISTRY_TOKEN": TOKEN,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317",
+        **{var: node_token(TOKEN, node) for node, var in NODE_TOKENS.values()}}.items()))
+    assert endpoints(env_file) == {"http://collector:4317"}
+
+
 def test_registry_token_is_never_hard_coded(compose: Any, services: dict[str, Any]) -> None:
     """The registry holds its secret; each node only its own token, from the environment."""
     holders = {n for n, s in services.items() if "REGISTRY_TOKEN" in (s.get("environment") or {})}
@@ -202,6 +235,60 @@ def test_edge_requirements_are_project_dependencies_without_torch() -> None:
     assert edge <= {_name(r) for r in project}
     assert not edge & {"torch", "onnx", "onnxscript", "safetensors", "grpcio-tools"}
     assert {"onnxruntime", "tokenizers", "grpcio", "py-consul"} <= edge
+
+
+def test_edge_requirements_cover_everything_the_edge_imports() -> None:
+    """Every distribution whose modules ``edge`` loads (its gRPC transport and tracing
+    included) is an edge requirement or installed by one: the image's import check would
+    otherwise fail the build (or, for a lazy import, the edge at run time)."""
+    lines = (ROOT / "docker/edge-requirements.txt").read_text().splitlines()
+    wanted = [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+    script = (
+        "import json, sys, edge.cli, serving.rpc, serving.tracing, sync.subscriber\n"
+        "import opentelemetry.exporter.otlp.proto.grpc.trace_exporter\n"
+        "from importlib import metadata\n"
+        "owners = metadata.packages_distributions()\n"
+        "used = {d for m in list(sys.modules) for d in owners.get(m.split('.')[0], [])}\n"
+        "print(json.dumps(sorted(used)))\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    used = {_name(d) for d in json.loads(proc.stdout)} - {"tiered"} - OPTIONAL
+    assert used - _closure(wanted) == set()
+    assert "torch" not in used
+
+
+# imported here only because this venv has them; their importers go on without them
+OPTIONAL = {"psutil",  # opentelemetry.sdk.resources (process attributes)
+            "brotli",  # httpx / aiohttp (brotli content encoding)
+            "grpcio-tools",  # grpc.protos (runtime .proto loading, unused)
+            "setuptools"}  # _distutils_hack, a .pth hook in every venv
+
+
+def _closure(requirements: list[str]) -> set[str]:
+    """The distributions ``requirements`` install (their dependencies, extras followed)."""
+    from packaging.requirements import Requirement
+
+    seen: set[str] = set()
+    todo = [Requirement(r) for r in requirements]
+    while todo:
+        req = todo.pop()
+        name = _name(req.name).replace("_", "-")
+        key = f"{name}{sorted(req.extras)}"
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            requires = metadata.requires(req.name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for line in requires:
+            dep = Requirement(line)
+            env_extras = req.extras or {""}
+            if dep.marker is None or any(dep.marker.evaluate({"extra": e}) for e in env_extras):
+                todo.append(dep)
+    return {k.split("[")[0] for k in seen} | {n.replace("-", "_") for n in
+                                              (k.split("[")[0] for k in seen)}
 
 
 def test_tiers_trust_the_registry_public_key_read_only(services: dict[str, Any]) -> None:

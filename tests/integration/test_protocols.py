@@ -408,3 +408,19 @@ def test_tracing_off_the_clients_trace_context_still_reaches_the_center_and_the_
                  if line.startswith("{")]
         mine = [line for line in lines if line.get("request_id") == "passed-1"]
         assert mine and {line["trace_id"] for line in mine} == {trace}, (server.name, mine)
+
+
+def test_the_protocol_benchmark_measures_all_three_encodings(pair: Pair) -> None:
+    """``bench.protocols`` in miniature: every encoding answers every request of each run."""
+    import asyncio
+
+    from bench.markdown import table_markdown
+    from bench.protocols import CONCURRENCY, PROTOCOLS, ROWS, measure, table
+
+    results = asyncio.run(measure(pair.edge.server.url, pair.edge.grpc, pair.edge.server.pid,
+                                  TEXTS * 6, seconds=0.3, warmup=0.05, model="tiny"))
+    assert {(r.protocol, r.rows, r.concurrency) for r in results} == {
+        (p, rows, c) for p in PROTOCOLS for rows in ROWS for c in CONCURRENCY}
+    assert all(r.requests > 0 and r.errors == 0 and r.p99_ms >= r.p50_ms > 0 for r in results)
+    markdown = table_markdown(table(results, 0.3))
+    assert markdown.count("| gRPC |") == len(ROWS) * len(CONCURRENCY)

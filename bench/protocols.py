@@ -1,0 +1,269 @@
+"""Protocol benchmark: the same edge, model and texts over V2 JSON/HTTP, the binary tensor
+extension over HTTP, and gRPC V2, at concurrency 1/8/32, with 1 and 32 rows per request.
+
+    .venv/bin/python -m bench.protocols [--duration SECONDS] [--quick] [--markdown PATH]
+
+One edge serves the demo release (INT8, response cache off, every row answered at the edge:
+``threshold`` 0, so no center is involved). The clients are what users run: request bodies
+made by ``tritonclient.http`` (binary) and ``tritonclient.grpc``'s messages, sent with aiohttp
+and grpc.aio from this one process, which also decodes every answer (JSON parse; tritonclient's
+binary parse; numpy over ``raw_output_contents``). Each row of the table is one run of
+``--duration`` seconds after a warm-up; the client's own CPU use is shown so a saturated client
+is visible.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import grpc
+import numpy as np
+import tritonclient.http as triton_http
+from rich.table import Table
+from tritonclient.grpc import service_pb2 as pb
+
+from bench.harness import (
+    MODEL,
+    TEXTS,
+    bench_parser,
+    console,
+    parse_bench_args,
+    process_cpu_s,
+    pull,
+    review_texts,
+    server,
+)
+from bench.kit import machine
+from bench.markdown import Shown
+from tiered.processes import free_port
+
+CONCURRENCY = (1, 8, 32)
+ROWS = (1, 32)
+PROTOCOLS = ("JSON/HTTP", "binary/HTTP", "gRPC")
+EDGE_FLAGS = ("--cache-size", "0", "--max-batch-size", "32", "--max-batch-delay-ms", "5")
+OUTPUTS = 4  # label, probabilities, confidence, tier
+ANSWER_ALL = {"threshold": 0.0}  # no row escalates: the edge alone answers
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+Send = Callable[[int], Awaitable[int]]  # body index -> rows answered
+
+
+@dataclass(frozen=True)
+class Result:
+    protocol: str
+    rows: int
+    concurrency: int
+    requests: int
+    errors: int
+    seconds: float
+    p50_ms: float
+    p99_ms: float
+    client_cores: float
+    server_cores: float
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds if self.seconds else 0.0
+
+
+# --- request bodies --------------------------------------------------------------------------
+
+def groups(texts: list[str], rows: int, count: int) -> list[list[str]]:
+    """``count`` requests of ``rows`` texts each, rotating through ``texts``."""
+    return [[texts[(i * rows + j) % len(texts)] for j in range(rows)] for i in range(count)]
+
+
+def json_body(group: list[str]) -> bytes:
+    return json.dumps({"inputs": [{"name": "text", "shape": [len(group)], "datatype": "BYTES",
+                                   "data": group}], "parameters": ANSWER_ALL}).encode()
+
+
+def binary_body(group: list[str]) -> tuple[bytes, int]:
+    """tritonclient.http's own request: binary input, every output binary."""
+    text = triton_http.InferInput("text", [len(group)], "BYTES")
+    text.set_data_from_numpy(np.array([t.encode() for t in group], dtype=object))
+    body, header = triton_http.InferenceServerClient.generate_request_body(
+        [text], parameters=ANSWER_ALL)
+    return bytes(body), int(header)
+
+
+def grpc_body(group: list[str], model: str = MODEL) -> bytes:
+    request = pb.ModelInferRequest(model_name=model)
+    request.inputs.add(name="text", datatype="BYTES", shape=[len(group)])
+    request.raw_input_contents.append(b"".join(
+        len(t.encode()).to_bytes(4, "little") + t.encode() for t in group))
+    request.parameters["threshold"].double_param = 0.0
+    return request.SerializeToString()
+
+
+# --- clients ---------------------------------------------------------------------------------
+
+def json_sender(session: aiohttp.ClientSession, url: str, bodies: list[bytes]) -> Send:
+    async def send(i: int) -> int:
+        async with session.post(url, data=bodies[i],
+                                headers={"content-type": "application/json"}) as response:
+            body = await response.read()
+            if response.status != 200:
+                raise RuntimeError(f"HTTP {response.status}")
+        answer = json.loads(body)
+        return len(next(o for o in answer["outputs"] if o["name"] == "label")["data"])
+    return send
+
+
+def binary_sender(session: aiohttp.ClientSession, url: str,
+                  bodies: list[tuple[bytes, int]]) -> Send:
+    async def send(i: int) -> int:
+        body, header = bodies[i]
+        async with session.post(url, data=body, headers={
+                "content-type": "application/octet-stream",
+                "inference-header-content-length": str(header)}) as response:
+            raw = await response.read()
+            if response.status != 200:
+                raise RuntimeError(f"HTTP {response.status}")
+            length = response.headers.get("inference-header-content-length")
+        result = triton_http.InferResult.from_response_body(
+            raw, header_length=int(length) if length else None)
+        return len(result.as_numpy("label"))
+    return send
+
+
+def grpc_sender(channel: grpc.aio.Channel, bodies: list[bytes]) -> Send:
+    call = channel.unary_unary(INFER, request_serializer=None,
+                               response_deserializer=pb.ModelInferResponse.FromString)
+
+    async def send(i: int) -> int:
+        response = await call(bodies[i], timeout=30)
+        labels = response.raw_output_contents[0]
+        probabilities = np.frombuffer(response.raw_output_contents[1], dtype="<f4")
+        assert len(response.raw_output_contents) == OUTPUTS and probabilities.size
+        return int(response.outputs[0].shape[0]) if labels else 0
+    return send
+
+
+@dataclass(frozen=True)
+class Load:
+    latencies: list[float]
+    errors: int
+    seconds: float
+    client_cpu_s: float
+    server_cpu_s: float
+
+
+async def load(send: Send, bodies: int, concurrency: int, seconds: float,
+               server_pid: int) -> Load:
+    """``concurrency`` clients, each sending one request after another for ``seconds``."""
+    latencies: list[float] = []
+    errors = 0
+    cpu0, server0 = process_cpu_s(os.getpid()), process_cpu_s(server_pid)
+    started = time.perf_counter()
+    deadline = started + seconds
+
+    async def client(k: int) -> None:
+        nonlocal errors
+        i = k
+        while time.perf_counter() < deadline:
+            sent = time.perf_counter()
+            try:
+                await send(i % bodies)
+                latencies.append(time.perf_counter() - sent)
+            except Exception:
+                errors += 1
+            i += concurrency
+
+    await asyncio.gather(*(client(k) for k in range(concurrency)))
+    return Load(latencies, errors, time.perf_counter() - started,
+                process_cpu_s(os.getpid()) - cpu0, process_cpu_s(server_pid) - server0)
+
+
+async def measure(http_url: str, grpc_target: str, server_pid: int, texts: list[str],
+                  seconds: float, warmup: float, model: str = MODEL) -> list[Result]:
+    url = f"{http_url}/v2/models/{model}/infer"
+    results = []
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session, \
+            grpc.aio.insecure_channel(grpc_target) as channel:
+        for rows in ROWS:
+            texts_for = groups(texts, rows, max(1, len(texts) // rows) * 4)
+            senders = {"JSON/HTTP": json_sender(session, url, [json_body(g) for g in texts_for]),
+                       "binary/HTTP": binary_sender(session, url,
+                                                    [binary_body(g) for g in texts_for]),
+                       "gRPC": grpc_sender(channel, [grpc_body(g, model) for g in texts_for])}
+            for name in PROTOCOLS:  # every protocol answers what the others do, once
+                assert await senders[name](0) == rows, name
+            for concurrency in CONCURRENCY:
+                for name in PROTOCOLS:
+                    await load(senders[name], len(texts_for), concurrency, warmup, server_pid)
+                    run = await load(senders[name], len(texts_for), concurrency, seconds,
+                                     server_pid)
+                    ms = np.asarray(run.latencies or [0.0]) * 1000
+                    results.append(Result(
+                        name, rows, concurrency, len(run.latencies), run.errors, run.seconds,
+                        float(np.percentile(ms, 50)), float(np.percentile(ms, 99)),
+                        run.client_cpu_s / run.seconds, run.server_cpu_s / run.seconds))
+                    console.print(f"  {name:11} rows={rows:<2} c={concurrency:<2} "
+                                  f"{results[-1].rps:8.1f} req/s  p50 "
+                                  f"{results[-1].p50_ms:6.2f} ms  p99 {results[-1].p99_ms:6.2f} ms")
+    return results
+
+
+# --- report ----------------------------------------------------------------------------------
+
+def table(results: list[Result], seconds: float) -> Table:
+    out = Table(title="V2 protocols on one edge (demo INT8 model, every row answered at the "
+                      "edge)",
+                caption=f"{seconds:g} s per run after a warm-up; one Python client process "
+                        f"(aiohttp / grpc.aio) sends and decodes. vs JSON: req/s against the "
+                        f"JSON/HTTP row of the same rows and concurrency.")
+    for header in ("rows/request", "concurrency", "protocol", "req/s", "rows/s", "p50 ms",
+                   "p99 ms", "vs JSON", "errors", "client cores", "edge cores"):
+        out.add_column(header, justify="left" if header == "protocol" else "right")
+    by = {(r.rows, r.concurrency, r.protocol): r for r in results}
+    for r in results:
+        base = by[r.rows, r.concurrency, "JSON/HTTP"].rps
+        out.add_row(str(r.rows), str(r.concurrency), r.protocol, f"{r.rps:.1f}",
+                    f"{r.rps * r.rows:.0f}", f"{r.p50_ms:.2f}", f"{r.p99_ms:.2f}",
+                    f"{r.rps / base:.2f}x" if base else "-", str(r.errors),
+                    f"{r.client_cores:.2f}", f"{r.server_cores:.2f}")
+    return out
+
+
+def machine_table(extra: dict[str, str]) -> Table:
+    out = Table(title="Machine", show_header=False)
+    out.add_column()
+    out.add_column()
+    for key, value in machine(**extra).items():
+        out.add_row(key, value)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = bench_parser(__doc__, "3 s runs")
+    args = parse_bench_args(parser, argv)
+    warmup = 1.0 if args.quick else 2.0
+    texts = review_texts(TEXTS)
+    show = Shown(console)
+    with tempfile.TemporaryDirectory(prefix="tiered-protocols-") as tmp:
+        root = Path(tmp)
+        pull(args.registry, "edge", root / "edge")
+        grpc_port = free_port()
+        with server("edge", root / "edge", root, *EDGE_FLAGS, "--grpc-port",
+                    str(grpc_port)) as edge:
+            results = asyncio.run(measure(edge.url, f"127.0.0.1:{grpc_port}", edge.pid, texts,
+                                          args.duration, warmup))
+    show(machine_table({"edge flags": " ".join(EDGE_FLAGS),
+                        "clients": "aiohttp, grpc.aio, tritonclient (bodies and parsing)"}))
+    show(table(results, args.duration))
+    if args.markdown:
+        show.write(args.markdown, "Protocols")
+
+
+if __name__ == "__main__":
+    main()
