@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+from pydantic import ValidationError
+
 from serving.tokens import node_token
 from tiered import commands
+from tiered.cli import tracing_env
 from tiered.commands import BIN
+from tiered.settings import TieredSettings
 from tiered.stack import Stack
 
 SECRET = "stack-secret-0123456789"
@@ -88,3 +93,29 @@ def test_the_stack_starts_each_role_as_it_did(tmp_path: Path) -> None:
     assert flag(argv, "--listen") == "127.0.0.1:8080"
     assert flag(argv, "--prefix") == str(tmp_path / "nginx") and "--run-nginx" in argv
     assert "REGISTRY_TOKEN" not in env
+
+
+def test_tiered_up_points_only_the_tiers_at_the_collector(tmp_path: Path) -> None:
+    settings = TieredSettings(otlp_endpoint="http://127.0.0.1:4317")
+    tracing = tracing_env(settings, {"OTEL_SERVICE_NAME": "ignored with the flag"})
+    assert tracing == {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317",
+                       "OTEL_EXPORTER_OTLP_INSECURE": "true"}
+    # without the flag: the OTEL_* variables tiered runs with, and nothing else
+    passed = tracing_env(TieredSettings(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://c:4317",
+                                            "OTEL_EXPORTER_OTLP_HEADERS": "a=b", "HOME": "/x"})
+    assert passed == {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://c:4317",
+                      "OTEL_EXPORTER_OTLP_HEADERS": "a=b"}
+    stack = Spawned(tmp_path, tmp_path / "registry", SECRET, consul_acl=False, tracing=tracing)
+    _, edge = stack.start_edge("edge-1", "eu")  # type: ignore[misc]
+    _, center = stack.start_center("center-1")  # type: ignore[misc]
+    _, registry = stack.start_registry()  # type: ignore[misc]
+    _, nginx = stack.start_nginx()  # type: ignore[misc]
+    assert edge["OTEL_EXPORTER_OTLP_ENDPOINT"] == center["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    assert not any(k.startswith("OTEL_") for k in {**registry, **nginx})
+
+
+@pytest.mark.parametrize("endpoint", ["127.0.0.1:4317", "http://c:4317/\nx", "ftp://c",
+                                      "http://c:4317\n", "http://c:4317 --flag"])
+def test_a_collector_endpoint_must_be_a_plain_url(endpoint: str) -> None:
+    with pytest.raises(ValidationError):
+        TieredSettings(otlp_endpoint=endpoint)
