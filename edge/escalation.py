@@ -1,4 +1,5 @@
-"""Escalation client: unsure rows to a center in one batched V2 call, failing over cleanly.
+"""Escalation client: unsure rows to a center in one batched V2 call (REST or gRPC), failing
+over cleanly.
 
 Centers are tried in turn, skipping those whose circuit is open. A 503 with Retry-After opens
 that center's circuit for that long (back-pressure: the edge does not hammer it). When no
@@ -7,10 +8,12 @@ center answers, the caller answers from the edge, marked degraded.
 
 from __future__ import annotations
 
+import asyncio
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
 
+import grpc
 import httpx
 import msgspec
 import numpy as np
@@ -31,12 +34,25 @@ class CenterAnswer:
     url: str
 
 
+class _Refused(Exception):
+    """One center did not answer usably; ``unhealthy``: it counts against its circuit
+    (``cooldown``: for that long, as its back-pressure asked)."""
+
+    def __init__(self, reason: str, unhealthy: bool = True, cooldown: float | None = None):
+        super().__init__(reason)
+        self.unhealthy, self.cooldown = unhealthy, cooldown
+
+
 class CenterClient:
     def __init__(self, urls: list[str], timeout_s: float, failures: int, reset_s: float,
                  transport: httpx.AsyncBaseTransport | None = None,
                  ca: Path | None = None) -> None:
-        """``ca``: the fleet CA; then only HTTPS centers with a center-role certificate."""
+        """``urls``: ``http(s)://host:port`` (V2 REST) or ``grpc(s)://host:port`` (gRPC V2).
+        ``ca``: the fleet CA; then only HTTPS / gRPC-over-TLS centers with a center-role
+        certificate."""
         self.urls = [u.rstrip("/") for u in urls]
+        self.ca = ca
+        self.timeout_s = timeout_s
         self.pinned = ca is not None
         self.extensions = {"sni_hostname": CENTER_NAME} if self.pinned else {}
         self._failures, self._reset_s = failures, reset_s
@@ -45,6 +61,7 @@ class CenterClient:
                                          if ca is not None else True)
         self.http = httpx.AsyncClient(timeout=timeout_s, transport=transport, verify=verify,
                                       limits=httpx.Limits(max_connections=64))
+        self.grpc = GrpcCenters(ca)
         self._turn = 0
 
     def set_urls(self, urls: list[str]) -> None:
@@ -53,6 +70,7 @@ class CenterClient:
         self.breakers = {url: self.breakers.get(url) or CircuitBreaker(self._failures,
                                                                        self._reset_s)
                          for url in self.urls}
+        self.grpc.keep(self.urls)
 
     def _order(self) -> list[str]:
         """Round-robin start so escalations spread over centers."""
@@ -62,10 +80,7 @@ class CenterClient:
 
     async def classify(self, model: str, texts: list[str] | None, rows: list[np.ndarray],
                        request_id: str | None, labels: int) -> CenterAnswer:
-        body = msgspec.json.encode(_request(texts, rows))
-        headers = {"content-type": "application/json"}
-        if request_id:
-            headers["x-request-id"] = request_id
+        call = _Call(model, texts, rows, request_id, labels)
         reasons = []
         breakers = self.breakers  # set_urls replaces the dict: this call keeps a coherent view
         for url in self._order():
@@ -73,46 +88,171 @@ class CenterClient:
             if not breaker.allow():
                 reasons.append(f"{url}: circuit open")
                 continue
-            if self.pinned and not url.startswith("https://"):
+            if self.pinned and not url.startswith(SECURE):
                 breaker.failure()
-                reasons.append(f"{url}: not HTTPS (center_ca is set)")
-                continue
-            target = f"{url}/v2/models/{model}/infer"
-            with tracing.span("POST", tracing.SpanKind.CLIENT, **{
-                    "http.request.method": "POST", "url.full": target,
-                    "tiered.escalated": len(rows)}) as call:
-                sent = dict(headers)
-                tracing.inject(sent)  # the center's span is this call's child
-                try:
-                    response = await self.http.post(target, content=body, headers=sent,
-                                                    extensions=self.extensions)
-                except httpx.HTTPError as exc:
-                    breaker.failure()
-                    reasons.append(f"{url}: {type(exc).__name__}")
-                    if call is not None:
-                        call.set_attributes({"error.type": type(exc).__name__})
-                    continue
-                if call is not None:
-                    call.set_attribute("http.response.status_code", response.status_code)
-            if response.status_code != 200:
-                _judge(breaker, response)
-                reasons.append(f"{url}: HTTP {response.status_code}")
+                reasons.append(f"{url}: not TLS (center_ca is set)")
                 continue
             try:
-                answer = _answer(response, url, len(rows), labels)
-            except (ValueError, KeyError, msgspec.DecodeError) as exc:
-                breaker.failure()
-                reasons.append(f"{url}: unusable answer ({exc})")
+                if url.startswith(GRPC):
+                    answer = await self.grpc.classify(url, call, self.timeout_s)
+                else:
+                    answer = await self._http(url, call)
+            except _Refused as exc:
+                if exc.unhealthy:
+                    breaker.failure(cooldown=exc.cooldown)
+                reasons.append(f"{url}: {exc}")
                 continue
             breaker.success()
             return answer
         raise CenterUnavailable("; ".join(reasons) or "no center configured")
+
+    async def _http(self, url: str, call: _Call) -> CenterAnswer:
+        target = f"{url}/v2/models/{call.model}/infer"
+        headers = {"content-type": "application/json"}
+        if call.request_id:
+            headers["x-request-id"] = call.request_id
+        with tracing.span("POST", tracing.SpanKind.CLIENT, **{
+                "http.request.method": "POST", "url.full": target,
+                "tiered.escalated": len(call.rows)}) as span:
+            tracing.inject(headers)  # the center's span is this call's child
+            try:
+                response = await self.http.post(target, content=call.json(), headers=headers,
+                                                extensions=self.extensions)
+            except httpx.HTTPError as exc:
+                if span is not None:
+                    span.set_attributes({"error.type": type(exc).__name__})
+                raise _Refused(type(exc).__name__) from exc
+            if span is not None:
+                span.set_attribute("http.response.status_code", response.status_code)
+        if response.status_code != 200:
+            retry = response.headers.get("retry-after", "")
+            raise _Refused(f"HTTP {response.status_code}",
+                           # a 4xx (a model the center does not have yet, say) says nothing
+                           # about its health; a 503's Retry-After is its back-pressure
+                           unhealthy=response.status_code >= 500,
+                           cooldown=float(retry) if response.status_code == 503
+                           and retry.isdigit() else None)
+        try:
+            return _answer(response, url, len(call.rows), call.labels)
+        except (ValueError, KeyError, msgspec.DecodeError) as exc:
+            raise _Refused(f"unusable answer ({exc})") from exc
 
     def circuits(self) -> dict[str, str]:
         return {url: breaker.state for url, breaker in self.breakers.items()}
 
     async def close(self) -> None:
         await self.http.aclose()
+        await self.grpc.close()
+
+
+GRPC = ("grpc://", "grpcs://")
+SECURE = ("https://", "grpcs://")
+
+
+@dataclass
+class _Call:
+    """One escalation, encoded for a transport when first needed."""
+
+    model: str
+    texts: list[str] | None
+    rows: list[np.ndarray]
+    request_id: str | None
+    labels: int
+    _json: bytes | None = None
+
+    def json(self) -> bytes:
+        if self._json is None:
+            self._json = msgspec.json.encode(_request(self.texts, self.rows))
+        return self._json
+
+
+class GrpcCenters:
+    """gRPC V2 calls to centers (``grpc://`` / ``grpcs://`` URLs), one channel per center.
+
+    The generated stubs (package ``inference``) are imported on first use, not with this
+    module: one process can hold one ``inference`` package, and a program that imports the
+    edge's modules may hold tritonclient's."""
+
+    def __init__(self, ca: Path | None) -> None:
+        self.ca = ca
+        self.channels: dict[str, grpc.aio.Channel] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def channel(self, url: str) -> grpc.aio.Channel:
+        found = self.channels.get(url)
+        if found is None:
+            target = url.split("://", 1)[1]
+            if url.startswith("grpcs://"):
+                credentials = grpc.ssl_channel_credentials(
+                    self.ca.read_bytes() if self.ca is not None else None)
+                found = grpc.aio.secure_channel(target, credentials, options=[
+                    ("grpc.ssl_target_name_override", CENTER_NAME)] if self.ca else [])
+            else:
+                found = grpc.aio.insecure_channel(target)
+            self.channels[url] = found
+        return found
+
+    def keep(self, urls: list[str]) -> None:
+        """Close the channels of centers no longer listed."""
+        for url in set(self.channels) - set(urls):
+            task = asyncio.get_running_loop().create_task(self.channels.pop(url).close())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    async def classify(self, url: str, call: _Call, timeout_s: float) -> CenterAnswer:
+        from serving.gen import grpc_predict_v2_pb2 as pb  # see the class docstring
+
+        request = pb.ModelInferRequest(model_name=call.model, id=call.request_id or "")
+        if call.texts is not None:
+            request.inputs.add(name=v2.TEXT, datatype="BYTES", shape=[len(call.texts)])
+            request.raw_input_contents.append(b"".join(
+                v2.LENGTH.pack(len(e)) + e for e in (t.encode() for t in call.texts)))
+        else:
+            enc = pad(call.rows)
+            for name, tensor in ((v2.IDS, enc.input_ids), (v2.MASK, enc.attention_mask)):
+                request.inputs.add(name=name, datatype="INT64", shape=list(tensor.shape))
+                request.raw_input_contents.append(tensor.astype("<i8").tobytes())
+        request.outputs.add(name="probabilities")
+        metadata: dict[str, str] = {"x-request-id": call.request_id} if call.request_id else {}
+        method = "inference.GRPCInferenceService/ModelInfer"
+        with tracing.span(method, tracing.SpanKind.CLIENT, **{
+                "rpc.system": "grpc", "rpc.service": "inference.GRPCInferenceService",
+                "rpc.method": "ModelInfer", "server.address": url,
+                "tiered.escalated": len(call.rows)}) as span:
+            tracing.inject(metadata)
+            try:
+                response = await self.channel(url).unary_unary(
+                    f"/{method}", request_serializer=pb.ModelInferRequest.SerializeToString,
+                    response_deserializer=pb.ModelInferResponse.FromString)(
+                    request, timeout=timeout_s, metadata=tuple(metadata.items()))
+            except grpc.aio.AioRpcError as exc:
+                if span is not None:
+                    span.set_attribute("rpc.grpc.status_code", exc.code().value[0])
+                raise _refused(exc) from None
+        try:
+            names = [o.name for o in response.outputs]
+            raw = response.raw_output_contents[names.index("probabilities")]
+            probabilities = np.frombuffer(raw, dtype="<f4").astype(np.float32).reshape(
+                len(call.rows), call.labels)
+        except (ValueError, IndexError) as exc:
+            raise _Refused(f"unusable answer ({exc})") from exc
+        return CenterAnswer(probabilities, response.model_version, url)
+
+    async def close(self) -> None:
+        channels, self.channels = list(self.channels.values()), {}
+        await asyncio.gather(*(c.close() for c in channels), *self._closing)
+
+
+def _refused(exc: grpc.aio.AioRpcError) -> _Refused:
+    code = exc.code()
+    retry = dict(exc.trailing_metadata() or ()).get("retry-after", "")
+    cooldown = (float(retry) if code == grpc.StatusCode.UNAVAILABLE and isinstance(retry, str)
+                and retry.isdigit() else None)
+    # the caller's mistakes (a model the center does not have yet, say) say nothing about the
+    # center's health; everything else does
+    client_side = code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                           grpc.StatusCode.FAILED_PRECONDITION)
+    return _Refused(f"gRPC {code.name}", unhealthy=not client_side, cooldown=cooldown)
 
 
 def _request(texts: list[str] | None, rows: list[np.ndarray]) -> dict[str, object]:
@@ -126,15 +266,6 @@ def _request(texts: list[str] | None, rows: list[np.ndarray]) -> dict[str, objec
                   {"name": v2.MASK, "shape": shape, "datatype": "INT64",
                    "data": enc.attention_mask.ravel().tolist()}]
     return {"inputs": inputs, "outputs": [{"name": "probabilities"}]}
-
-
-def _judge(breaker: CircuitBreaker, response: httpx.Response) -> None:
-    if response.status_code == 503:
-        retry = response.headers.get("retry-after", "")
-        breaker.failure(cooldown=float(retry) if retry.isdigit() else None)
-    elif response.status_code >= 500:
-        breaker.failure()
-    # a 4xx (say, a model the center does not have yet) says nothing about its health
 
 
 def _answer(response: httpx.Response, url: str, rows: int, labels: int) -> CenterAnswer:

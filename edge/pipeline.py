@@ -15,7 +15,7 @@ from edge.escalation import CenterClient, CenterUnavailable
 from edge.runtime import OnnxRuntime
 from edge.settings import EdgeSettings
 from serving import classify, tracing, v2
-from serving.discovery import SERVICES, Instance, OnChange
+from serving.discovery import SERVICES, Instance, OnChange, host_port
 from serving.logs import request_id
 from serving.manifest import Manifest
 from serving.metrics import MV, Metrics
@@ -156,10 +156,17 @@ class EdgeService:
         return {SERVICES["center"]: self._centers}
 
     def _centers(self, instances: list[Instance]) -> None:
-        """Escalate to the centers Consul says are passing; the static list when none is."""
-        scheme = "https" if self.settings.center_ca is not None else "http"
-        self.center.set_urls([f"{scheme}://{i.target}" for i in instances]
-                             or self.static_centers)
+        """Escalate to the centers Consul says are passing (over gRPC to those that registered
+        a gRPC port, with ``escalation`` grpc); the static list when none is."""
+        tls = self.settings.center_ca is not None
+        urls = []
+        for i in instances:
+            grpc_port = i.grpc_port if self.settings.escalation == "grpc" else None
+            if grpc_port:
+                urls.append(f"{'grpcs' if tls else 'grpc'}://{host_port(i.address, grpc_port)}")
+            else:
+                urls.append(f"{'https' if tls else 'http'}://{i.target}")
+        self.center.set_urls(urls or self.static_centers)
 
     async def stop(self) -> None:
         await self.center.close()

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from serving.settings import ServingSettings
+
+CENTER_SCHEMES = ("http://", "https://", "grpc://", "grpcs://")
 
 
 class EdgeSettings(ServingSettings):
@@ -25,7 +28,12 @@ class EdgeSettings(ServingSettings):
     """Model store folder holding the INT8 ONNX artifacts (registry pull --tier edge)."""
 
     center_url: str | None = None
-    """Center base URL(s), comma-separated, e.g. http://127.0.0.1:8100 (until discovery)."""
+    """Center base URL(s), comma-separated, until discovery: http(s)://host:port for V2 REST,
+    grpc(s)://host:port for gRPC V2 (e.g. http://127.0.0.1:8100, grpc://127.0.0.1:8101)."""
+
+    escalation: Literal["http", "grpc"] = "http"
+    """How discovered centers are called: V2 REST on their HTTP port, or gRPC V2 on the gRPC
+    port they registered (a center without one is called over REST)."""
 
     center_ca: Path | None = None
     """PEM fleet CA (``registry tls``): when set, rows escalate only over HTTPS to centers whose
@@ -53,8 +61,13 @@ class EdgeSettings(ServingSettings):
 
     @model_validator(mode="after")
     def _centers_over_tls(self) -> EdgeSettings:
-        plain = [u for u in (self.center_url or "").split(",") if u.strip().startswith("http:")]
+        urls = [u.strip() for u in (self.center_url or "").split(",") if u.strip()]
+        unknown = [u for u in urls if not u.startswith(CENTER_SCHEMES)]
+        if unknown:
+            raise ValueError(f"center_url {unknown[0]!r}: expected http://, https://, grpc:// "
+                             f"or grpcs:// and host:port")
+        plain = [u for u in urls if u.startswith(("http:", "grpc:"))]
         if self.center_ca is not None and plain:
-            raise ValueError(f"center_ca is set, so centers are reached over HTTPS only; "
-                             f"center_url lists {plain[0].strip()}")
+            raise ValueError(f"center_ca is set, so centers are reached over TLS only "
+                             f"(https://, grpcs://); center_url lists {plain[0]}")
         return self

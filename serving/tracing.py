@@ -134,29 +134,28 @@ def server_span(name: str, carrier: Mapping[str, str],
         state = carrier.get(TRACESTATE, "")
         if tid and isinstance(state, str) and 0 < len(state) <= _MAX_TRACESTATE:
             passed[TRACESTATE] = state
-        handle = ServerSpan(None, passed)
-        token = trace_id.set(tid or passed[TRACEPARENT][3:35])
-        server = _server.set(handle)
-        try:
+        with _serving(ServerSpan(None, passed), tid or passed[TRACEPARENT][3:35]) as handle:
             yield handle
-        finally:
-            _server.reset(server)
-            trace_id.reset(token)
         return
     parent = PROPAGATOR.extract({k: v for k, v in carrier.items()
                                  if k in (TRACEPARENT, TRACESTATE) and isinstance(v, str)})
     with _tracer.start_as_current_span(name, context=parent, kind=SpanKind.SERVER,
                                        attributes=dict(attributes),
                                        record_exception=False, set_status_on_exception=False
-                                       ) as span:
-        handle = ServerSpan(span, {})
-        token = trace_id.set(f"{span.get_span_context().trace_id:032x}")
-        server = _server.set(handle)
-        try:
-            yield handle
-        finally:
-            _server.reset(server)
-            trace_id.reset(token)
+                                       ) as span, \
+            _serving(ServerSpan(span, {}), f"{span.get_span_context().trace_id:032x}") as handle:
+        yield handle
+
+
+@contextmanager
+def _serving(handle: ServerSpan, tid: str) -> Iterator[ServerSpan]:
+    """``handle`` is the request's server span and ``tid`` the logs' trace id, for the call."""
+    token, server = trace_id.set(tid), _server.set(handle)
+    try:
+        yield handle
+    finally:
+        _server.reset(server)
+        trace_id.reset(token)
 
 
 def set_attributes(**attributes: Any) -> None:

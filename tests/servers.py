@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from tiered.processes import BIN, RegistryProcess, TierProcess, start_registry, start_tier
 
@@ -47,3 +50,17 @@ def subscribed_pair(home: Path, folder: Path, token: str, *sync_flags: str,
         for server in servers:
             server.stop()
         registry.stop()
+
+
+def log_lines(server: Server, request_id: str, timeout: float = 10) -> list[dict[str, Any]]:
+    """The JSON log lines of ``request_id``, once its access line (written after the answer
+    went out) is there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = [json.loads(line) for line in server.log.read_text().splitlines()
+                 if line.startswith("{")]
+        mine = [line for line in lines if line.get("request_id") == request_id]
+        if any(line["logger"] == "serving.access" for line in mine) or \
+                time.monotonic() > deadline:
+            return mine
+        time.sleep(0.05)

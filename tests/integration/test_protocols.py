@@ -28,8 +28,8 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import RegistryCli
-from tests.servers import Server, start
+from bench.fuzz import fill_stores
+from tests.servers import Server, log_lines, start
 from tiered.processes import free_port
 
 pytestmark = pytest.mark.integration
@@ -56,20 +56,18 @@ class Tier:
 class Pair:
     center: Tier
     edge: Tier
+    root: Path  # the stores: root/center, root/edge
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Iterator[Pair]:
     root = tmp_path_factory.mktemp("protocols")
-    cli = RegistryCli(root / "registry")
-    cli("publish", tiny_release, "--name", "tiny")
-    for tier in ("center", "edge"):
-        cli("pull", "tiny", "--tier", tier, "--store", root / tier)
+    fill_stores(root, tiny_release)  # published, pulled into root/center and root/edge
     ports = free_port(), free_port()
     center = start("center", root / "center", root, "--grpc-port", str(ports[0]))
     edge = start("edge", root / "edge", root, "--center-url", center.url, "--grpc-port",
                  str(ports[1]), "--cache-size", "0")
-    yield Pair(Tier(center, ports[0]), Tier(edge, ports[1]))
+    yield Pair(Tier(center, ports[0]), Tier(edge, ports[1]), root)
     edge.stop()
     center.stop()
 
@@ -404,9 +402,7 @@ def test_tracing_off_the_clients_trace_context_still_reaches_the_center_and_the_
     assert answer.status_code == 200
     assert next(o["data"] for o in answer.json()["outputs"] if o["name"] == "tier") == ["center"]
     for server in (pair.edge.server, pair.center.server):
-        lines = [json.loads(line) for line in server.log.read_text().splitlines()
-                 if line.startswith("{")]
-        mine = [line for line in lines if line.get("request_id") == "passed-1"]
+        mine = log_lines(server, "passed-1")
         assert mine and {line["trace_id"] for line in mine} == {trace}, (server.name, mine)
 
 
@@ -424,3 +420,35 @@ def test_the_protocol_benchmark_measures_all_three_encodings(pair: Pair) -> None
     assert all(r.requests > 0 and r.errors == 0 and r.p99_ms >= r.p50_ms > 0 for r in results)
     markdown = table_markdown(table(results, 0.3))
     assert markdown.count("| gRPC |") == len(ROWS) * len(CONCURRENCY)
+
+
+def test_an_edge_escalating_over_grpc_answers_as_one_escalating_over_rest(
+        pair: Pair, tmp_path: Path) -> None:
+    """``--center-url grpc://…``: unsure rows go to the center's gRPC port (texts and token
+    rows alike) and come back as the REST escalation's do; a center that does not answer is
+    failed over and its circuit opens."""
+    dead = free_port()
+    urls = f"grpc://127.0.0.1:{dead},grpc://127.0.0.1:{pair.center.grpc_port}"
+    edge = start("edge", pair.root / "edge", tmp_path, "--center-url", urls,
+                 "--cache-size", "0", "--center-timeout-s", "1")
+    try:
+        texts = {"inputs": [{"name": "text", "shape": [3], "datatype": "BYTES",
+                             "data": TEXTS[:3]}], "parameters": {"threshold": 1.0}}
+        ids = {"inputs": [{"name": "input_ids", "shape": [2, 4], "datatype": "INT64",
+                           "data": [101, 2307, 2143, 102, 101, 9643, 102, 0]},
+                          {"name": "attention_mask", "shape": [2, 4], "datatype": "INT64",
+                           "data": [1, 1, 1, 1, 1, 1, 1, 0]}], "parameters": {"threshold": 1.0}}
+        for body in (texts, ids) * 4:  # the dead center comes first in every other call
+            over_grpc = httpx.post(f"{edge.url}/v2/models/tiny/infer", json=body, timeout=30)
+            over_rest = httpx.post(f"{pair.edge.server.url}/v2/models/tiny/infer", json=body,
+                                   timeout=30)
+            assert over_grpc.status_code == over_rest.status_code == 200, over_grpc.text
+            got, want = over_grpc.json(), over_rest.json()
+            assert got["outputs"] == want["outputs"]  # tier "center", same probabilities
+            assert got["parameters"]["center_version"] == want["parameters"]["center_version"]
+            assert got["parameters"]["escalated"] == len(got["outputs"][0]["data"])
+        metrics = httpx.get(f"{edge.url}/metrics", timeout=10).text
+        assert f'edge_center_circuit_open{{center="grpc://127.0.0.1:{dead}"}} 1.0' in metrics
+        assert 'edge_rows_total{model="tiny",tier="edge-degraded"' not in metrics
+    finally:
+        edge.stop()

@@ -5,7 +5,6 @@ center processes exporting to it through the standard OTEL_* variables.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -24,8 +23,8 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from tests.conftest import RegistryCli
-from tests.servers import Server, start
+from bench.fuzz import fill_stores
+from tests.servers import Server, log_lines, start
 from tiered.processes import free_port
 
 pytestmark = pytest.mark.integration
@@ -88,15 +87,15 @@ class Traced:
     center: Server
     edge: Server
     edge_grpc: int
+    center_grpc: int
+    root: Path
+    env: dict[str, str]
 
 
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Iterator[Traced]:
     root = tmp_path_factory.mktemp("tracing")
-    cli = RegistryCli(root / "registry")
-    cli("publish", tiny_release, "--name", "tiny")
-    for tier in ("center", "edge"):
-        cli("pull", "tiny", "--tier", tier, "--store", root / tier)
+    fill_stores(root, tiny_release)  # published, pulled into root/center and root/edge
     collector = Collector()
     server = grpc.server(futures.ThreadPoolExecutor(2))
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collector, server)
@@ -104,20 +103,14 @@ def traced(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Iter
     server.start()
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
            "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_BSP_SCHEDULE_DELAY": "100"}
-    center = start("center", root / "center", root, env=env)
-    grpc_port = free_port()
+    center_grpc, grpc_port = free_port(), free_port()
+    center = start("center", root / "center", root, "--grpc-port", str(center_grpc), env=env)
     edge = start("edge", root / "edge", root, "--center-url", center.url, "--cache-size", "0",
                  "--grpc-port", str(grpc_port), env=env)
-    yield Traced(collector, center, edge, grpc_port)
+    yield Traced(collector, center, edge, grpc_port, center_grpc, root, env)
     edge.stop()
     center.stop()
     server.stop(grace=None)
-
-
-def log_lines(server: Server, request_id: str) -> list[dict[str, Any]]:
-    lines = [json.loads(line) for line in server.log.read_text().splitlines()
-             if line.startswith("{")]
-    return [line for line in lines if line.get("request_id") == request_id]
 
 
 def test_an_escalated_request_is_one_trace_from_the_client_through_edge_and_center(
@@ -196,3 +189,26 @@ def test_without_a_client_context_each_request_starts_its_own_trace(traced: Trac
                 s.service == "tiered-edge")
     assert edge.parent == ""  # a root span: the malformed header was ignored, not trusted
     assert os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") is None  # this process exports nothing
+
+
+def test_an_escalation_over_grpc_carries_the_trace_in_its_metadata(traced: Traced,
+                                                                     tmp_path: Path) -> None:
+    trace = "1f0e2d3c4b5a69788796a5b4c3d2e1f0"
+    edge = start("edge", traced.root / "edge", tmp_path, "--center-url",
+                 f"grpc://127.0.0.1:{traced.center_grpc}", "--cache-size", "0", env=traced.env)
+    try:
+        body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
+                            "data": ["a fine film"]}], "parameters": {"threshold": 1.0}}
+        answer = httpx.post(f"{edge.url}/v2/models/tiny/infer", json=body, timeout=30,
+                            headers={"traceparent": f"00-{trace}-{CLIENT_SPAN}-01"})
+        assert answer.status_code == 200 and answer.json()["parameters"]["escalated"] == 1
+    finally:
+        edge.stop()
+    method = "inference.GRPCInferenceService/ModelInfer"
+    spans = traced.collector.wait(trace, {"tiered-edge", "tiered-center"}, {method})
+    call = next(s for s in spans if s.span.kind == Span.SPAN_KIND_CLIENT)
+    center = next(s for s in spans if s.service == "tiered-center" and
+                  s.span.kind == Span.SPAN_KIND_SERVER)
+    assert call.span.name == center.span.name == method and call.service == "tiered-edge"
+    assert center.parent == call.id and call.attribute("rpc.system") == "grpc"
+    assert center.attribute("tiered.tier") == "center"

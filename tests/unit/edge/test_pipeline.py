@@ -162,3 +162,26 @@ def test_rows_are_counted_by_tier_in_the_metrics(tmp_path: Path) -> None:
     labels = {"model": "sentiment", "version": "3"}
     assert value("edge_rows_total", {**labels, "tier": "edge"}) == 1
     assert value("edge_rows_total", {**labels, "tier": "center"}) == 2
+
+
+def test_discovered_centers_are_called_over_grpc_where_they_registered_a_grpc_port(
+        tmp_path: Path) -> None:
+    from serving.discovery import Instance
+
+    centers = [Instance("c1", "10.0.0.1", 8100, meta={"grpc_port": "8101"}),
+               Instance("c2", "10.0.0.2", 8100),  # no gRPC port: REST
+               Instance("c3", "fe80::1", 8100, meta={"grpc_port": "8101"})]
+    # (an instance whose grpc_port is not a port never gets here: discovery drops it)
+    rest = ["http://10.0.0.1:8100", "http://10.0.0.2:8100", "http://[fe80::1]:8100"]
+    service = edge(tmp_path, center_answering([]))
+    service._centers(centers)
+    assert service.center.urls == rest  # the default: V2 REST
+    service = edge(tmp_path, center_answering([]), escalation="grpc")
+    service._centers(centers)
+    assert service.center.urls == ["grpc://10.0.0.1:8101", rest[1], "grpc://[fe80::1]:8101"]
+    ca = tmp_path / "ca.pem"
+    service = edge(tmp_path, center_answering([]), escalation="grpc", center_ca=ca)
+    service._centers(centers[:2])
+    assert service.center.urls == ["grpcs://10.0.0.1:8101", "https://10.0.0.2:8100"]
+    service._centers([])  # none passing: the static list (none here)
+    assert service.center.urls == []

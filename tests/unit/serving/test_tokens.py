@@ -55,6 +55,14 @@ def test_a_node_starts_only_with_its_own_token(tmp_path: Path) -> None:
 
 def test_center_ca_means_https_centers_only(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
-    with pytest.raises(ValidationError, match="HTTPS only"):
-        EdgeSettings(center_ca=ca, center_url="http://127.0.0.1:8100")
-    assert EdgeSettings(center_ca=ca, center_url="https://127.0.0.1:8100").center_ca == ca
+    for plain in ("http://127.0.0.1:8100", "https://a:8100, grpc://127.0.0.1:8101"):
+        with pytest.raises(ValidationError, match="over TLS only"):
+            EdgeSettings(center_ca=ca, center_url=plain)
+    both = "https://127.0.0.1:8100,grpcs://127.0.0.1:8101"
+    assert EdgeSettings(center_ca=ca, center_url=both).center_ca == ca
+
+
+@pytest.mark.parametrize("url", ["127.0.0.1:8100", "ftp://c:1", "unix:/tmp/s", "http:/c"])
+def test_a_center_url_names_its_protocol(url: str) -> None:
+    with pytest.raises(ValidationError, match="expected http://, https://, grpc://"):
+        EdgeSettings(center_url=url)
