@@ -285,6 +285,36 @@ def test_escalations_go_only_to_centers_with_a_center_certificate(
         peers.close()
 
 
+def test_grpc_escalations_go_only_to_centers_with_a_center_certificate(
+        tmp_path: Path, tiny_release: Path) -> None:
+    """``grpcs://`` centers with ``--center-ca``: the TLS handshake checks the center role, so
+    a real center process holding the registry's certificate (same CA) gets no rows."""
+    from bench.fuzz import fill_stores
+
+    fill_stores(tmp_path, tiny_release)
+    tls = tmp_path / "tls"
+    pki.fleet(tls, ["127.0.0.1"])
+    ports = {"center": free_port(), "registry": free_port()}
+    centers = {role: start("center", tmp_path / "center", tmp_path, "--tls-cert",
+                           str(tls / f"{role}.pem"), "--tls-key", str(tls / f"{role}.key"),
+                           "--grpc-port", str(port), ca=tls / "ca.pem")
+               for role, port in ports.items()}
+    urls = ",".join(f"grpcs://127.0.0.1:{ports[role]}" for role in ("registry", "center"))
+    edge = start("edge", tmp_path / "edge", tmp_path, "--center-ca", str(tls / "ca.pem"),
+                 "--center-url", urls, "--cache-size", "0")
+    try:
+        for _ in range(4):  # round-robin: the impostor comes first every other call
+            answer = httpx.post(f"{edge.url}/v2/models/tiny/infer", json=ESCALATE,
+                                timeout=10).json()
+            assert tiers(answer) == ["center"] and answer["parameters"]["center_version"] == "1"
+        assert "grpc ModelInfer" in centers["center"].log.read_text()
+        assert "grpc ModelInfer" not in centers["registry"].log.read_text()
+    finally:
+        edge.stop()
+        for center in centers.values():
+            center.stop()
+
+
 # -- per-node limits ------------------------------------------------------------------------
 
 
