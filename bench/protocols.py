@@ -1,5 +1,6 @@
 """Protocol benchmark: the same edge, model and texts over V2 JSON/HTTP, the binary tensor
-extension over HTTP, and gRPC V2, at concurrency 1/8/32, with 1 and 32 rows per request.
+extension over HTTP, and gRPC V2, at concurrency 1/8/32, with 1 and 32 rows per request; then
+the edge's escalation to the center over REST vs over gRPC.
 
     .venv/bin/python -m bench.protocols [--duration SECONDS] [--quick] [--markdown PATH]
 
@@ -10,6 +11,10 @@ and grpc.aio from this one process, which also decodes every answer (JSON parse;
 binary parse; numpy over ``raw_output_contents``). Each row of the table is one run of
 ``--duration`` seconds after a warm-up; the client's own CPU use is shown so a saturated client
 is visible.
+
+The escalation table: a center (full precision) and two edges, one escalating over V2 REST
+(``--center-url http://``), one over gRPC (``grpc://``); JSON requests with ``threshold`` 1, so
+every row goes to the center.
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ PROTOCOLS = ("JSON/HTTP", "binary/HTTP", "gRPC")
 EDGE_FLAGS = ("--cache-size", "0", "--max-batch-size", "32", "--max-batch-delay-ms", "5")
 OUTPUTS = 4  # label, probabilities, confidence, tier
 ANSWER_ALL = {"threshold": 0.0}  # no row escalates: the edge alone answers
+ESCALATE_ALL = {"threshold": 1.0}  # every row goes to the center
+ESCALATIONS = ("REST", "gRPC")
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 Send = Callable[[int], Awaitable[int]]  # body index -> rows answered
@@ -81,9 +88,9 @@ def groups(texts: list[str], rows: int, count: int) -> list[list[str]]:
     return [[texts[(i * rows + j) % len(texts)] for j in range(rows)] for i in range(count)]
 
 
-def json_body(group: list[str]) -> bytes:
+def json_body(group: list[str], parameters: dict[str, float] = ANSWER_ALL) -> bytes:
     return json.dumps({"inputs": [{"name": "text", "shape": [len(group)], "datatype": "BYTES",
-                                   "data": group}], "parameters": ANSWER_ALL}).encode()
+                                   "data": group}], "parameters": parameters}).encode()
 
 
 def binary_body(group: list[str]) -> tuple[bytes, int]:
@@ -203,31 +210,53 @@ async def measure(http_url: str, grpc_target: str, server_pid: int, texts: list[
                     await load(senders[name], len(texts_for), concurrency, warmup, server_pid)
                     run = await load(senders[name], len(texts_for), concurrency, seconds,
                                      server_pid)
-                    ms = np.asarray(run.latencies or [0.0]) * 1000
-                    results.append(Result(
-                        name, rows, concurrency, len(run.latencies), run.errors, run.seconds,
-                        float(np.percentile(ms, 50)), float(np.percentile(ms, 99)),
-                        run.client_cpu_s / run.seconds, run.server_cpu_s / run.seconds))
-                    console.print(f"  {name:11} rows={rows:<2} c={concurrency:<2} "
-                                  f"{results[-1].rps:8.1f} req/s  p50 "
-                                  f"{results[-1].p50_ms:6.2f} ms  p99 {results[-1].p99_ms:6.2f} ms")
+                    results.append(_result(name, rows, concurrency, run))
     return results
+
+
+async def measure_escalation(edges: dict[str, tuple[str, int]], texts: list[str],
+                             seconds: float, warmup: float, model: str = MODEL) -> list[Result]:
+    """JSON requests whose every row escalates, to each edge of ``edges`` (escalation name ->
+    (edge URL, edge pid))."""
+    results = []
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        for rows in ROWS:
+            texts_for = groups(texts, rows, max(1, len(texts) // rows) * 4)
+            bodies = [json_body(g, ESCALATE_ALL) for g in texts_for]
+            for concurrency in CONCURRENCY:
+                for name, (url, pid) in edges.items():
+                    send = json_sender(session, f"{url}/v2/models/{model}/infer", bodies)
+                    await load(send, len(bodies), concurrency, warmup, pid)
+                    run = await load(send, len(bodies), concurrency, seconds, pid)
+                    results.append(_result(name, rows, concurrency, run))
+    return results
+
+
+def _result(name: str, rows: int, concurrency: int, run: Load) -> Result:
+    ms = np.asarray(run.latencies or [0.0]) * 1000
+    result = Result(name, rows, concurrency, len(run.latencies), run.errors, run.seconds,
+                    float(np.percentile(ms, 50)), float(np.percentile(ms, 99)),
+                    run.client_cpu_s / run.seconds, run.server_cpu_s / run.seconds)
+    console.print(f"  {name:11} rows={rows:<2} c={concurrency:<2} {result.rps:8.1f} req/s  "
+                  f"p50 {result.p50_ms:6.2f} ms  p99 {result.p99_ms:6.2f} ms")
+    return result
 
 
 # --- report ----------------------------------------------------------------------------------
 
-def table(results: list[Result], seconds: float) -> Table:
-    out = Table(title="V2 protocols on one edge (demo INT8 model, every row answered at the "
-                      "edge)",
+def table(results: list[Result], seconds: float, title: str = "V2 protocols on one edge "
+          "(demo INT8 model, every row answered at the edge)", base_name: str = "JSON/HTTP",
+          vs: str = "vs JSON", column: str = "protocol") -> Table:
+    out = Table(title=title,
                 caption=f"{seconds:g} s per run after a warm-up; one Python client process "
-                        f"(aiohttp / grpc.aio) sends and decodes. vs JSON: req/s against the "
-                        f"JSON/HTTP row of the same rows and concurrency.")
-    for header in ("rows/request", "concurrency", "protocol", "req/s", "rows/s", "p50 ms",
-                   "p99 ms", "vs JSON", "errors", "client cores", "edge cores"):
-        out.add_column(header, justify="left" if header == "protocol" else "right")
+                        f"(aiohttp / grpc.aio) sends and decodes. {vs}: req/s against the "
+                        f"{base_name} row of the same rows and concurrency.")
+    for header in ("rows/request", "concurrency", column, "req/s", "rows/s", "p50 ms",
+                   "p99 ms", vs, "errors", "client cores", "edge cores"):
+        out.add_column(header, justify="left" if header == column else "right")
     by = {(r.rows, r.concurrency, r.protocol): r for r in results}
     for r in results:
-        base = by[r.rows, r.concurrency, "JSON/HTTP"].rps
+        base = by[r.rows, r.concurrency, base_name].rps
         out.add_row(str(r.rows), str(r.concurrency), r.protocol, f"{r.rps:.1f}",
                     f"{r.rps * r.rows:.0f}", f"{r.p50_ms:.2f}", f"{r.p99_ms:.2f}",
                     f"{r.rps / base:.2f}x" if base else "-", str(r.errors),
@@ -253,14 +282,26 @@ def main(argv: Sequence[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="tiered-protocols-") as tmp:
         root = Path(tmp)
         pull(args.registry, "edge", root / "edge")
-        grpc_port = free_port()
+        pull(args.registry, "center", root / "center")
+        grpc_port, center_grpc = free_port(), free_port()
         with server("edge", root / "edge", root, *EDGE_FLAGS, "--grpc-port",
                     str(grpc_port)) as edge:
             results = asyncio.run(measure(edge.url, f"127.0.0.1:{grpc_port}", edge.pid, texts,
                                           args.duration, warmup))
+        with server("center", root / "center", root, "--grpc-port", str(center_grpc)) as center, \
+                server("edge", root / "edge", root, *EDGE_FLAGS, "--center-url",
+                       center.url) as over_rest, \
+                server("edge", root / "edge", root, *EDGE_FLAGS, "--center-url",
+                       f"grpc://127.0.0.1:{center_grpc}") as over_grpc:
+            escalations = asyncio.run(measure_escalation(
+                {"REST": (over_rest.url, over_rest.pid), "gRPC": (over_grpc.url, over_grpc.pid)},
+                texts, args.duration, warmup))
     show(machine_table({"edge flags": " ".join(EDGE_FLAGS),
                         "clients": "aiohttp, grpc.aio, tritonclient (bodies and parsing)"}))
     show(table(results, args.duration))
+    show(table(escalations, args.duration, "Edge → center escalation over V2 REST vs gRPC "
+               "(every row escalates; JSON client requests)", "REST", "vs REST",
+               "escalation"))
     if args.markdown:
         show.write(args.markdown, "Protocols")
 

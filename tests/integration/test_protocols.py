@@ -450,5 +450,14 @@ def test_an_edge_escalating_over_grpc_answers_as_one_escalating_over_rest(
         metrics = httpx.get(f"{edge.url}/metrics", timeout=10).text
         assert f'edge_center_circuit_open{{center="grpc://127.0.0.1:{dead}"}} 1.0' in metrics
         assert 'edge_rows_total{model="tiny",tier="edge-degraded"' not in metrics
+        # bench.protocols' escalation table in miniature: both edges, every row escalated
+        import asyncio
+
+        from bench.protocols import CONCURRENCY, ROWS, measure_escalation
+        runs = asyncio.run(measure_escalation(
+            {"REST": (pair.edge.server.url, pair.edge.server.pid), "gRPC": (edge.url, edge.pid)},
+            TEXTS * 6, seconds=0.2, warmup=0.05, model="tiny"))
+        assert len(runs) == 2 * len(ROWS) * len(CONCURRENCY)
+        assert all(r.requests > 0 and r.errors == 0 for r in runs)
     finally:
         edge.stop()
