@@ -138,8 +138,9 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: ServingError)
             seconds=int(retry)))
         status = status_pb2.Status(code=code_pb2.UNAVAILABLE, message=str(exc))
         status.details.add().Pack(detail)
-        context.set_trailing_metadata((("retry-after", retry),
-                                       ("grpc-status-details-bin", status.SerializeToString())))
+        context.set_trailing_metadata((  # replaces _call's: the request id goes again
+            (REQUEST_ID, request_id.get() or ""), ("retry-after", retry),
+            ("grpc-status-details-bin", status.SerializeToString())))
     await context.abort(code, str(exc))
 
 

@@ -461,3 +461,42 @@ def test_an_edge_escalating_over_grpc_answers_as_one_escalating_over_rest(
         assert all(r.requests > 0 and r.errors == 0 for r in runs)
     finally:
         edge.stop()
+
+
+def test_back_pressure_over_grpc_is_unavailable_with_retry_info(pair: Pair,
+                                                               tmp_path: Path) -> None:
+    """A center whose queue cannot take the rows answers UNAVAILABLE at once, saying when to
+    come back twice over (a ``retry-after`` trailer and a google.rpc RetryInfo detail); an
+    edge escalating to it over gRPC answers those rows itself, marked degraded."""
+    from google.rpc import error_details_pb2, status_pb2
+
+    grpc_port = free_port()
+    center = start("center", pair.root / "center", tmp_path, "--max-queue-rows", "2",
+                   "--grpc-port", str(grpc_port))
+    edge = start("edge", pair.root / "edge", tmp_path, "--cache-size", "0", "--center-url",
+                 f"grpc://127.0.0.1:{grpc_port}")
+    try:
+        request = _text(b"".join(struct.pack("<I", 1) + b"x" for _ in range(3)), [3])
+        request.id = "busy-1"
+        with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            with pytest.raises(grpc.RpcError) as raised:
+                stub.ModelInfer(request, timeout=30, metadata=(("x-request-id", "busy-1"),))
+        error = raised.value
+        assert error.code() == grpc.StatusCode.UNAVAILABLE and "queue" in error.details()
+        trailers = dict(error.trailing_metadata())
+        assert trailers["retry-after"] == "1" and trailers["x-request-id"] == "busy-1"
+        status = status_pb2.Status.FromString(trailers["grpc-status-details-bin"])
+        info = error_details_pb2.RetryInfo()
+        assert status.details[0].Unpack(info) and info.retry_delay.seconds == 1
+        body = {"inputs": [{"name": "text", "shape": [3], "datatype": "BYTES",
+                            "data": TEXTS[:3]}], "parameters": {"threshold": 1.0}}
+        answer = httpx.post(f"{edge.url}/v2/models/tiny/infer", json=body, timeout=30)
+        assert answer.status_code == 200
+        assert next(o["data"] for o in answer.json()["outputs"] if o["name"] == "tier") == \
+            ["edge-degraded"] * 3
+        assert f'edge_center_circuit_open{{center="grpc://127.0.0.1:{grpc_port}"}} 1.0' in \
+            httpx.get(f"{edge.url}/metrics", timeout=10).text  # backs off at once
+    finally:
+        edge.stop()
+        center.stop()
