@@ -116,6 +116,11 @@ def test_tritonclient_http_defaults_binary_both_ways(pair: Pair, tier_name: str)
     assert kinds == {"label": False, "confidence": True}
     assert [v.decode() for v in mixed.as_numpy("label")] == \
         next(o["data"] for o in json_answer(tier, TEXTS)["outputs"] if o["name"] == "label")
+    # every row escalated (the edge asks the center in its own encoding): same as JSON
+    escalated = client.infer("tiny", [text], parameters={"threshold": 1.0})
+    expected = json_answer(tier, TEXTS, threshold=1.0)
+    same_as_json(expected, {n: escalated.as_numpy(n) for n in OUTPUTS})
+    assert {v.decode() for v in escalated.as_numpy("tier")} == {"center"}
     client.close()
 
 
