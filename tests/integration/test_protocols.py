@@ -505,3 +505,23 @@ def test_back_pressure_over_grpc_is_unavailable_with_retry_info(pair: Pair,
     finally:
         edge.stop()
         center.stop()
+
+
+def test_grpc_reflection_lists_the_services_and_describes_the_protocol(pair: Pair) -> None:
+    """What ``grpcurl -plaintext HOST:PORT list`` / ``describe`` ask."""
+    from google.protobuf import descriptor_pb2
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    with grpc.insecure_channel(pair.edge.grpc) as channel:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        requests = [reflection_pb2.ServerReflectionRequest(list_services=""),
+                    reflection_pb2.ServerReflectionRequest(
+                        file_containing_symbol="inference.GRPCInferenceService")]
+        listed, described = list(stub.ServerReflectionInfo(iter(requests), timeout=10))
+    services = {s.name for s in listed.list_services_response.service}
+    assert {"inference.GRPCInferenceService", "grpc.health.v1.Health"} <= services
+    files = [descriptor_pb2.FileDescriptorProto.FromString(raw) for raw in
+             described.file_descriptor_response.file_descriptor_proto]
+    methods = {m.name for f in files for s in f.service for m in s.method}
+    assert {"ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
+            "ModelInfer"} <= methods

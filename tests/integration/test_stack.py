@@ -24,6 +24,7 @@ import pytest
 
 from serving.tokens import node_token
 from tests.conftest import RegistryCli
+from tests.servers import log_lines
 from tiered.processes import BIN, free_port
 from tiered.stack import Stack
 
@@ -204,6 +205,23 @@ def test_binary_http_and_grpc_clients_work_through_nginx_unchanged(stack: Stack)
     escalated = client.infer("tiny", [text], parameters={"threshold": 1.0})
     assert [v.decode() for v in escalated.as_numpy("tier")] == ["center"] * 3
     client.close()
+
+
+def test_the_clients_trace_context_passes_nginx_to_the_edge_and_the_center(
+        stack: Stack) -> None:
+    """Tracing is off here: the trace id still reaches every log line of the request, through
+    nginx, the edge and the escalation to a center."""
+    trace = "6e0c63257de34c92bf9efcd03927272e"
+    body = {**ESCALATE, "inputs": [{**BODY["inputs"][0], "data": ["traced, not cached"]}]}
+    answer = infer(stack, body, **{"traceparent": f"00-{trace}-00f067aa0ba902b7-01",
+                                   "X-Request-ID": "stack-traced-1"})
+    assert answer.status_code == 200
+    node = answer.json()["parameters"]["node_id"]
+    centers = [c for c in stack.children.values() if c.role == "center"]
+    edge_lines = log_lines(stack.children[node], "stack-traced-1")
+    center_lines = [line for c in centers for line in log_lines(c, "stack-traced-1", 2)]
+    assert edge_lines and center_lines
+    assert {line["trace_id"] for line in edge_lines + center_lines} == {trace}
 
 
 def test_a_client_over_its_rate_limit_gets_429_in_the_v2_error_shape(stack: Stack) -> None:
