@@ -264,6 +264,21 @@ def table(results: list[Result], seconds: float, title: str = "V2 protocols on o
     return out
 
 
+def summary(results: list[Result], base_name: str, what: str) -> str:
+    """One line: each other entry's req/s over ``base_name``'s, geometric mean and range over
+    the runs of the same rows and concurrency."""
+    by = {(r.rows, r.concurrency, r.protocol): r.rps for r in results}
+    parts = []
+    for name in dict.fromkeys(r.protocol for r in results if r.protocol != base_name):
+        ratios = [rps / by[rows, c, base_name] for (rows, c, p), rps in by.items()
+                  if p == name and by.get((rows, c, base_name))]
+        if ratios:
+            mean = float(np.exp(np.mean(np.log(ratios))))
+            parts.append(f"{name} {mean:.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x)")
+    return f"{what} req/s vs {base_name}, geometric mean over the runs (range): " + \
+        "; ".join(parts) + "."
+
+
 def machine_table(extra: dict[str, str]) -> Table:
     out = Table(title="Machine", show_header=False)
     out.add_column()
@@ -299,9 +314,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     show(machine_table({"edge flags": " ".join(EDGE_FLAGS),
                         "clients": "aiohttp, grpc.aio, tritonclient (bodies and parsing)"}))
     show(table(results, args.duration))
+    show(summary(results, "JSON/HTTP", "Client protocols:"))
     show(table(escalations, args.duration, "Edge → center escalation over V2 REST vs gRPC "
                "(every row escalates; JSON client requests)", "REST", "vs REST",
                "escalation"))
+    show(summary(escalations, "REST", "Escalation:"))
     if args.markdown:
         show.write(args.markdown, "Protocols")
 

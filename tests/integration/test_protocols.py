@@ -416,7 +416,7 @@ def test_the_protocol_benchmark_measures_all_three_encodings(pair: Pair) -> None
     import asyncio
 
     from bench.markdown import table_markdown
-    from bench.protocols import CONCURRENCY, PROTOCOLS, ROWS, measure, table
+    from bench.protocols import CONCURRENCY, PROTOCOLS, ROWS, measure, summary, table
 
     results = asyncio.run(measure(pair.edge.server.url, pair.edge.grpc, pair.edge.server.pid,
                                   TEXTS * 6, seconds=0.3, warmup=0.05, model="tiny"))
@@ -425,6 +425,8 @@ def test_the_protocol_benchmark_measures_all_three_encodings(pair: Pair) -> None
     assert all(r.requests > 0 and r.errors == 0 and r.p99_ms >= r.p50_ms > 0 for r in results)
     markdown = table_markdown(table(results, 0.3))
     assert markdown.count("| gRPC |") == len(ROWS) * len(CONCURRENCY)
+    line = summary(results, "JSON/HTTP", "Client protocols:")
+    assert "binary/HTTP " in line and "gRPC " in line and "JSON/HTTP " not in line.split(":")[1]
 
 
 def test_an_edge_escalating_over_grpc_answers_as_one_escalating_over_rest(
