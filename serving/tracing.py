@@ -55,9 +55,10 @@ def wanted(env: Mapping[str, str] = os.environ) -> bool:
                 env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 
 
-def configure(service: str, node_id: str, version: str = "") -> bool:
-    """Export spans over OTLP/gRPC as ``service`` (``service.instance.id`` = ``node_id``) when
-    the environment asks for it; return whether tracing is on."""
+def configure(service: str, node_id: str) -> bool:
+    """Export spans over OTLP/gRPC as ``service`` (unless ``OTEL_SERVICE_NAME`` names another;
+    ``service.instance.id`` = ``node_id``) when the environment asks for it; return whether
+    tracing is on."""
     global _provider, _tracer
     if not wanted():
         return False
@@ -68,8 +69,10 @@ def configure(service: str, node_id: str, version: str = "") -> bool:
                     "OTLP/gRPC to the same endpoint", protocol)
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-    resource = Resource.create({"service.name": service, "service.instance.id": node_id,
-                                "service.version": version})
+    attributes = {"service.instance.id": node_id}
+    if not os.environ.get("OTEL_SERVICE_NAME"):
+        attributes["service.name"] = service
+    resource = Resource.create(attributes)  # plus OTEL_RESOURCE_ATTRIBUTES
     provider = TracerProvider(resource=resource)
     provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     _provider, _tracer = provider, provider.get_tracer("tiered")
