@@ -115,8 +115,7 @@ class DataPlane:
         labels = {"model": model, "version": str(resident.version)}
         started = time.perf_counter()
         if tracing.active():
-            served = (resident.manifest.edge if self.repository.tier == "edge"
-                      else resident.manifest.center)
+            served = resident.manifest.model(self.repository.tier)
             tracing.set_attributes(**{"tiered.model": model, "tiered.version": resident.version,
                                       "tiered.release_digest": served.sha256,
                                       "tiered.request_bytes": request.size})

@@ -103,10 +103,13 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return roles | {role: artifact for role, artifact in
                         (("tokenizer", self.tokenizer), ("probe", self.probe)) if artifact}
 
+    def model(self, tier: Literal["edge", "center"]) -> Artifact:
+        """The model file a tier serves."""
+        return self.edge if tier == "edge" else self.center
+
     def artifacts(self, tier: Literal["edge", "center"]) -> list[Artifact]:
         """What a tier needs on disk: its model and, where there are, tokenizer and probe."""
-        model = self.edge if tier == "edge" else self.center
-        return [model] + [a for a in (self.tokenizer, self.probe) if a is not None]
+        return [self.model(tier)] + [a for a in (self.tokenizer, self.probe) if a is not None]
 
 
 def encode(manifest: Manifest) -> bytes:
