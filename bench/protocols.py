@@ -48,6 +48,7 @@ from bench.harness import (
 )
 from bench.kit import machine
 from bench.markdown import Shown
+from serving import v2
 from tiered.processes import free_port
 
 CONCURRENCY = (1, 8, 32)
@@ -105,8 +106,7 @@ def binary_body(group: list[str]) -> tuple[bytes, int]:
 def grpc_body(group: list[str], model: str = MODEL) -> bytes:
     request = pb.ModelInferRequest(model_name=model)
     request.inputs.add(name="text", datatype="BYTES", shape=[len(group)])
-    request.raw_input_contents.append(b"".join(
-        len(t.encode()).to_bytes(4, "little") + t.encode() for t in group))
+    request.raw_input_contents.append(v2.raw("BYTES", group))
     request.parameters["threshold"].double_param = 0.0
     return request.SerializeToString()
 

@@ -12,6 +12,7 @@ import asyncio
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import httpx
@@ -160,10 +161,26 @@ class _Call:
     labels: int
     _json: bytes | None = None
 
+    _message: Any = None  # a ModelInferRequest (the stubs load lazily: see GrpcCenters)
+
     def json(self) -> bytes:
         if self._json is None:
             self._json = msgspec.json.encode(_request(self.texts, self.rows))
         return self._json
+
+    def message(self) -> Any:
+        """The gRPC ModelInferRequest, raw contents, built once however many centers are
+        tried."""
+        if self._message is None:
+            from serving.gen import grpc_predict_v2_pb2 as pb  # see GrpcCenters
+
+            request = pb.ModelInferRequest(model_name=self.model, id=self.request_id or "")
+            for name, datatype, data in _tensors(self.texts, self.rows):
+                request.inputs.add(name=name, datatype=datatype, shape=list(np.shape(data)))
+                request.raw_input_contents.append(v2.raw(datatype, data))
+            request.outputs.add(name="probabilities")
+            self._message = request
+        return self._message
 
 
 class GrpcCenters:
@@ -202,17 +219,7 @@ class GrpcCenters:
     async def classify(self, url: str, call: _Call, timeout_s: float) -> CenterAnswer:
         from serving.gen import grpc_predict_v2_pb2 as pb  # see the class docstring
 
-        request = pb.ModelInferRequest(model_name=call.model, id=call.request_id or "")
-        if call.texts is not None:
-            request.inputs.add(name=v2.TEXT, datatype="BYTES", shape=[len(call.texts)])
-            request.raw_input_contents.append(b"".join(
-                v2.LENGTH.pack(len(e)) + e for e in (t.encode() for t in call.texts)))
-        else:
-            enc = pad(call.rows)
-            for name, tensor in ((v2.IDS, enc.input_ids), (v2.MASK, enc.attention_mask)):
-                request.inputs.add(name=name, datatype="INT64", shape=list(tensor.shape))
-                request.raw_input_contents.append(tensor.astype("<i8").tobytes())
-        request.outputs.add(name="probabilities")
+        request = call.message()
         metadata: dict[str, str] = {"x-request-id": call.request_id} if call.request_id else {}
         method = "inference.GRPCInferenceService/ModelInfer"
         with tracing.span(method, tracing.SpanKind.CLIENT, **{
@@ -255,16 +262,19 @@ def _refused(exc: grpc.aio.AioRpcError) -> _Refused:
     return _Refused(f"gRPC {code.name}", unhealthy=not client_side, cooldown=cooldown)
 
 
-def _request(texts: list[str] | None, rows: list[np.ndarray]) -> dict[str, object]:
+def _tensors(texts: list[str] | None, rows: list[np.ndarray]) -> list[tuple[str, str, Any]]:
+    """The escalation's inputs, whichever encoding carries them: the texts, or the token rows
+    padded into ids and mask. (name, datatype, data)."""
     if texts is not None:
-        inputs = [{"name": v2.TEXT, "shape": [len(texts)], "datatype": "BYTES", "data": texts}]
-    else:
-        enc = pad(rows)
-        shape = list(enc.input_ids.shape)
-        inputs = [{"name": v2.IDS, "shape": shape, "datatype": "INT64",
-                   "data": enc.input_ids.ravel().tolist()},
-                  {"name": v2.MASK, "shape": shape, "datatype": "INT64",
-                   "data": enc.attention_mask.ravel().tolist()}]
+        return [(v2.TEXT, "BYTES", texts)]
+    enc = pad(rows)
+    return [(v2.IDS, "INT64", enc.input_ids), (v2.MASK, "INT64", enc.attention_mask)]
+
+
+def _request(texts: list[str] | None, rows: list[np.ndarray]) -> dict[str, object]:
+    inputs = [{"name": name, "shape": list(np.shape(data)), "datatype": datatype,
+               "data": data if datatype == "BYTES" else data.ravel().tolist()}
+              for name, datatype, data in _tensors(texts, rows)]
     return {"inputs": inputs, "outputs": [{"name": "probabilities"}]}
 
 

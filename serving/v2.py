@@ -403,12 +403,18 @@ def encode_response(response: InferResponse) -> bytes:
     return ENCODER.encode(response)
 
 
-def raw_bytes(output: ResponseOutput) -> bytes:
-    """An output's data in the binary form: numbers little-endian, BYTES length-prefixed."""
-    if output.datatype == "BYTES":
-        encoded = [str(v).encode("utf-8") for v in output.data]
+def raw(datatype: str, data: Any) -> bytes:
+    """Tensor data in the binary form (the binary extension's and gRPC's ``raw_*_contents``):
+    numbers little-endian, BYTES elements each a 4-byte length and its UTF-8."""
+    if datatype == "BYTES":
+        encoded = [str(v).encode("utf-8") for v in data]
         return b"".join(LENGTH.pack(len(e)) + e for e in encoded)
-    return np.asarray(output.data, dtype=RAW_TYPES[output.datatype]).tobytes()
+    return np.asarray(data, dtype=RAW_TYPES[datatype]).tobytes()
+
+
+def raw_bytes(output: ResponseOutput) -> bytes:
+    """An output's data in the binary form."""
+    return raw(output.datatype, output.data)
 
 
 def encode_http(response: InferResponse, parsed: Parsed | None) -> tuple[bytes, int | None]:
