@@ -21,6 +21,7 @@ import numpy as np
 
 from edge.breaker import CircuitBreaker
 from edge.errors import CenterUnavailable
+from edge.settings import GRPC_SCHEMES, TLS_SCHEMES
 from serving import tracing, v2
 from serving.text import pad
 
@@ -89,12 +90,12 @@ class CenterClient:
             if not breaker.allow():
                 reasons.append(f"{url}: circuit open")
                 continue
-            if self.pinned and not url.startswith(SECURE):
+            if self.pinned and not url.startswith(TLS_SCHEMES):
                 breaker.failure()
                 reasons.append(f"{url}: not TLS (center_ca is set)")
                 continue
             try:
-                if url.startswith(GRPC):
+                if url.startswith(GRPC_SCHEMES):
                     answer = await self.grpc.classify(url, call, self.timeout_s)
                 else:
                     answer = await self._http(url, call)
@@ -144,10 +145,6 @@ class CenterClient:
     async def close(self) -> None:
         await self.http.aclose()
         await self.grpc.close()
-
-
-GRPC = ("grpc://", "grpcs://")
-SECURE = ("https://", "grpcs://")
 
 
 @dataclass

@@ -10,7 +10,10 @@ from pydantic_settings import SettingsConfigDict
 
 from serving.settings import ServingSettings
 
-CENTER_SCHEMES = ("http://", "https://", "grpc://", "grpcs://")
+# how a center URL says which protocol reaches it, and which of those are TLS
+GRPC_SCHEMES = ("grpc://", "grpcs://")
+TLS_SCHEMES = ("https://", "grpcs://")
+CENTER_SCHEMES = ("http://", *TLS_SCHEMES, "grpc://")
 
 
 class EdgeSettings(ServingSettings):
@@ -66,7 +69,7 @@ class EdgeSettings(ServingSettings):
         if unknown:
             raise ValueError(f"center_url {unknown[0]!r}: expected http://, https://, grpc:// "
                              f"or grpcs:// and host:port")
-        plain = [u for u in urls if u.startswith(("http:", "grpc:"))]
+        plain = [u for u in urls if not u.startswith(TLS_SCHEMES)]
         if self.center_ca is not None and plain:
             raise ValueError(f"center_ca is set, so centers are reached over TLS only "
                              f"(https://, grpcs://); center_url lists {plain[0]}")
