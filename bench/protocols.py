@@ -38,6 +38,7 @@ from tritonclient.grpc import service_pb2 as pb
 from bench.harness import (
     MODEL,
     TEXTS,
+    Load,
     bench_parser,
     console,
     parse_bench_args,
@@ -69,17 +70,9 @@ class Result:
     protocol: str
     rows: int
     concurrency: int
-    requests: int
-    errors: int
-    seconds: float
-    p50_ms: float
-    p99_ms: float
+    load: Load  # what the clients saw, as the other benchmarks report it
     client_cores: float
     server_cores: float
-
-    @property
-    def rps(self) -> float:
-        return self.requests / self.seconds if self.seconds else 0.0
 
 
 # --- request bodies --------------------------------------------------------------------------
@@ -156,7 +149,7 @@ def grpc_sender(channel: grpc.aio.Channel, bodies: list[bytes]) -> Send:
 
 
 @dataclass(frozen=True)
-class Load:
+class Sample:
     latencies: list[float]
     errors: int
     seconds: float
@@ -165,7 +158,7 @@ class Load:
 
 
 async def load(send: Send, bodies: int, concurrency: int, seconds: float,
-               server_pid: int) -> Load:
+               server_pid: int) -> Sample:
     """``concurrency`` clients, each sending one request after another for ``seconds``."""
     latencies: list[float] = []
     errors = 0
@@ -186,7 +179,7 @@ async def load(send: Send, bodies: int, concurrency: int, seconds: float,
             i += concurrency
 
     await asyncio.gather(*(client(k) for k in range(concurrency)))
-    return Load(latencies, errors, time.perf_counter() - started,
+    return Sample(latencies, errors, time.perf_counter() - started,
                 process_cpu_s(os.getpid()) - cpu0, process_cpu_s(server_pid) - server0)
 
 
@@ -232,14 +225,14 @@ async def measure_escalation(edges: dict[str, tuple[str, int]], texts: list[str]
     return results
 
 
-def _result(name: str, rows: int, concurrency: int, run: Load) -> Result:
+def _result(name: str, rows: int, concurrency: int, run: Sample) -> Result:
     ms = np.asarray(run.latencies or [0.0]) * 1000
-    result = Result(name, rows, concurrency, len(run.latencies), run.errors, run.seconds,
-                    float(np.percentile(ms, 50)), float(np.percentile(ms, 99)),
-                    run.client_cpu_s / run.seconds, run.server_cpu_s / run.seconds)
-    console.print(f"  {name:11} rows={rows:<2} c={concurrency:<2} {result.rps:8.1f} req/s  "
-                  f"p50 {result.p50_ms:6.2f} ms  p99 {result.p99_ms:6.2f} ms")
-    return result
+    load = Load(len(run.latencies), run.seconds, float(np.percentile(ms, 50)),
+                float(np.percentile(ms, 99)), float(ms.mean()), run.errors)
+    console.print(f"  {name:11} rows={rows:<2} c={concurrency:<2} {load.rps:8.1f} req/s  "
+                  f"p50 {load.p50_ms:6.2f} ms  p99 {load.p99_ms:6.2f} ms")
+    return Result(name, rows, concurrency, load, run.client_cpu_s / run.seconds,
+                  run.server_cpu_s / run.seconds)
 
 
 # --- report ----------------------------------------------------------------------------------
@@ -254,12 +247,12 @@ def table(results: list[Result], seconds: float, title: str = "V2 protocols on o
     for header in ("rows/request", "concurrency", column, "req/s", "rows/s", "p50 ms",
                    "p99 ms", vs, "errors", "client cores", "edge cores"):
         out.add_column(header, justify="left" if header == column else "right")
-    by = {(r.rows, r.concurrency, r.protocol): r for r in results}
+    by = {(r.rows, r.concurrency, r.protocol): r.load for r in results}
     for r in results:
-        base = by[r.rows, r.concurrency, base_name].rps
-        out.add_row(str(r.rows), str(r.concurrency), r.protocol, f"{r.rps:.1f}",
-                    f"{r.rps * r.rows:.0f}", f"{r.p50_ms:.2f}", f"{r.p99_ms:.2f}",
-                    f"{r.rps / base:.2f}x" if base else "-", str(r.errors),
+        base, load = by[r.rows, r.concurrency, base_name].rps, r.load
+        out.add_row(str(r.rows), str(r.concurrency), r.protocol, f"{load.rps:.1f}",
+                    f"{load.rps * r.rows:.0f}", f"{load.p50_ms:.2f}", f"{load.p99_ms:.2f}",
+                    f"{load.rps / base:.2f}x" if base else "-", str(load.errors),
                     f"{r.client_cores:.2f}", f"{r.server_cores:.2f}")
     return out
 
@@ -267,7 +260,7 @@ def table(results: list[Result], seconds: float, title: str = "V2 protocols on o
 def summary(results: list[Result], base_name: str, what: str) -> str:
     """One line: each other entry's req/s over ``base_name``'s, geometric mean and range over
     the runs of the same rows and concurrency."""
-    by = {(r.rows, r.concurrency, r.protocol): r.rps for r in results}
+    by = {(r.rows, r.concurrency, r.protocol): r.load.rps for r in results}
     parts = []
     for name in dict.fromkeys(r.protocol for r in results if r.protocol != base_name):
         ratios = [rps / by[rows, c, base_name] for (rows, c, p), rps in by.items()

@@ -422,7 +422,8 @@ def test_the_protocol_benchmark_measures_all_three_encodings(pair: Pair) -> None
                                   TEXTS * 6, seconds=0.3, warmup=0.05, model="tiny"))
     assert {(r.protocol, r.rows, r.concurrency) for r in results} == {
         (p, rows, c) for p in PROTOCOLS for rows in ROWS for c in CONCURRENCY}
-    assert all(r.requests > 0 and r.errors == 0 and r.p99_ms >= r.p50_ms > 0 for r in results)
+    assert all(r.load.requests > 0 and r.load.errors == 0 and r.load.p99_ms >= r.load.p50_ms > 0
+               for r in results)
     markdown = table_markdown(table(results, 0.3))
     assert markdown.count("| gRPC |") == len(ROWS) * len(CONCURRENCY)
     line = summary(results, "JSON/HTTP", "Client protocols:")
@@ -465,7 +466,7 @@ def test_an_edge_escalating_over_grpc_answers_as_one_escalating_over_rest(
             {"REST": (pair.edge.server.url, pair.edge.server.pid), "gRPC": (edge.url, edge.pid)},
             TEXTS * 6, seconds=0.2, warmup=0.05, model="tiny"))
         assert len(runs) == 2 * len(ROWS) * len(CONCURRENCY)
-        assert all(r.requests > 0 and r.errors == 0 for r in runs)
+        assert all(r.load.requests > 0 and r.load.errors == 0 for r in runs)
     finally:
         edge.stop()
 
