@@ -127,13 +127,12 @@ class CenterClient:
             if span is not None:
                 span.set_attribute("http.response.status_code", response.status_code)
         if response.status_code != 200:
-            retry = response.headers.get("retry-after", "")
             raise _Refused(f"HTTP {response.status_code}",
                            # a 4xx (a model the center does not have yet, say) says nothing
                            # about its health; a 503's Retry-After is its back-pressure
                            unhealthy=response.status_code >= 500,
-                           cooldown=float(retry) if response.status_code == 503
-                           and retry.isdigit() else None)
+                           cooldown=_retry_after(response.headers.get("retry-after"))
+                           if response.status_code == 503 else None)
         try:
             return _answer(response, url, len(call.rows), call.labels)
         except (ValueError, KeyError, msgspec.DecodeError) as exc:
@@ -247,11 +246,16 @@ class GrpcCenters:
         await asyncio.gather(*(c.close() for c in channels), *self._closing)
 
 
+def _retry_after(value: object) -> float | None:
+    """A center's back-pressure (``Retry-After`` header or ``retry-after`` trailer): whole
+    seconds, else none."""
+    return float(value) if isinstance(value, str) and value.isdigit() else None
+
+
 def _refused(exc: grpc.aio.AioRpcError) -> _Refused:
     code = exc.code()
-    retry = dict(exc.trailing_metadata() or ()).get("retry-after", "")
-    cooldown = (float(retry) if code == grpc.StatusCode.UNAVAILABLE and isinstance(retry, str)
-                and retry.isdigit() else None)
+    cooldown = (_retry_after(dict(exc.trailing_metadata() or ()).get("retry-after"))
+                if code == grpc.StatusCode.UNAVAILABLE else None)
     # the caller's mistakes (a model the center does not have yet, say) say nothing about the
     # center's health; everything else does
     client_side = code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
