@@ -25,6 +25,9 @@ KILL_AFTER = ("validate", "export edge to ONNX", "quantize edge to INT8", "build
 def check_consistent(home: Path) -> int:
     """integrity_check ok, audit chain intact, every visible version complete; returns count."""
     db = connect(home / "registry.sqlite3")
+    # One read transaction: every query below sees the same snapshot, even while a running
+    # ``registry serve`` appends acknowledgements between them.
+    db.conn.execute("BEGIN")
     try:
         assert integrity_check(db) == "ok"
         checked, finding = audit.verify(db)
@@ -42,6 +45,7 @@ def check_consistent(home: Path) -> int:
         assert checked == len(records)  # the chain covers every record (acks, rollouts too)
         return len(numbers)
     finally:
+        db.conn.execute("ROLLBACK")
         db.conn.close()
 
 
