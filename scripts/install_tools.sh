@@ -47,4 +47,4 @@ if [ "$(uname -m)" = x86_64 ] && ! command -v qemu-x86_64 >/dev/null 2>&1; then
     sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
         --no-install-recommends qemu-user >/dev/null
 fi
-"$BIN/consul" version | head -1 >&2
+"$BIN/consul" version | sed -n 1p >&2  # sed reads it all: no SIGPIPE (exit 141) under pipefail
