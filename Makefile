@@ -4,7 +4,7 @@ BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO  := var/demo/release
 
-.PHONY: up demo serve bench test test-fast lint typecheck check clean
+.PHONY: up demo serve bench test compose-test test-fast lint typecheck check clean
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh scripts/install_tools.sh
 	bash scripts/bootstrap.sh
@@ -44,6 +44,11 @@ bench: demo
 ## test: the whole suite (unit + integration, slow tests included)
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+## compose-test: build every image and run the compose stack end to end on a private dockerd
+## (root; scripts/docker_here.sh; ~10 min warm, ~15 cold); not part of `make test`
+compose-test: demo
+	$(BIN)/python -m pytest tests/containers --containers -s -p no:cacheprovider
 
 ## test-fast: skip the slow tests
 test-fast: $(STAMP)

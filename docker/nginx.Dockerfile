@@ -5,7 +5,7 @@
 #   docker compose build nginx          (or: docker build -f docker/nginx.Dockerfile -t tiered/nginx .)
 #
 # The renderer needs no torch and no onnxruntime, so the project is installed --no-deps next to
-# the few packages it imports (py-consul, click, uvloop).
+# the few packages it imports (docker/nginx-requirements.txt).
 FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
@@ -15,9 +15,9 @@ RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nginx-light \
     && rm -rf /var/lib/apt/lists/*
 
-# What `nginx.render` imports besides the stdlib and the project: click (its CLI), uvloop, and
-# serving.discovery's py-consul asyncio client ([asyncio] brings aiohttp).
-RUN pip install "py-consul[asyncio]>=1.5" "click>=8.1" "uvloop>=0.19"
+# What `nginx.render` imports besides the stdlib and the project (docker/nginx-requirements.txt).
+COPY docker/nginx-requirements.txt /tmp/nginx-requirements.txt
+RUN pip install -r /tmp/nginx-requirements.txt && rm /tmp/nginx-requirements.txt
 
 # nginx.conf.template ships as package data (pyproject.toml); the checks fail the build without it.
 COPY . /src

@@ -12,17 +12,21 @@
 # pass --build-arg TORCH_INDEX_URL=https://pypi.org/simple to take PyPI's (CUDA) build instead.
 FROM python:3.11-slim-bookworm
 
+# A page or folder of wheels pip may also take torch from (a local mirror, a CPU wheel at hand):
+# a local 2.13.0+cpu wins over the index's 2.13.0. Empty: the index alone.
+ARG TORCH_FIND_LINKS=
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 
 # torch alone first (its own cached layer). 2.13.0+cpu satisfies the project's torch==2.13.0.
-RUN pip install --index-url "$TORCH_INDEX_URL" torch==2.13.0
+RUN pip install --index-url "$TORCH_INDEX_URL" ${TORCH_FIND_LINKS:+--find-links "$TORCH_FIND_LINKS"} \
+    torch==2.13.0
 
 COPY . /src
 RUN pip install /src && rm -rf /src \
-    && python -c "import registry.cli, sync.serve" && registry --help >/dev/null
+    && python -c "import registry.cli, registry.serve, registry.server" && registry --help >/dev/null
 
 RUN useradd --system --create-home --uid 10001 tiered \
     && mkdir -p /var/lib/tiered/registry /var/lib/tiered/release-key \

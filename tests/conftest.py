@@ -17,6 +17,22 @@ REGISTRY = Path(sys.executable).parent / "registry"
 TEST_FLOOR = 0.9
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--containers", action="store_true", default=False,
+                     help="run the container tests (build every image, run the compose stack "
+                          "on a private dockerd; root, ~10 min): make compose-test")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--containers"):
+        return
+    skip = pytest.mark.skip(reason="builds every image and runs the compose stack on a private "
+                                   "dockerd (~10 min): make compose-test")
+    for item in items:
+        if "containers" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def tiny_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real release folder (tiny center + edge, MiniLM tokenizer, 200 labelled rows)."""

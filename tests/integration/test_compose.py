@@ -66,15 +66,17 @@ def compose(tmp_path_factory: pytest.TempPathFactory) -> Any:
     empty_env_file.write_text("")
 
     def run(*args: str, token: str | None = TOKEN, unset: tuple[str, ...] = (),
-            env_file: Path | None = None) -> subprocess.CompletedProcess[str]:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home)}
+            env_file: Path | None = None, overrides: tuple[Path, ...] = (),
+            extra: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home)} | (extra or {})
         if env_file is None:
             env |= {k: v for k, v in CONSUL_SECRETS.items() if k not in unset}
             if token is not None:
                 env["REGISTRY_TOKEN"] = token
             env |= {var: node_token(TOKEN, node) for node, var in NODE_TOKENS.values()
                     if var not in unset}
-        return subprocess.run([str(binary), "-f", str(COMPOSE_FILE), "--env-file",
+        files = [arg for file in (COMPOSE_FILE, *overrides) for arg in ("-f", str(file))]
+        return subprocess.run([str(binary), *files, "--env-file",
                                str(env_file or empty_env_file), *args], capture_output=True,
                               text=True, env=env, timeout=60)
 
@@ -129,6 +131,84 @@ def test_entry_points_nginx_8080_and_the_consul_ui_8500(services: dict[str, Any]
     assert [p.get("host_ip") for p in services["consul"]["ports"]] == ["127.0.0.1"]
     assert {"-ui", "-server"} <= set(services["consul"]["command"])
     assert "--run-nginx" in services["nginx"]["command"]
+
+
+def _config(compose: Any, *overrides: Path, **extra: str) -> dict[str, Any]:
+    proc = compose("config", "--format", "json", overrides=overrides, extra=extra)
+    assert proc.returncode == 0, proc.stderr
+    return dict(json.loads(proc.stdout)["services"])
+
+
+def test_published_ports_follow_the_settings(compose: Any) -> None:
+    services = _config(compose, TIERED_HTTP_PORT="18080", TIERED_GRPC_PORT="18081",
+                       TIERED_CONSUL_PORT="18500")
+    assert {(p["target"], p["published"]) for p in services["nginx"]["ports"]} == \
+        {(8080, "18080"), (8081, "18081")}
+    assert [(p["target"], p["published"], p["host_ip"]) for p in services["consul"]["ports"]] \
+        == [(8500, "18500", "127.0.0.1")]
+
+
+CPU_PROFILE = ROOT / "docker-compose.cpu.yml"
+HERE = ROOT / "docker/compose.here.yml"
+
+
+def test_the_cpu_profile_takes_only_the_gpu_away(compose: Any,
+                                                  services: dict[str, Any]) -> None:
+    """docker-compose.cpu.yml: the center on CPU (fp32, a CPU torch build, its own tag, no
+    device reservation); every other service exactly as in the GPU file, which keeps its GPU."""
+    cpu = _config(compose, CPU_PROFILE)
+    center, gpu_center = cpu["center"], services["center"]
+    assert "resources" not in center.get("deploy", {})
+    assert gpu_center["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
+    assert (center["environment"]["CENTER_DEVICE"], center["environment"]["CENTER_PRECISION"]) \
+        == ("cpu", "fp32")
+    assert center["build"]["args"]["CENTER_TORCH"] == "cpu"
+    assert "cpu" in center["build"]["args"]["TORCH_INDEX_URL"]
+    assert center["image"] != gpu_center["image"]
+    changed = {"deploy", "environment", "build", "image"}
+    assert {k: v for k, v in center.items() if k not in changed} == \
+        {k: v for k, v in gpu_center.items() if k not in changed}
+    assert {k: v for k, v in center["environment"].items() if not k.startswith("CENTER_")} == \
+        {k: v for k, v in gpu_center["environment"].items() if not k.startswith("CENTER_")}
+    assert {name: cpu[name] for name in SERVICES - {"center"}} == \
+        {name: services[name] for name in SERVICES - {"center"}}
+
+
+def test_the_no_registry_override_changes_builds_and_the_consul_image_only(
+        compose: Any, services: dict[str, Any]) -> None:
+    """docker/compose.here.yml (scripts/docker_here.sh): builds on the host network with the
+    host's torch wheel, the Consul image from TIERED_CONSUL_IMAGE; nothing a container runs
+    with changes. Outside the script (no wheel server) it refuses to run."""
+    refused = compose("config", "-q", overrides=(CPU_PROFILE, HERE))
+    assert refused.returncode != 0 and "run through scripts/docker_here.sh" in refused.stderr
+    here = _config(compose, CPU_PROFILE, HERE, TIERED_WHEELS_URL="http://127.0.0.1:9/",
+                   TIERED_CONSUL_IMAGE="tiered/consul-debian:1.8.7")
+    cpu = _config(compose, CPU_PROFILE)
+    for name, service in here.items():
+        if "build" in service:
+            assert service["build"]["network"] == "host"
+            assert service["build"]["args"]["TORCH_FIND_LINKS"] == "http://127.0.0.1:9/"
+            assert {k: v for k, v in service["build"].items() if k not in ("network", "args")} \
+                == {k: v for k, v in cpu[name]["build"].items() if k != "args"}
+        strip = ("build", "image") if name.startswith("consul") else ("build",)
+        assert {k: v for k, v in service.items() if k not in strip} == \
+            {k: v for k, v in cpu[name].items() if k not in strip}
+    assert here["consul"]["image"] == here["consul-acl"]["image"] == "tiered/consul-debian:1.8.7"
+    assert services["consul"]["image"] == "hashicorp/consul:1.20.2"
+
+
+def test_the_dockerfiles_build_from_official_images_without_stand_in_quirks() -> None:
+    """Every Dockerfile starts from the official python image, so it builds unchanged where Docker
+    Hub is reachable; what only the stand-ins need (this host's CA bundle, the stand-in's venv,
+    a loopback wheel server) lives in scripts/docker_here.sh and docker/compose.here.yml."""
+    dockerfiles = sorted((ROOT / "docker").glob("*.Dockerfile"))
+    assert {p.stem for p in dockerfiles} == {"center", "edge", "nginx", "registry"}
+    for path in dockerfiles:
+        text = path.read_text()
+        assert re.findall(r"^FROM (\S+)", text, re.M) == ["python:3.11-slim-bookworm"], path
+        for quirk in ("PIP_CERT", "/opt/python", "consul-debian", "127.0.0.1", "/opt/wheels",
+                      "ca-certificates.crt"):
+            assert quirk not in text, (path, quirk)
 
 
 def test_grpc_on_the_default_ports_and_through_nginx_8081(services: dict[str, Any]) -> None:
@@ -237,15 +317,35 @@ def test_edge_requirements_are_project_dependencies_without_torch() -> None:
     assert {"onnxruntime", "tokenizers", "grpcio", "py-consul"} <= edge
 
 
-def test_edge_requirements_cover_everything_the_edge_imports() -> None:
-    """Every distribution whose modules ``edge`` loads (its gRPC transport and tracing
-    included) is an edge requirement or installed by one: the image's import check would
-    otherwise fail the build (or, for a lazy import, the edge at run time)."""
-    lines = (ROOT / "docker/edge-requirements.txt").read_text().splitlines()
-    wanted = [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+def _requirements(path: Path) -> list[str]:
+    lines = path.read_text().splitlines()
+    return [line.split("#")[0].strip() for line in lines if line.split("#")[0].strip()]
+
+
+def _project_requirements() -> list[str]:
+    return list(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"])
+
+
+# Each image's entry points (what its Dockerfile's import check and CMD load) and what it
+# installs: the edge and nginx images a requirements file next to `pip install --no-deps .`, the
+# registry and center images the project with its declared dependencies (no test extras).
+IMAGES = {
+    "edge": (["edge.cli", "serving.rpc", "serving.tracing", "sync.subscriber",
+              "opentelemetry.exporter.otlp.proto.grpc.trace_exporter"],
+             lambda: _requirements(ROOT / "docker/edge-requirements.txt")),
+    "nginx": (["nginx.render"], lambda: _requirements(ROOT / "docker/nginx-requirements.txt")),
+    "registry": (["registry.cli", "registry.serve", "registry.server", "registry.publish"],
+                 _project_requirements),
+    "center": (["center.cli", "serving.rpc", "serving.tracing", "sync.subscriber"],
+               _project_requirements),
+}
+
+
+def _imported(modules: list[str]) -> set[str]:
+    """The distributions whose modules importing ``modules`` loads (in a fresh interpreter)."""
     script = (
-        "import json, sys, edge.cli, serving.rpc, serving.tracing, sync.subscriber\n"
-        "import opentelemetry.exporter.otlp.proto.grpc.trace_exporter\n"
+        "import importlib, json, sys\n"
+        f"for name in {modules!r}: importlib.import_module(name)\n"
         "from importlib import metadata\n"
         "owners = metadata.packages_distributions()\n"
         "used = {d for m in list(sys.modules) for d in owners.get(m.split('.')[0], [])}\n"
@@ -253,9 +353,30 @@ def test_edge_requirements_cover_everything_the_edge_imports() -> None:
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
-    used = {_name(d) for d in json.loads(proc.stdout)} - {"tiered"} - OPTIONAL
-    assert used - _closure(wanted) == set()
-    assert "torch" not in used
+    return {_name(d) for d in json.loads(proc.stdout)}
+
+
+@pytest.mark.parametrize("image", sorted(IMAGES))
+def test_each_image_installs_everything_its_entry_points_import(image: str) -> None:
+    """Every distribution whose modules an image's entry points load is one of its requirements
+    or installed by one: the image's import check would otherwise fail the build (or, for a lazy
+    import, the service at run time). Found missing once: nginx's pydantic-settings and
+    py-consul's asyncio extra, which this venv has only through the test extras."""
+    modules, requirements = IMAGES[image]
+    used = _imported(modules) - {"tiered"} - OPTIONAL
+    assert used - _closure(requirements()) == set()
+    if image in ("edge", "nginx"):
+        assert "torch" not in used
+
+
+def test_the_edge_image_drops_only_packages_the_edge_never_imports() -> None:
+    """edge.Dockerfile uninstalls what its requirements pull in but the edge never loads (test
+    data factories, the hub client); none of them may be imported by the edge."""
+    dockerfile = (ROOT / "docker/edge.Dockerfile").read_text()
+    dropped = set(re.search(r"pip uninstall -y -q ([^\\\n]+)", dockerfile)[1].split())
+    assert {"faker", "huggingface-hub"} <= dropped
+    used = {d.replace("_", "-") for d in _imported(IMAGES["edge"][0] + ["serving.app"])}
+    assert used & dropped == set()
 
 
 # imported here only because this venv has them; their importers go on without them

@@ -1,0 +1,329 @@
+"""The whole compose stack, for real: every image built, every container run on a private
+dockerd (``scripts/docker_here.sh``), the flow a user follows end to end.
+
+compose up → containers and Consul healthy → ``registry publish`` inside the registry container
+→ the center and both edges ACTIVE → JSON and gRPC through nginx, escalations answered by the
+center → ``docker kill`` an edge under load (clients retrying once see no failure; the
+container restarts and syncs) → a second publish reaches every container → ``compose down -v``.
+
+Needs root, Debian's docker.io and mmdebstrap (the script installs them), the demo release
+(``make demo``) and ~10 minutes (more for a cold build): run by ``make compose-test``, skipped
+without ``--containers``. The figures (image sizes, build, start and rollout times) are printed
+and written to var/docker/compose-test.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+# A cold run builds every image first (bases, torch twice): far beyond the suite's 600 s.
+pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.timeout(3600)]
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts/docker_here.sh"
+STATE = ROOT / "var/docker"
+RELEASE = ROOT / "var/demo/release"
+SERVICES = ("consul", "registry", "center", "edge-eu", "edge-us", "nginx")
+NODES = {"center-eu-1", "edge-eu-1", "edge-us-1"}
+IMAGES = ("tiered/registry:0.1.0", "tiered/center:0.1.0-cpu", "tiered/edge:0.1.0",
+          "tiered/nginx:0.1.0")
+TEXTS = ["a wonderful, moving film", "dull and far too long", "it was fine, I guess",
+         "the best thing I saw this year", "not my cup of tea", "an uneven but charming story"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Stack:
+    env: dict[str, str]
+    http: str
+    grpc_port: int
+    consul: str
+    secrets: dict[str, str]
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def script(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(["bash", str(SCRIPT), *args], env=self.env, capture_output=True,
+                              text=True, timeout=timeout, cwd=ROOT)
+        assert proc.returncode == 0, f"{args}: {proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        return proc
+
+    def compose(self, *args: str, timeout: float = 600) -> str:
+        return self.script("compose", *args, timeout=timeout).stdout
+
+    def docker(self, *args: str) -> str:
+        proc = subprocess.run(["docker", *args], env=self.env, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, f"docker {args}: {proc.stderr}"
+        return proc.stdout
+
+    def container(self, service: str) -> dict[str, Any]:
+        cid = self.compose("ps", "-a", "-q", service).strip()
+        assert cid, f"no container for {service}"
+        return dict(json.loads(self.docker("inspect", cid))[0])
+
+    def health(self, service: str) -> str:
+        state = self.container(service)["State"]
+        return str(state.get("Health", {}).get("Status", state["Status"]))
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        rows = json.loads(self.compose("exec", "-T", "registry", "registry", "status", "--json"))
+        return {row["node"]: row for row in rows if row["model"] == "sentiment"}
+
+    def wait_active(self, version: int, timeout: float = 240) -> float:
+        started = time.monotonic()
+        while True:
+            rows = self.status()
+            if set(rows) >= NODES and all(rows[n]["state"] == "ACTIVE" and rows[n]["version"]
+                                          == version and rows[n]["connected"] for n in NODES):
+                return time.monotonic() - started
+            assert time.monotonic() - started < timeout, rows
+            time.sleep(1)
+
+    def wait_healthy(self, services: tuple[str, ...], timeout: float = 300) -> float:
+        started = time.monotonic()
+        while True:
+            states = {s: self.health(s) for s in services}
+            if set(states.values()) == {"healthy"}:
+                return time.monotonic() - started
+            assert time.monotonic() - started < timeout, states
+            time.sleep(1)
+
+    def infer(self, client: httpx.Client, text: str, **parameters: Any) -> httpx.Response:
+        body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [text]}],
+                "parameters": parameters}
+        return client.post(f"{self.http}/v2/models/sentiment/infer", json=body, timeout=30)
+
+
+def _run(cmd: list[str], env: dict[str, str], timeout: float) -> float:
+    started = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    assert proc.returncode == 0, f"{cmd}: {proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    return time.monotonic() - started
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    if os.geteuid() != 0:
+        pytest.skip("a private dockerd needs root")
+    assert (RELEASE / "manifest.json").is_file() or any(RELEASE.iterdir()), \
+        "the demo release is missing: make demo"
+    folder = tmp_path_factory.mktemp("compose")
+    http_port, grpc_port, consul_port = _free_port(), _free_port(), _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "COMPOSE_"))}
+    env.update(TIERED_COMPOSE_ENV=str(folder / "compose.env"), TIERED_HTTP_PORT=str(http_port),
+               TIERED_GRPC_PORT=str(grpc_port), TIERED_CONSUL_PORT=str(consul_port))
+    pidfile = STATE / "dockerd.pid"
+    already = pidfile.is_file() and Path(f"/proc/{pidfile.read_text().strip()}").exists()
+    figures: dict[str, Any] = {}
+    figures["dockerd_start_s"] = _run(["bash", str(SCRIPT), "start"], env, 300)
+    started_pid = None if already else int(pidfile.read_text())
+    try:
+        exports = subprocess.run(["bash", str(SCRIPT), "env"], env=env, capture_output=True,
+                                 text=True, check=True, timeout=60).stdout
+        for item in exports.split()[1:]:
+            key, _, value = item.partition("=")
+            env[key] = value
+        figures["bases_s"] = _run(["bash", str(SCRIPT), "bases"], env, 900)
+        figures["build_s"] = _run(["bash", str(SCRIPT), "build"], env, 1800)
+        secrets = dict(line.split("=", 1) for line in
+                       (folder / "compose.env").read_text().splitlines() if "=" in line)
+        stack = Stack(env, f"http://127.0.0.1:{http_port}", grpc_port,
+                      f"http://127.0.0.1:{consul_port}", secrets, figures)
+        try:
+            yield stack
+        finally:
+            down = subprocess.run(["bash", str(SCRIPT), "compose", "down", "-v",
+                                   "--remove-orphans", "--timeout", "20"], env=env,
+                                  capture_output=True, text=True, timeout=300, cwd=ROOT)
+            assert down.returncode == 0, down.stderr
+            left = {kind: subprocess.run(
+                        ["docker", kind, "ls", "-q", "--filter",
+                         "label=com.docker.compose.project=tiered"] + (["-a"] if kind ==
+                                                                      "container" else []),
+                        env=env, capture_output=True, text=True, timeout=60).stdout.split()
+                    for kind in ("container", "volume", "network")}
+            assert left == {"container": [], "volume": [], "network": []}, left
+    finally:
+        if started_pid is not None:
+            subprocess.run(["bash", str(SCRIPT), "stop"], env=env, timeout=120, check=True)
+            assert not Path(f"/proc/{started_pid}").exists()
+        figures_file = STATE / "compose-test.json"
+        figures_file.parent.mkdir(parents=True, exist_ok=True)
+        figures_file.write_text(json.dumps(figures, indent=2) + "\n")
+        print("\ncompose test figures:\n" + json.dumps(figures, indent=2))
+
+
+class Load:
+    """Clients through nginx, each retrying a failed request (5xx or no answer) once."""
+
+    def __init__(self, stack: Stack, clients: int = 2) -> None:
+        self.stack, self.stop = stack, threading.Event()
+        self.ok = self.retried = 0
+        self.failures: list[str] = []
+        self.lock = threading.Lock()
+        self.threads = [threading.Thread(target=self.run, args=(i,), daemon=True)
+                        for i in range(clients)]
+
+    def attempt(self, client: httpx.Client, text: str) -> str | None:
+        try:
+            answer = self.stack.infer(client, text)
+        except httpx.HTTPError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        if answer.status_code != 200:
+            return f"{answer.status_code}: {answer.text[:200]}"
+        return None
+
+    def run(self, seed: int) -> None:
+        rng = random.Random(seed)
+        with httpx.Client() as client:
+            while not self.stop.is_set():
+                text = rng.choice(TEXTS)
+                error = self.attempt(client, text)
+                if error is not None:
+                    with self.lock:
+                        self.retried += 1
+                    error = self.attempt(client, text)
+                with self.lock:
+                    if error is None:
+                        self.ok += 1
+                    else:
+                        self.failures.append(error)
+                time.sleep(0.02)
+
+    def __enter__(self) -> Load:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=60)
+
+
+def test_the_compose_stack_end_to_end(stack: Stack) -> None:
+    figures = stack.figures
+    figures["images_mb"] = {
+        image: round(int(stack.docker("image", "inspect", "-f", "{{.Size}}", image)) / 1e6)
+        for image in IMAGES}
+    # A CPU edge carries no torch, no compiler, no test tools.
+    edge_has = stack.docker("run", "--rm", "--entrypoint", "sh", "tiered/edge:0.1.0", "-c",
+                            "python -c 'import torch' 2>/dev/null && echo torch; "
+                            "command -v gcc cc 2>/dev/null; pip list 2>/dev/null | "
+                            "grep -i -E '^(pytest|faker|polyfactory|huggingface)' || true")
+    assert edge_has.strip() == "", edge_has
+
+    # compose up: the infrastructure healthy, the tiers up and waiting for a release (their
+    # readiness answers 503 until one is active)
+    started = time.monotonic()
+    stack.compose("up", "-d", timeout=600)
+    stack.wait_healthy(("consul", "registry", "nginx"))
+    figures["up_to_infrastructure_healthy_s"] = round(time.monotonic() - started, 1)
+    assert stack.container("consul-acl")["State"]["ExitCode"] == 0
+
+    # publish inside the registry container; every node downloads, verifies and activates it
+    started = time.monotonic()
+    out = stack.compose("exec", "-T", "registry", "registry", "publish", "/release",
+                        "--name", "sentiment", timeout=900)
+    figures["publish_s"] = round(time.monotonic() - started, 1)
+    assert "cascade accuracy" in out
+    stack.wait_active(1)
+    figures["publish_to_all_active_s"] = round(time.monotonic() - started, 1)
+    stack.wait_healthy(SERVICES)
+    figures["publish_to_all_healthy_s"] = round(time.monotonic() - started, 1)
+
+    # every service passing in Consul (HTTP and gRPC checks of each tier, the registry's)
+    token = {"X-Consul-Token": stack.secrets["CONSUL_MANAGEMENT_TOKEN"]}
+    deadline = time.monotonic() + 60
+    while True:
+        checks = httpx.get(f"{stack.consul}/v1/health/state/any", headers=token,
+                           timeout=10).json()
+        names = {c["ServiceName"] for c in checks if c["ServiceName"]}
+        failing = [(c["ServiceID"], c["Name"], c["Status"]) for c in checks
+                   if c["Status"] != "passing"]
+        if not failing and {"tiered-edge", "tiered-center", "tiered-registry"} <= names:
+            break
+        assert time.monotonic() < deadline, (failing, names)
+        time.sleep(1)
+    edge_checks = [c for c in checks if c["ServiceName"] == "tiered-edge"]
+    assert len({c["ServiceID"] for c in edge_checks}) == 2
+    assert {c["Type"] for c in edge_checks} >= {"http", "grpc"}
+
+    # JSON through nginx: confident rows at an edge, unsure ones answered by the center
+    with httpx.Client() as client:
+        answer = stack.infer(client, TEXTS[0])
+        assert answer.status_code == 200, answer.text
+        outputs = {o["name"]: o["data"] for o in answer.json()["outputs"]}
+        assert outputs["label"][0] in ("fresh", "rotten")
+        escalated = stack.infer(client, TEXTS[2], threshold=1.0)
+        assert escalated.status_code == 200, escalated.text
+        body = escalated.json()
+        assert {o["name"]: o["data"] for o in body["outputs"]}["tier"] == ["center"]
+        assert body["parameters"]["escalated"] == 1 and body["parameters"]["degraded"] == 0
+        assert body["parameters"]["center_version"] == "1"
+
+    # gRPC V2 through nginx's HTTP/2 entry, the real Triton client
+    import numpy as np
+    import tritonclient.grpc as triton_grpc
+
+    grpc = triton_grpc.InferenceServerClient(f"127.0.0.1:{stack.grpc_port}")
+    assert grpc.is_server_ready() and grpc.is_model_ready("sentiment")
+    text = triton_grpc.InferInput("text", [2], "BYTES")
+    text.set_data_from_numpy(np.array([t.encode() for t in TEXTS[:2]], dtype=object))
+    result = grpc.infer("sentiment", [text], parameters={"threshold": 1.0})
+    assert [v.decode() for v in result.as_numpy("tier")] == ["center", "center"]
+    assert result.as_numpy("confidence").shape == (2,)
+
+    # An edge crashes under load (SIGKILL to its process, by PID: `docker kill` would count as
+    # a manual stop, which restart policies leave alone): clients that retry once see no
+    # failure; the container restarts (restart: unless-stopped), syncs, is ACTIVE and healthy
+    edge = stack.container("edge-eu")
+    restarts = edge["RestartCount"]
+    with Load(stack) as load:
+        time.sleep(3)
+        killed = time.monotonic()
+        os.kill(edge["State"]["Pid"], signal.SIGKILL)
+        while stack.container("edge-eu")["RestartCount"] == restarts:
+            assert time.monotonic() - killed < 60, "edge-eu was not restarted"
+            time.sleep(0.5)
+        figures["kill_to_restarted_s"] = round(time.monotonic() - killed, 1)
+        stack.wait_active(1)
+        stack.wait_healthy(("edge-eu",), timeout=120)
+        figures["kill_to_edge_healthy_s"] = round(time.monotonic() - killed, 1)
+        time.sleep(3)
+    figures["load_during_kill"] = {"answered": load.ok, "retried_once": load.retried,
+                                   "failed_after_retry": len(load.failures)}
+    assert load.failures == [], load.failures[:5]
+    assert load.ok > 50
+
+    # a second publish (version 2) reaches every container
+    started = time.monotonic()
+    stack.compose("exec", "-T", "registry", "registry", "publish", "/release",
+                  "--name", "sentiment", timeout=900)
+    stack.wait_active(2)
+    figures["second_publish_to_all_active_s"] = round(time.monotonic() - started, 1)
+    with httpx.Client() as client:
+        for text in TEXTS[:3]:
+            answer = stack.infer(client, text, threshold=1.0).json()
+            assert answer["model_version"] == "2"
+            assert answer["parameters"]["center_version"] == "2"
+    grpc.close()
