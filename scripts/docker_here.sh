@@ -166,8 +166,13 @@ secrets() {
 
 with_wheels() {
     # The host's torch CPU wheel, served to builds on loopback (builds use the host network).
-    local port pid
-    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    # A fixed port when free: the URL is a build argument, so a new one would rebuild the torch
+    # layers every time.
+    local port=${TIERED_WHEELS_PORT:-38417} pid
+    if ! python3 -c 'import socket, sys; socket.create_server(("127.0.0.1", int(sys.argv[1]))).close()' \
+            "$port" 2>/dev/null; then
+        port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    fi
     python3 -m http.server --bind 127.0.0.1 --directory "$WHEELS" "$port" >/dev/null 2>&1 &
     pid=$!
     export TIERED_WHEELS_URL=http://127.0.0.1:$port/
