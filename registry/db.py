@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import random
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -25,12 +27,31 @@ def connect(path: Path) -> sqlite_utils.Database:
     # isolation_level=None: transactions are explicit (``transaction``), never implicit.
     conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-    conn.execute("PRAGMA journal_mode = WAL")
+    _wal(conn)
     conn.execute("PRAGMA synchronous = FULL")
     conn.execute("PRAGMA foreign_keys = ON")
     db = sqlite_utils.Database(conn)
     migrate(db)
     return db
+
+
+def _wal(conn: sqlite3.Connection) -> None:
+    """Switch the file to WAL (persistent). Converting a new file needs an exclusive lock, and
+    SQLite answers "database is locked" at once, without waiting out the busy timeout, when
+    another process is opening or converting it too: several first ``registry publish`` runs at
+    once saw that. So: retry, with a little jitter, within the same timeout."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(random.uniform(0.005, 0.05))
+            continue
+        if mode != "wal":
+            raise sqlite3.OperationalError(f"the registry database stays in {mode} mode, not WAL")
+        return
 
 
 @contextmanager

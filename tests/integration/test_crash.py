@@ -86,8 +86,10 @@ def test_concurrent_publishers_get_consecutive_versions(
         registry_cli: RegistryCli, tiny_release: Path) -> None:
     procs = [subprocess.Popen([str(REGISTRY), "publish", str(tiny_release), "--name", "s",
                                "--json"], env=registry_cli.env(), stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True) for _ in range(3)]
-    versions = sorted(json.loads(p.communicate(timeout=300)[0])["manifest"]["version"]
-                      for p in procs)
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    outcomes = [(p.returncode, out, err) for p in procs
+                for out, err in [p.communicate(timeout=300)]]
+    assert [code for code, _, _ in outcomes] == [0, 0, 0], [err[-2000:] for *_, err in outcomes]
+    versions = sorted(json.loads(out)["manifest"]["version"] for _, out, _ in outcomes)
     assert versions == [1, 2, 3]
     assert check_consistent(registry_cli.home) == 3
