@@ -46,7 +46,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 ## compose-test: build every image and run the compose stack end to end on a private dockerd
-## (root; scripts/docker_here.sh; ~10 min warm, ~15 cold); not part of `make test`
+## (root; scripts/docker_here.sh; ~3 min warm, ~4.5 cold); not part of `make test`
 compose-test: demo
 	$(BIN)/python -m pytest tests/containers --containers -s -p no:cacheprovider
 

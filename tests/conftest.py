@@ -20,14 +20,14 @@ TEST_FLOOR = 0.9
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--containers", action="store_true", default=False,
                      help="run the container tests (build every image, run the compose stack "
-                          "on a private dockerd; root, ~10 min): make compose-test")
+                          "on a private dockerd; root, 3-5 min): make compose-test")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.getoption("--containers"):
         return
     skip = pytest.mark.skip(reason="builds every image and runs the compose stack on a private "
-                                   "dockerd (~10 min): make compose-test")
+                                   "dockerd (3-5 min): make compose-test")
     for item in items:
         if "containers" in item.keywords:
             item.add_marker(skip)
