@@ -40,6 +40,24 @@ class Fleet:
     edges: list[Instance] = field(default_factory=list)
     centers: list[Instance] = field(default_factory=list)
     registries: list[Instance] = field(default_factory=list)
+    region: str | None = None  # the site this nginx is the entry of: its edges by default
+    fallback: tuple[str, ...] = ()  # other regions, nearest first (then the rest, by name)
+
+
+def _nearest_other(edges: list[Instance], region: str,
+                   fallback: tuple[str, ...]) -> list[Instance]:
+    """The edges a site's entry fails over to when none of its own can answer: every edge
+    of the nearest other region that has a passing one (``fallback`` order, then the other
+    regions by name); if no other region has a passing edge, all other edges (the failing
+    ones are tried last by ``_servers`` anyway)."""
+    others = [i for i in edges if i.region != region]
+    named = sorted({i.region for i in others})
+    order = [r for r in fallback if r in named] + [r for r in named if r not in fallback]
+    for candidate in order:
+        nearest = [i for i in others if i.region == candidate]
+        if any(i.passing for i in nearest):
+            return nearest
+    return others
 
 
 def _servers(instances: list[Instance], backup: list[Instance] | None = None,
@@ -93,23 +111,30 @@ def _upstream(name: str, servers: list[str], balance: str = "least_conn;") -> st
 
 def upstreams(fleet: Fleet) -> str:
     """The upstream blocks and the region map: a region's pool is its edges, the rest backup.
+    A site's entry (``fleet.region`` set) sends requests without a region hint to its own
+    region's edges, and fails over only to the nearest other region's (``_nearest_other``).
     Only instances whose values pass discovery's checks are written, each from checked parts."""
     edges, centers = _renderable(fleet.edges), _renderable(fleet.centers)
     registries = _renderable(fleet.registries)
-    regions = sorted({discovery.checked_region(i.region) for i in edges})
+    home = discovery.checked_region(fleet.region) if fleet.region else None
+    regions = sorted({discovery.checked_region(i.region) for i in edges}
+                     | ({home} if home else set()))
     parts = ["# written by nginx/render.py from Consul; rewritten on every change\n"]
     for suffix, grpc in (("", False), ("_grpc", True)):  # HTTP, and gRPC (meta grpc_port)
         parts.append(_upstream(f"tiered_edges{suffix}", _servers(edges, grpc=grpc)))
         pools = []
         for region in regions:
             local = [i for i in edges if i.region == region]
-            others = [i for i in edges if i not in local]
+            others = ([i for i in edges if i not in local] if region != home
+                      else _nearest_other(edges, region, fleet.fallback))
             # [a-z0-9_]: no two regions collide
             name = f"tiered_edges{suffix}_{region.replace('-', '_')}"
             parts.append(_upstream(name, _servers(local, others, grpc=grpc)))
             pools.append(f'    "{region}" {name};')
+        default = (f"tiered_edges{suffix}_{home.replace('-', '_')}" if home
+                   else f"tiered_edges{suffix}")
         parts.append(f"map $http_x_tiered_region $tiered_edge{suffix}_pool {{\n"
-                     f"    default tiered_edges{suffix};\n"
+                     f"    default {default};\n"
                      + "".join(f"{p}\n" for p in pools) + "}\n")
     parts.append(_upstream("tiered_centers", _servers(centers)))
     metrics = [f"server {_target(i.address, i.metrics_port)};" for i in registries
@@ -166,9 +191,10 @@ def write_atomically(path: Path, text: str) -> bool:
 
 
 class Renderer:
-    def __init__(self, prefix: Path, nginx: str, run_nginx: bool) -> None:
+    def __init__(self, prefix: Path, nginx: str, run_nginx: bool, region: str | None = None,
+                 fallback: tuple[str, ...] = ()) -> None:
         self.prefix, self.nginx, self.run_nginx = prefix, nginx, run_nginx
-        self.fleet = Fleet()
+        self.fleet = Fleet(region=region, fallback=fallback)
         self.child: subprocess.Popen[bytes] | None = None
         self.reloads = 0
 
@@ -273,19 +299,26 @@ async def _exit_with(child: subprocess.Popen[bytes], stopping: asyncio.Event) ->
 @click.option("--nginx", "nginx_bin", default=None, help="nginx binary (default: from PATH, "
               "else /usr/sbin/nginx).")
 @click.option("--run-nginx", is_flag=True, help="Run nginx as a child and stop it on exit.")
+@click.option("--region", default=None, callback=lambda _c, _p, v: _region(v),
+              help="The region (site) this nginx is the entry of: requests without an "
+                   "X-Tiered-Region hint go to its edges, then to the nearest other region's.")
+@click.option("--fallback-regions", default="", callback=lambda _c, _p, v: _regions(v),
+              help="Comma-separated regions to fail over to, nearest first (default: the other "
+                   "regions by name).")
 @click.option("--rate", default=500, show_default=True, help="Requests per second per client.")
 @click.option("--burst", default=1000, show_default=True, help="Burst above --rate per client.")
 @click.option("--max-body", default="1m", show_default=True, help="client_max_body_size.")
 def main(prefix: Path, listen: str, grpc_listen: str | None, consul_addr: str | None,
-         consul_token_file: Path | None, nginx_bin: str | None, run_nginx: bool, rate: int,
-         burst: int, max_body: str) -> None:
+         consul_token_file: Path | None, nginx_bin: str | None, run_nginx: bool,
+         region: str | None, fallback_regions: tuple[str, ...], rate: int, burst: int,
+         max_body: str) -> None:
     """Render nginx's config from the template and keep its upstreams in step with Consul."""
     configure("nginx-render", "INFO", None, 10 * 1024 * 1024, 3)
     nginx = nginx_bin or shutil.which("nginx") or "/usr/sbin/nginx"
     for sub in ("tmp", "logs"):
         (prefix / sub).mkdir(parents=True, exist_ok=True)
     temp = temp_dir(prefix)
-    renderer = Renderer(prefix, nginx, run_nginx)
+    renderer = Renderer(prefix, nginx, run_nginx, region, fallback_regions)
     write_atomically(renderer.conf, config(prefix, listen, rate, burst, max_body, temp,
                                                   grpc_listen))
     write_atomically(prefix / "upstreams.conf", upstreams(renderer.fleet))
@@ -297,6 +330,19 @@ def main(prefix: Path, listen: str, grpc_listen: str | None, consul_addr: str | 
         renderer.stop_nginx()
         if temp != prefix / "tmp":
             shutil.rmtree(temp, ignore_errors=True)
+
+
+def _region(value: str | None) -> str | None:
+    if value is None:
+        return None
+    try:
+        return discovery.checked_region(value)
+    except discovery.InvalidInstance as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def _regions(value: str) -> tuple[str, ...]:
+    return tuple(str(_region(v.strip())) for v in value.split(",") if v.strip())
 
 
 def consul_token(path: Path | None) -> str | None:

@@ -105,3 +105,45 @@ def test_grpc_pools_hold_the_edges_grpc_ports_and_skip_edges_without_one() -> No
                                            "server 127.0.0.1:1003 max_fails=0;"]
     assert "2002" not in conf and "1002" not in conf
     assert "map $http_x_tiered_region $tiered_edge_grpc_pool" in conf
+
+
+def map_default(conf: str, suffix: str = "") -> str:
+    found = re.search(r"map \$http_x_tiered_region \$tiered_edge" + suffix
+                      + r"_pool \{\n\s+default (\S+);", conf)
+    assert found is not None
+    return found.group(1)
+
+
+def test_a_sites_entry_sends_unhinted_requests_to_its_own_edges_first() -> None:
+    """A site's nginx (``--region eu``): no hint means the site's own edges; the other
+    regions' hints still reach theirs (X-Tiered-Region keeps working)."""
+    fleet = Fleet(edges=[edge(1001, "eu"), edge(1002, "eu"), edge(2001, "us")], region="eu")
+    conf = upstreams(fleet)
+    assert map_default(conf) == "tiered_edges_eu" and map_default(conf, "_grpc") == \
+        "tiered_edges_grpc_eu"
+    assert block(conf, "tiered_edges_eu") == ["server 127.0.0.1:1001 max_fails=0;",
+                                              "server 127.0.0.1:1002 max_fails=0;",
+                                              "server 127.0.0.1:2001 max_fails=0 backup;"]
+    assert '"us" tiered_edges_us;' in conf
+    assert map_default(upstreams(Fleet(edges=fleet.edges))) == "tiered_edges"  # one host
+
+
+def test_a_sites_entry_fails_over_to_the_nearest_region_with_a_passing_edge_only() -> None:
+    edges = [edge(1001, "eu", passing=False), edge(2001, "us"), edge(3001, "ap")]
+    nearest_ap = block(upstreams(Fleet(edges=edges, region="eu", fallback=("ap", "us"))),
+                       "tiered_edges_eu")
+    assert nearest_ap == ["server 127.0.0.1:9 down;  # none passing",
+                          "server 127.0.0.1:3001 max_fails=0 backup;",
+                          "server 127.0.0.1:1001 max_fails=0 backup;"]
+    # without an order, by name: ap before us, but ap's edges all fail: us, never the dead ap
+    edges[2] = edge(3001, "ap", passing=False)
+    conf = upstreams(Fleet(edges=edges, region="eu"))
+    assert block(conf, "tiered_edges_eu") == ["server 127.0.0.1:9 down;  # none passing",
+                                              "server 127.0.0.1:2001 max_fails=0 backup;",
+                                              "server 127.0.0.1:1001 max_fails=0 backup;"]
+
+
+def test_a_sites_entry_with_no_edges_yet_still_renders_its_pool() -> None:
+    conf = upstreams(Fleet(region="eu"))
+    assert map_default(conf) == "tiered_edges_eu"
+    assert block(conf, "tiered_edges_eu") == ["server 127.0.0.1:9 down;  # none passing"]
