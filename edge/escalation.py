@@ -23,11 +23,12 @@ from edge.breaker import CircuitBreaker
 from edge.errors import CenterUnavailable
 from edge.settings import GRPC_SCHEMES, TLS_SCHEMES
 from serving import tracing, v2
+from serving.discovery import CENTER_TLS_NAME
 from serving.text import pad
 
 # The TLS server name of a center's certificate (registry.pki): checked in the handshake,
 # before the request, so a registry's certificate from the same CA cannot pass for a center.
-CENTER_NAME = "center.tiered.invalid"
+CENTER_NAME = CENTER_TLS_NAME
 
 @dataclass(frozen=True)
 class CenterAnswer:

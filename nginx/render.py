@@ -14,6 +14,7 @@ import grp
 import logging
 import os
 import pwd
+import re
 import shutil
 import signal
 import subprocess
@@ -161,8 +162,27 @@ GRPC_SERVER = """
 """
 
 
+SAFE_PATH = re.compile(r"/[A-Za-z0-9._/-]+")  # what a file path in the config may hold
+
+
+def center_pass(center_ca: Path | None) -> str:
+    """How /center/v2/ reaches the centers: plain HTTP, or HTTPS verified against the fleet
+    CA with the center role's TLS name (only a center's certificate answers to it)."""
+    if center_ca is None:
+        return "proxy_pass http://tiered_centers/v2/;"
+    ca = str(center_ca.resolve())
+    if not SAFE_PATH.fullmatch(ca):
+        raise ValueError(f"center CA path {ca[:80]!r}: only letters, digits and ._/- allowed")
+    return (f"proxy_pass https://tiered_centers/v2/;\n"
+            f"            proxy_ssl_trusted_certificate {ca};\n"
+            f"            proxy_ssl_verify on;\n"
+            f"            proxy_ssl_name {discovery.CENTER_TLS_NAME};\n"
+            f"            proxy_ssl_server_name on;")
+
+
 def config(prefix: Path, listen: str, rate: int, burst: int, max_body: str,
-           temp: Path | None = None, grpc_listen: str | None = None) -> str:
+           temp: Path | None = None, grpc_listen: str | None = None,
+           center_ca: Path | None = None) -> str:
     text = TEMPLATE.read_text()
     temp = temp or prefix / "tmp"
     user = ""
@@ -170,7 +190,7 @@ def config(prefix: Path, listen: str, rate: int, burst: int, max_body: str,
         nobody = pwd.getpwnam("nobody")
         user = f"user nobody {grp.getgrgid(nobody.pw_gid).gr_name};\n"
     grpc = GRPC_SERVER.replace("@GRPC_LISTEN@", grpc_listen) if grpc_listen else ""
-    for key, value in {"@GRPC_SERVER@": grpc,
+    for key, value in {"@GRPC_SERVER@": grpc, "@CENTER_PASS@": center_pass(center_ca),
                        "@PREFIX@": str(prefix.resolve()), "@TEMP@": str(temp.resolve()),
                        "@USER@": user,
                        "@LISTEN@": listen,
@@ -305,13 +325,16 @@ async def _exit_with(child: subprocess.Popen[bytes], stopping: asyncio.Event) ->
 @click.option("--fallback-regions", default="", callback=lambda _c, _p, v: _regions(v),
               help="Comma-separated regions to fail over to, nearest first (default: the other "
                    "regions by name).")
+@click.option("--center-ca", type=click.Path(path_type=Path, dir_okay=False, exists=True),
+              default=None, help="Fleet CA (PEM): /center/v2/ goes to the centers over HTTPS, "
+                                 "their center certificate checked against it.")
 @click.option("--rate", default=500, show_default=True, help="Requests per second per client.")
 @click.option("--burst", default=1000, show_default=True, help="Burst above --rate per client.")
 @click.option("--max-body", default="1m", show_default=True, help="client_max_body_size.")
 def main(prefix: Path, listen: str, grpc_listen: str | None, consul_addr: str | None,
          consul_token_file: Path | None, nginx_bin: str | None, run_nginx: bool,
-         region: str | None, fallback_regions: tuple[str, ...], rate: int, burst: int,
-         max_body: str) -> None:
+         region: str | None, fallback_regions: tuple[str, ...], center_ca: Path | None,
+         rate: int, burst: int, max_body: str) -> None:
     """Render nginx's config from the template and keep its upstreams in step with Consul."""
     configure("nginx-render", "INFO", None, 10 * 1024 * 1024, 3)
     nginx = nginx_bin or shutil.which("nginx") or "/usr/sbin/nginx"
@@ -319,8 +342,11 @@ def main(prefix: Path, listen: str, grpc_listen: str | None, consul_addr: str | 
         (prefix / sub).mkdir(parents=True, exist_ok=True)
     temp = temp_dir(prefix)
     renderer = Renderer(prefix, nginx, run_nginx, region, fallback_regions)
-    write_atomically(renderer.conf, config(prefix, listen, rate, burst, max_body, temp,
-                                                  grpc_listen))
+    try:
+        conf = config(prefix, listen, rate, burst, max_body, temp, grpc_listen, center_ca)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--center-ca") from exc
+    write_atomically(renderer.conf, conf)
     write_atomically(prefix / "upstreams.conf", upstreams(renderer.fleet))
     if run_nginx:
         renderer.start_nginx()

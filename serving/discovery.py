@@ -32,6 +32,9 @@ from serving.tokens import NODE_ID
 
 log = logging.getLogger(__name__)
 SERVICES = {"edge": "tiered-edge", "center": "tiered-center", "registry": "tiered-registry"}
+# The TLS name a center's certificate answers to (registry.pki.role_name("center")): callers
+# that reach centers found in Consul check it, whatever address the catalog gave.
+CENTER_TLS_NAME = "center.tiered.invalid"
 CHECK_INTERVAL = "1s"
 CHECK_TIMEOUT = "1s"
 # Consul reaps a critical instance only after a minute whatever is asked below that.

@@ -1,0 +1,593 @@
+"""Sites under partitions: the three-site topology of ``tiered sites`` (a center site with three
+Consul servers, the registry and the center; two edge sites with two edges and an nginx entry
+each; every host its own network namespace and address) with clients at both edge sites
+sending through their site's entry the whole time, retrying a failed request once, while:
+
+1. an edge site is cut from the center site;
+2. an edge site is cut from the registry during a rollout (its download resumes on heal);
+3. an edge site is cut from the Consul servers;
+4. a whole edge site's edges go down;
+5. the Consul leader is killed; then the center host.
+
+It prints, per partition, the requests answered and failed, the slowest answer, how long the
+fleet took to recover after the heal, and then the escalation latency across a site link with
+and without 20 ms added each way (a delay proxy: this kernel has no ``netem``). Root only.
+
+    python -m bench.sites --markdown docs/bench/sites.md
+
+The sites test (``make sites-test``) runs the same and asserts what each partition must keep.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import secrets
+import ssl
+import statistics
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import click
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from bench.kit import machine_line
+from bench.markdown import Shown
+from bench.wan import DelayProxy
+from tiered.commands import BIN, tier_argv
+from tiered.netns import Network
+from tiered.sites import CENTER_PORT, CORE, EDGE_PORT, Sites
+
+MODEL = "tiny"
+FLOOR = "0.9"  # the tiny models' fidelity floor (as in the tests): INT8 agreement is per CPU
+CHUNK = 64 * 1024
+TEXTS = ["A tedious slog.", "A warm, funny and moving film.", "Not bad at all.",
+         "The plot made no sense and the acting was worse.", "I loved every minute of it.",
+         "It was fine, I guess.", "An instant classic.", "Two hours I will never get back."]
+# rows escalate below the threshold: with 0.999 nearly every row goes to the center, so a cut
+# from it shows in every answer (degraded) and its return too; the cache is off for the same
+EDGE_FLAGS = ("--threshold", "0.999", "--cache-size", "0", "--center-timeout-s", "1",
+              "--breaker-reset-s", "1")
+
+
+def body(n: int) -> str:
+    rows = [f"{TEXTS[(n + i) % len(TEXTS)]} ({n})" for i in range(2)]
+    return json.dumps({"inputs": [{"name": "text", "shape": [len(rows)], "datatype": "BYTES",
+                                   "data": rows}]})
+
+
+@dataclass(frozen=True)
+class Answer:
+    at: float  # monotonic time sent
+    seconds: float  # until the final answer (retry included)
+    site: str
+    status: int  # final status; 0: no HTTP answer
+    retried: bool
+    tiers: tuple[str, ...] = ()
+    version: str = ""
+    node: str = ""
+    error: str = ""
+
+
+@dataclass
+class Traffic:
+    """``per_site`` clients at each edge site, each sending one request after another to the
+    site's entry; a request that fails (no answer, or not 200) is retried once."""
+
+    entries: dict[str, str]
+    per_site: int = 2
+    timeout_s: float = 10.0
+    answers: list[Answer] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _count: Iterator[int] = field(default_factory=itertools.count)
+
+    def start(self) -> Traffic:
+        for site, url in self.entries.items():
+            for _ in range(self.per_site):
+                thread = threading.Thread(target=self._client, args=(site, url), daemon=True)
+                self._threads.append(thread)
+                thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=30)
+
+    def _client(self, site: str, url: str) -> None:
+        with httpx.Client(timeout=self.timeout_s) as http:
+            while not self._stop.is_set():
+                sent = time.monotonic()
+                answer = self._send(http, url, next(self._count))
+                retried = answer.status != 200
+                if retried:
+                    answer = self._send(http, url, next(self._count))
+                self.answers.append(Answer(sent, time.monotonic() - sent, site, answer.status,
+                                           retried, answer.tiers, answer.version, answer.node,
+                                           answer.error))
+                time.sleep(0.02)
+
+    @staticmethod
+    def _send(http: httpx.Client, url: str, n: int) -> Answer:
+        try:
+            r = http.post(f"{url}/v2/models/{MODEL}/infer", content=body(n),
+                          headers={"content-type": "application/json"})
+        except httpx.HTTPError as exc:
+            return Answer(0, 0, "", 0, False, error=f"{type(exc).__name__}: {exc}")
+        if r.status_code != 200:
+            return Answer(0, 0, "", r.status_code, False, error=r.text[:200])
+        data = r.json()
+        tiers = next((tuple(o["data"]) for o in data["outputs"] if o["name"] == "tier"), ())
+        node = str((data.get("parameters") or {}).get("node_id", ""))
+        return Answer(0, 0, "", 200, False, tiers, str(data.get("model_version", "")), node)
+
+    def between(self, start: float, end: float, site: str | None = None) -> list[Answer]:
+        return [a for a in list(self.answers)
+                if start <= a.at < end and (site is None or a.site == site)]
+
+    def first_after(self, start: float, site: str,
+                    good: Callable[[Answer], bool]) -> float | None:
+        """Seconds from ``start`` to the first answer at ``site`` sent after it that is
+        ``good``, with every answer sent in the second after it good too (None: not yet)."""
+        later = sorted(self.between(start, float("inf"), site), key=lambda a: a.at)
+        bad = [a.at for a in later if not good(a)]
+        for a in later:
+            if good(a) and a.at + 1.0 < later[-1].at and not any(
+                    a.at <= t < a.at + 1.0 for t in bad):
+                return a.at - start
+        return None
+
+
+@dataclass
+class Event:
+    """One partition: what the clients saw from the cut (or kill) to the end of recovery."""
+
+    number: str
+    name: str
+    site: str  # the site whose clients it is about
+    cut_s: float  # how long the cut lasted
+    answers: list[Answer]
+    recovery: str  # what "recovered" means here
+    recovery_s: float | None  # from the heal (or revive) until it held
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> list[Answer]:
+        return [a for a in self.answers if a.status != 200]
+
+    @property
+    def retried(self) -> int:
+        return sum(a.retried for a in self.answers)
+
+    @property
+    def slowest_s(self) -> float:
+        return max((a.seconds for a in self.answers), default=0.0)
+
+    def rows(self, tier: str) -> int:
+        return sum(t == tier for a in self.answers for t in a.tiers)
+
+
+def wait(condition: Callable[[], bool], timeout: float, what: str,
+         every: float = 0.2) -> float:
+    """Seconds until ``condition()``; TimeoutError naming ``what`` after ``timeout``."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        try:
+            if condition():
+                return time.monotonic() - started
+        except (httpx.HTTPError, ValueError, KeyError, OSError):
+            pass
+        time.sleep(every)
+    raise TimeoutError(f"no {what} after {timeout:.0f} s")
+
+
+@dataclass
+class Run:
+    """The topology, its registry's command line, the traffic, and the events so far."""
+
+    sites: Sites
+    release: Path
+    release_b: Path
+    events: list[Event] = field(default_factory=list)
+    traffic: Traffic | None = None
+
+    @property
+    def home(self) -> Path:
+        return self.sites.registry_home
+
+    def registry(self, *args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = {"PATH": f"{BIN}:/usr/bin:/bin", "REGISTRY_HOME": str(self.home),
+               "HOME": str(self.home), "REGISTRY_MIN_FIDELITY": FLOOR,
+               "REGISTRY_ACTOR": "sites@bench"}
+        done = subprocess.run([str(BIN / "registry"), *map(str, args)], capture_output=True,
+                              text=True, env=env, timeout=300)
+        if check and done.returncode != 0:
+            raise RuntimeError(f"registry {' '.join(map(str, args))} exited "
+                               f"{done.returncode}: {done.stderr[-2000:]}")
+        return done
+
+    # -- looking at nodes --------------------------------------------------------------
+
+    @property
+    def ca(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.sites.tls / "ca.pem"))
+
+    def version(self, node: str) -> int | None:
+        """The version ``node`` serves by default (None: nothing, or no answer)."""
+        try:
+            r = httpx.get(f"{self.sites.node_url(node)}/v2/models/{MODEL}/ready", timeout=2,
+                          verify=self.ca)
+        except httpx.HTTPError:
+            return None
+        return int(r.json()["version"]) if r.status_code == 200 else None
+
+    def nodes(self, site: str | None = None) -> list[str]:
+        edges = [n for s in self.sites.edge_sites for n in self.sites.edges(s)
+                 if site in (None, s)]
+        return edges if site else ["center-1", *edges]
+
+    def all_serve(self, version: int, site: str | None = None) -> bool:
+        return all(self.version(n) == version for n in self.nodes(site))
+
+    def metric(self, node: str, name: str) -> float:
+        """Sum of an edge's Prometheus series ``edge_<name>_total``."""
+        text = httpx.get(f"{self.sites.node_url(node)}/metrics", timeout=5).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(f"edge_{name}_total"))
+
+    def artifact_bytes(self, version: int) -> int:
+        show = self.registry("show", f"{MODEL}@{version}", "--json")
+        manifest = json.loads(show.stdout)["manifest"]
+        return int(sum(manifest[role]["size"] for role in ("edge", "tokenizer", "probe")))
+
+    def consul_via(self, host: str, path: str, operator: bool = False) -> httpx.Response:
+        """A Consul API call through the agent on ``host`` (the reader token; the management
+        token for ``operator`` calls)."""
+        address = self.sites.host(host).address
+        headers = ({"X-Consul-Token": self.sites.consul_tokens["management"]} if operator
+                   else self.sites.consul_headers())
+        return httpx.get(f"http://{address}:8500/v1{path}", timeout=3, headers=headers)
+
+    def resumed(self, site: str, since: float) -> bool:
+        """Rows from ``site`` answered by the center again (steadily) since ``since``."""
+        return bool(self.traffic and self.traffic.first_after(since, site, escalated)
+                    is not None)
+
+    # -- the partitions ------------------------------------------------------------------
+
+    def event(self, number: str, name: str, site: str, cut: float, end: float,
+              recovery: str, recovery_s: float | None, cut_s: float,
+              **facts: Any) -> Event:
+        assert self.traffic is not None
+        found = Event(number, name, site, cut_s, self.traffic.between(cut, end), recovery,
+                      recovery_s, facts)
+        self.events.append(found)
+        return found
+
+    def site_from_center(self, site: str = "eu", hold_s: float = 10) -> Event:
+        """1. Every host of ``site`` cut from every host of the center site."""
+        assert self.traffic is not None
+        net, hosts = self.sites.network, self.sites.network.site_hosts(site)
+        cut = time.monotonic()
+        net.cut(hosts, [net.subnet(CORE)])
+        time.sleep(hold_s)
+        healed = time.monotonic()
+        net.heal(hosts)
+        wait(lambda: self.resumed(site, healed), 90, f"escalation from {site} resuming")
+        resumed = self.traffic.first_after(healed, site, escalated)
+        return self.event("1", f"{site} cut from the center site", site, cut,
+                          time.monotonic(), "escalation answered by the center again",
+                          resumed, healed - cut,
+                          degraded_during=sum(t == "edge-degraded"
+                                              for a in self.traffic.between(cut, healed, site)
+                                              for t in a.tiers))
+
+    def registry_during_rollout(self, site: str = "eu", hold_s: float = 20,
+                                kbit: int = 2000) -> Event:
+        """2. ``site``'s links slowed to ``kbit``; a new release published; once its first
+        edge has part of the new artifacts, the site is cut from the registry for ``hold_s``
+        (past the sync stream's 15 s keepalive, so the stream breaks), then healed."""
+        net = self.sites.network
+        hosts = net.site_hosts(site)
+        before = self.version(self.nodes(site)[0]) or 0
+        probe = self.nodes(site)[0]
+        received = self.metric(probe, "sync_bytes_received")
+        for host in hosts:
+            net.throttle(host, kbit)
+        try:
+            self.registry("publish", self.release_b, "--name", MODEL)
+            target = before + 1
+            size = self.artifact_bytes(target)
+            wait(lambda: self.metric(probe, "sync_bytes_received") > received + CHUNK, 60,
+                 f"{probe} receiving the new release")
+            cut = time.monotonic()
+            net.cut(hosts, [self.sites.host("registry").address])
+            others = [s for s in self.sites.edge_sites if s != site]
+            elsewhere = [wait(partial(self.all_serve, target, s), 60, f"{s} on version {target}")
+                         for s in others]
+            during = [self.version(n) for n in self.nodes(site)]
+            time.sleep(max(0.0, hold_s - (time.monotonic() - cut)))
+            healed = time.monotonic()
+            net.heal(hosts)
+            catch_up = wait(lambda: self.all_serve(target, site), 120,
+                            f"{site} converging on version {target}")
+        finally:
+            for host in hosts:
+                net.throttle(host, None)
+        assert self.traffic is not None
+        return self.event("2", f"{site} cut from the registry during a rollout", site, cut,
+                          time.monotonic(), f"{site}'s edges on the new version (catch-up)",
+                          catch_up, healed - cut, version_before=before, target=target,
+                          versions_during=during, others_converged_s=max(elsewhere, default=0),
+                          artifact_bytes=size,
+                          resumed=self.metric(probe, "sync_fetch_resumed"),
+                          received=self.metric(probe, "sync_bytes_received") - received)
+
+    def site_from_consul(self, site: str = "eu", hold_s: float = 10) -> Event:
+        """3. ``site`` cut from the three Consul servers only (the center and the registry
+        stay reachable): its agent can answer nothing from the catalog."""
+        net, hosts = self.sites.network, self.sites.network.site_hosts(site)
+        servers = [h.address for h in self.sites.server_hosts]
+        gateway = f"{site}-gw"
+        cut = time.monotonic()
+        net.cut(hosts, servers)
+
+        def refused() -> str | None:
+            try:
+                r = self.consul_via(gateway, "/health/service/tiered-edge")
+            except httpx.HTTPError as exc:
+                return type(exc).__name__
+            return None if r.status_code == 200 else f"{r.status_code} {r.text[:80]}"
+
+        wait(lambda: refused() is not None, 30, f"{site}'s agent losing the servers", every=0.5)
+        during = refused()
+        time.sleep(max(0.0, hold_s - (time.monotonic() - cut)))
+        healed = time.monotonic()
+        net.heal(hosts)
+        expected = len(self.sites.edge_sites) * self.sites.edges_per_site
+
+        def back() -> bool:
+            r = self.consul_via(gateway, "/health/service/tiered-edge?passing=1")
+            return r.status_code == 200 and len(r.json()) == expected
+
+        recovery = wait(back, 120, f"{site}'s agent listing every edge passing again")
+        return self.event("3", f"{site} cut from the Consul servers", site, cut,
+                          time.monotonic(), f"{site}'s agent answering, every edge passing",
+                          recovery, healed - cut, catalog_during=during)
+
+    def site_down(self, site: str = "eu", hold_s: float = 10) -> Event:
+        """4. Every edge host of ``site`` powered off; its entry stays up."""
+        assert self.traffic is not None
+        edges = self.sites.edges(site)
+        cut = time.monotonic()
+        for name in edges:
+            self.sites.kill_host(name)
+        time.sleep(hold_s)
+        answered_by = sorted({a.node for a in self.traffic.between(cut + 3, time.monotonic(),
+                                                                   site) if a.node})
+        healed = time.monotonic()
+        for name in edges:
+            self.sites.revive_host(name)
+        home = set(edges)
+        back = wait(lambda: bool(self.traffic and self.traffic.first_after(
+            healed, site, lambda a: a.node in home)), 120, f"{site}'s own edges answering")
+        return self.event("4", f"{site}'s edges all down", site, cut, time.monotonic(),
+                          f"{site}'s entry back on its own edges", back, healed - cut,
+                          answered_by_during=answered_by)
+
+    def consul_leader(self) -> Event:
+        """5a. The Raft leader killed (SIGKILL); the others elect one; it rejoins."""
+        leader = self.sites.leader()
+        assert leader is not None, "no Consul leader to kill"
+        cut = time.monotonic()
+        self.sites.kill(leader.name)
+
+        election = wait(lambda: self.sites.leader() not in (None, leader), 60,
+                        "a new Consul leader")
+        new = self.sites.leader()
+        assert new is not None
+        time.sleep(3)
+        self.sites.revive(leader.name)
+        revived = time.monotonic()
+
+        def members() -> bool:
+            r = self.consul_via(new.name, "/operator/raft/configuration", operator=True)
+            return r.status_code == 200 and sum(s["Voter"] for s in r.json()["Servers"]) == 3
+
+        rejoin = wait(members, 60, "three Raft voters again")
+        return self.event("5a", "the Consul leader killed", "all", cut, time.monotonic(),
+                          "the killed server back as a voter", rejoin, revived - cut,
+                          killed=leader.name, elected=new.name, election_s=election)
+
+    def center_host(self, hold_s: float = 10) -> Event:
+        """5b. The center's host powered off (the center and its agent), then back."""
+        assert self.traffic is not None
+        cut = time.monotonic()
+        self.sites.kill_host("center")
+        time.sleep(hold_s)
+        degraded = sum(t == "edge-degraded" for a in self.traffic.between(cut + 3,
+                                                                          time.monotonic())
+                       for t in a.tiers)
+        healed = time.monotonic()
+        self.sites.revive_host("center")
+        resumed = [wait(partial(self.resumed, s, healed), 120, f"escalation from {s} resuming")
+                   for s in self.sites.edge_sites]
+        return self.event("5b", "the center host killed", "all", cut, time.monotonic(),
+                          "every site's rows escalated again", max(resumed), healed - cut,
+                          degraded_during=degraded)
+
+    def converged(self) -> dict[str, Any]:
+        """After everything: each node's version, the registry's rollout states, the audit."""
+        latest = max(int(v["version"]) for v in json.loads(
+            self.registry("show", MODEL, "--json").stdout)["versions"])
+        wait(lambda: self.all_serve(latest), 120, f"every node on version {latest}")
+        status = json.loads(self.registry("status", "--json").stdout)
+        audit = self.registry("audit", "--verify", check=False)
+        return {"latest": latest, "versions": {n: self.version(n) for n in self.nodes()},
+                "status": status, "audit_rc": audit.returncode,
+                "audit": (audit.stdout + audit.stderr).strip()[-400:]}
+
+    # -- a site link with added latency ----------------------------------------------------
+
+    def escalation_latency(self, delay_s: float = 0.020, requests: int = 100) -> dict[str, Any]:
+        """Two extra edges at the first edge site, on the same release, escalating every row:
+        one straight to the center, one through a proxy that adds ``delay_s`` each way; the
+        same single-row requests sent to each in turn. p50 and p99 of each, in ms."""
+        site = self.sites.edge_sites[0]
+        center = self.sites.host("center")
+        target = (center.address, CENTER_PORT)
+        results: dict[str, Any] = {}
+        with DelayProxy(target, delay_s, host=self.sites.network.gateway) as proxy:
+            links = {"direct": f"https://{center.address}:{CENTER_PORT}",
+                     f"+{delay_s * 1000:.0f} ms each way":
+                         f"https://{proxy.host}:{proxy.port}"}
+            edges = []
+            try:
+                for i, (label, url) in enumerate(links.items()):
+                    edges.append((label, self._probe_edge(f"{site}-wan{i}", site, url)))
+                with httpx.Client(timeout=10) as http:
+                    times: dict[str, list[float]] = {label: [] for label in links}
+                    for n in range(requests + 5):
+                        for label, url in edges:
+                            sent = time.monotonic()
+                            r = http.post(f"{url}/v2/models/{MODEL}/infer", content=body(n))
+                            tiers = next(o["data"] for o in r.json()["outputs"]
+                                         if o["name"] == "tier")
+                            if r.status_code != 200 or tiers != ["center"] * 2:
+                                raise RuntimeError(f"{label}: {r.status_code} {tiers}")
+                            if n >= 5:  # the first few open connections
+                                times[label].append((time.monotonic() - sent) * 1000)
+            finally:
+                for _, url in edges:
+                    self._stop_probe(url)
+        for label, values in times.items():
+            values.sort()
+            results[label] = {"p50_ms": statistics.median(values),
+                              "p99_ms": values[int(0.99 * (len(values) - 1))]}
+        return results
+
+    def _probe_edge(self, name: str, site: str, center_url: str) -> str:
+        host = self.sites.network.add(site, name)
+        store = self.sites.root / "stores" / name
+        self.registry("pull", MODEL, "--tier", "edge", "--store", store)
+        argv = tier_argv("edge", EDGE_PORT, store, name, "--host", host.address, "--grpc-port",
+                         "0", "--center-url", center_url, "--center-ca",
+                         str(self.sites.tls / "ca.pem"), *EDGE_FLAGS, region=site)
+        self.sites.placement[name] = host
+        self.sites.without_consul.add(name)  # a static center URL: no discovery
+        self.sites.spawn(name, argv, EDGE_PORT, "edge")
+        url = f"http://{host.address}:{EDGE_PORT}"
+        wait(lambda: httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200, 60,
+             f"{name} ready")
+        return url
+
+    def _stop_probe(self, url: str) -> None:
+        for name, host in list(self.sites.placement.items()):
+            if url.endswith(f"//{host.address}:{EDGE_PORT}") and name in self.sites.children:
+                self.sites.children[name].stop()
+
+
+def escalated(answer: Answer) -> bool:
+    return answer.status == 200 and bool(answer.tiers) and all(t == "center"
+                                                               for t in answer.tiers)
+
+
+@contextmanager
+def running(root: Path, release: Path, release_b: Path, prefix: str = "10.77",
+            echo: Callable[[str, str], None] | None = None) -> Iterator[Run]:
+    """The topology up with ``release`` published and on every node; stopped (every process
+    by PID, then the namespaces) on the way out."""
+    home = root / "registry"
+    sites = Sites(root, home, secrets.token_hex(16), network=Network(prefix),
+                  edge_flags=EDGE_FLAGS, echo=echo,
+                  registry_extra={"REGISTRY_CHUNK_BYTES": str(CHUNK),
+                                  "REGISTRY_REPORT_INTERVAL_S": "1"})
+    run = Run(sites, release, release_b)
+    run.registry("publish", release, "--name", MODEL)
+    sites.network.create()
+    try:
+        sites.up(timeout=240)
+        wait(lambda: run.all_serve(1), 120, "every node on version 1")
+        yield run
+    finally:
+        if run.traffic is not None:
+            run.traffic.stop()
+        sites.stop()
+
+
+def partitions(run: Run) -> dict[str, Any]:
+    """Partitions 1-5 in turn with the traffic running, then the convergence check."""
+    run.traffic = Traffic({s: run.sites.entry(s) for s in run.sites.edge_sites}).start()
+    time.sleep(3)
+    run.site_from_center()
+    run.registry_during_rollout()
+    run.site_from_consul()
+    run.site_down()
+    run.consul_leader()
+    run.center_host()
+    time.sleep(2)
+    run.traffic.stop()
+    return run.converged()
+
+
+def table(run: Run) -> Table:
+    out = Table(title="Partitions with clients at both edge sites (one retry each)")
+    for column in ("#", "partition", "cut (s)", "answered", "retried", "failed",
+                   "slowest (s)", "recovered", "after heal (s)"):
+        out.add_column(column)
+    for e in run.events:
+        out.add_row(e.number, e.name, f"{e.cut_s:.1f}", str(len(e.answers)), str(e.retried),
+                    str(len(e.failed)), f"{e.slowest_s:.2f}", e.recovery,
+                    "-" if e.recovery_s is None else f"{e.recovery_s:.1f}")
+    return out
+
+
+def latency_table(latency: dict[str, Any]) -> Table:
+    out = Table(title="Escalation across the site link (edge at eu -> center at core, "
+                      "1 row, HTTPS, kept-alive connection)")
+    for column in ("link", "p50 (ms)", "p99 (ms)"):
+        out.add_column(column)
+    for label, figures in latency.items():
+        out.add_row(label, f"{figures['p50_ms']:.1f}", f"{figures['p99_ms']:.1f}")
+    return out
+
+
+@click.command()
+@click.option("--root", type=click.Path(path_type=Path), default=Path("var/bench-sites"),
+              show_default=True)
+@click.option("--prefix", default="10.77", show_default=True,
+              help="The /16 the hosts get addresses in.")
+@click.option("--markdown", type=click.Path(path_type=Path), default=None)
+def main(root: Path, prefix: str, markdown: Path | None) -> None:
+    from examples.sentiment.tiny import build_tiny_release
+
+    console = Console(highlight=False)
+    show = Shown(console)
+    root = root.resolve()
+    subprocess.run(["rm", "-rf", str(root)], check=True)
+    release = build_tiny_release(root / "release-a")
+    release_b = build_tiny_release(root / "release-b", seed=1)
+    with running(root / "fleet", release, release_b, prefix) as run:
+        converged = partitions(run)
+        latency = run.escalation_latency()
+    show(table(run))
+    show(latency_table(latency))
+    show(f"After all five: every node on version {converged['latest']} "
+         f"({converged['versions']}); `registry audit --verify` exit {converged['audit_rc']}.")
+    show(machine_line())
+    if markdown:
+        show.write(markdown, "Sites under partitions (bench/sites.py)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,322 @@
+"""Several sites on one machine: a center site and edge sites, every host a network namespace
+with its own address (``tiered.netns``), talking over a bridge that can be cut.
+
+- **center site** (``core``): three Consul servers (a real Raft cluster, each on its own
+  host), the registry's host and the center's host, each with a Consul client agent;
+- **edge sites** (``eu``, ``us``, …): a gateway host with the site's Consul client agent and
+  its nginx entry (``--region`` = the site: its own edges first, then the nearest other
+  site's), and one host per edge, registered with the gateway's agent.
+
+Across sites everything is authenticated and encrypted: sync over TLS (the registry's
+certificate from the fleet CA) with per-node tokens, escalation over HTTPS to centers whose
+certificate carries the center role, Consul gossip encrypted (a fresh 32-byte key per fleet)
+and ACLs on (default deny, a token per role). Secrets go in 0600 files or the environment,
+never on a command line. ``tiered sites`` runs it; the sites test breaks it on purpose.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import secrets
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from registry import pki
+from serving.tokens import write_secret
+from tiered.commands import BIN, nginx_argv, registry_argv, tier_argv
+from tiered.netns import Host, Network
+from tiered.stack import Child, Stack, registry_public_key
+
+CORE = "core"
+CONSUL_HTTP = 8500
+REGISTRY_PORT, REGISTRY_METRICS = 50051, 9300
+CENTER_PORT, CENTER_GRPC = 8100, 8101
+EDGE_PORT, EDGE_GRPC = 8200, 8201
+ENTRY_PORT, ENTRY_GRPC = 8080, 8081
+DATACENTER = "tiered"
+
+
+@dataclass
+class Sites(Stack):
+    """The fleet of ``tiered sites``: ``Stack`` (children, ACL tokens, health, stopping) with
+    every child placed on a host of ``network``."""
+
+    network: Network = field(default_factory=Network)
+    edge_sites: tuple[str, ...] = ("eu", "us")
+    edges_per_site: int = 2
+    servers: int = 3
+    registry_extra: dict[str, str] = field(default_factory=dict)  # e.g. REGISTRY_CHUNK_BYTES
+    placement: dict[str, Host] = field(default_factory=dict)  # child name -> its host
+    edge_flags: tuple[str, ...] = ()  # flags for the edges only (after tier_flags)
+    without_consul: set[str] = field(default_factory=set)  # nodes given static addresses
+    gossip_key: str = field(default_factory=lambda: base64.b64encode(
+        secrets.token_bytes(32)).decode())
+
+    # -- where things are --------------------------------------------------------------
+
+    def host(self, name: str) -> Host:
+        return self.network.hosts[name]
+
+    @property
+    def server_hosts(self) -> list[Host]:
+        return [self.host(f"consul-{i}") for i in range(1, self.servers + 1)]
+
+    @property
+    def consul(self) -> str:
+        """A live Consul server's HTTP address (the stack's own health polling uses it)."""
+        for host in self.server_hosts:
+            child = self.children.get(host.name)
+            if child is not None and child.process.poll() is None:
+                return f"{host.address}:{CONSUL_HTTP}"
+        return f"{self.server_hosts[0].address}:{CONSUL_HTTP}"
+
+    def entry(self, site: str) -> str:
+        return f"http://{self.host(f'{site}-gw').address}:{ENTRY_PORT}"
+
+    @property
+    def url(self) -> str:
+        return self.entry(self.edge_sites[0])
+
+    def edges(self, site: str) -> list[str]:
+        return [f"edge-{site}-{i}" for i in range(1, self.edges_per_site + 1)]
+
+    def node_url(self, name: str) -> str:
+        """A center's or edge's own URL (the center serves HTTPS)."""
+        host = self.placement[name]
+        scheme, port = ("https", CENTER_PORT) if name.startswith("center") else ("http",
+                                                                                EDGE_PORT)
+        return f"{scheme}://{host.address}:{port}"
+
+    def agent_of(self, host: Host) -> str:
+        """The Consul agent a host's services register with: its own (center site), or its
+        site gateway's (edge sites: one client agent per site)."""
+        if host.site == CORE:
+            return f"127.0.0.1:{CONSUL_HTTP}"
+        return f"{self.host(f'{host.site}-gw').address}:{CONSUL_HTTP}"
+
+    def env(self, name: str = "", role: str = "") -> dict[str, str]:
+        env = super().env(name, role)
+        host = self.placement.get(name)
+        if name in self.without_consul:
+            env = {k: v for k, v in env.items() if not k.startswith("CONSUL_")}
+        elif host is not None:
+            env["CONSUL_HTTP_ADDR"] = self.agent_of(host)
+        if role == "registry":
+            env |= self.registry_extra
+        return env
+
+    def spawn(self, name: str, argv: list[str], port: int | None = None,
+              role: str = "") -> Child:
+        host = self.placement[name]
+        if argv[:3] != ["ip", "netns", "exec"]:
+            argv = host.argv(*argv)
+        return super().spawn(name, argv, port, role)
+
+    # -- building ----------------------------------------------------------------------
+
+    def layout(self) -> None:
+        """Every host, in address order: the center site, then each edge site."""
+        for i in range(1, self.servers + 1):
+            self.network.add(CORE, f"consul-{i}")
+        self.network.add(CORE, "registry")
+        self.network.add(CORE, "center")
+        for site in self.edge_sites:
+            self.network.add(site, f"{site}-gw")
+            for name in self.edges(site):
+                self.network.add(site, name)
+
+    def up(self, timeout: float = 300) -> float:
+        started = time.monotonic()
+        if not self.network.hosts:
+            self.layout()
+        if not (self.tls / "registry.pem").is_file():
+            pki.fleet(self.tls, ["127.0.0.1", "localhost", self.host("registry").address,
+                                 self.host("center").address])
+        for host in self.server_hosts:
+            self.start_agent(host, server=True)
+        self._wait(self._leader, 60, "a Consul leader elected by the three servers")
+        self._wait(self.consul_acl_setup, 30, "Consul's ACL system")
+        for name in ("registry", "center", *(f"{s}-gw" for s in self.edge_sites)):
+            self.start_agent(self.host(name))
+        self.start_registry()
+        self.start_center("center-1")
+        for site in self.edge_sites:
+            for name in self.edges(site):
+                self.start_edge(name, site)
+            self.start_entry(site)
+        self.save()
+        self.wait_healthy(timeout)
+        return time.monotonic() - started
+
+    def _leader(self) -> bool:
+        return bool(httpx.get(f"http://{self.consul}/v1/status/leader", timeout=1).json())
+
+    def leader(self) -> Host | None:
+        """The host of the current Raft leader (None during an election)."""
+        address = httpx.get(f"http://{self.consul}/v1/status/leader", timeout=2).json()
+        ip = str(address).rpartition(":")[0]
+        return next((h for h in self.server_hosts if h.address == ip), None)
+
+    def consul_files(self) -> tuple[Path, Path, Path]:
+        """The secret agent configs (0600): gossip key, ACLs of a server (management and
+        agent tokens), ACLs of a client (the agent token only)."""
+        folder = self.root / "consul"
+        self.consul_acl_config()  # makes the tokens, acl.json and management.token
+        gossip = folder / "gossip.json"
+        write_secret(gossip, json.dumps({"encrypt": self.gossip_key}).encode())
+        client = folder / "acl-client.json"
+        write_secret(client, json.dumps({"acl": {
+            "enabled": True, "default_policy": "deny", "down_policy": "extend-cache",
+            "tokens": {"agent": self.consul_tokens["agent"]}}}).encode())
+        return gossip, folder / "acl.json", client
+
+    def start_agent(self, host: Host, server: bool = False) -> Child:
+        """A Consul agent on ``host``: a server of the Raft cluster, or a client agent that
+        joins them. Its data survives a restart (a revived host rejoins with its state)."""
+        gossip, server_acl, client_acl = self.consul_files()
+        data = self.root / "consul" / "data" / host.name
+        data.mkdir(parents=True, exist_ok=True)
+        config: dict[str, Any] = {
+            "node_name": host.name, "datacenter": DATACENTER, "data_dir": str(data),
+            "bind_addr": host.address, "advertise_addr": host.address,
+            "client_addr": f"127.0.0.1 {host.address}", "ports": {"http": CONSUL_HTTP,
+                                                                  "dns": -1},
+            "retry_join": [h.address for h in self.server_hosts if h != host],
+            "node_meta": {"tiered_site": host.site}, "log_level": "WARN",
+            "disable_update_check": True,
+            "performance": {"raft_multiplier": 1}}  # production's setting: ~1 s elections
+        if server:
+            config |= {"server": True, "bootstrap_expect": self.servers, "ui": True}
+        path = self.root / "consul" / f"{host.name}.json"
+        path.write_text(json.dumps(config, indent=2))
+        argv = [str(BIN / "consul"), "agent", "-config-file", str(path), "-config-file",
+                str(gossip), "-config-file", str(server_acl if server else client_acl)]
+        name = host.name if server else f"consul-{host.name}"
+        self.placement[name] = host
+        return self.spawn(name, argv, CONSUL_HTTP, "consul")
+
+    def start_registry(self) -> Child:
+        host = self.host("registry")
+        self.placement["registry"] = host
+        argv = registry_argv(self.registry_home, REGISTRY_PORT, REGISTRY_METRICS, "--host",
+                             host.address)
+        return self.spawn("registry", argv, REGISTRY_PORT, "registry")
+
+    def start_center(self, name: str) -> Child:
+        host = self.host("center")
+        self.placement[name] = host
+        tls = ["--tls-cert", str(self.tls / "center.pem"), "--tls-key",
+               str(self.tls / "center.key")]
+        return self._node("center", name, host, CENTER_PORT, CENTER_GRPC, *tls)
+
+    def start_edge(self, name: str, region: str) -> Child:
+        host = self.host(name)
+        self.placement[name] = host
+        return self._node("edge", name, host, EDGE_PORT, EDGE_GRPC, "--center-ca",
+                          str(self.tls / "ca.pem"), *self.edge_flags)
+
+    def _node(self, tier: str, name: str, host: Host, port: int, grpc: int,
+              *flags: str) -> Child:
+        if self.release_key is None:
+            self.release_key = registry_public_key(self.registry_home)
+        argv = tier_argv(tier, port, self.root / "stores" / name, name, "--host", host.address,
+                         "--sync-backoff-max-s", "2", *self.tier_flags, *flags,
+                         release_key=self.release_key, region=host.site, grpc_port=grpc)
+        return self.spawn(name, argv, port, tier)
+
+    def start_entry(self, site: str) -> Child:
+        """The site's nginx: its own edges first, then the nearest other site's (the other
+        edge sites in the order given), centers over HTTPS checked against the fleet CA."""
+        host = self.host(f"{site}-gw")
+        name = f"nginx-{site}"
+        self.placement[name] = host
+        others = ",".join(s for s in self.edge_sites if s != site)
+        argv = nginx_argv(self.root / name, f"{host.address}:{ENTRY_PORT}", "--region", site,
+                          *(["--fallback-regions", others] if others else []), "--center-ca",
+                          str(self.tls / "ca.pem"), *self.nginx_flags,
+                          grpc_listen=f"{host.address}:{ENTRY_GRPC}")
+        return self.spawn(name, argv, ENTRY_PORT, "nginx")
+
+    # -- health ------------------------------------------------------------------------
+
+    def expected(self) -> dict[str, int]:
+        from serving.discovery import SERVICES
+
+        return {SERVICES["registry"]: 1, SERVICES["center"]: 1,
+                SERVICES["edge"]: len(self.edge_sites) * self.edges_per_site}
+
+    def wait_healthy(self, timeout: float) -> None:
+        def healthy() -> bool:
+            passing = self.passing()
+            if any(len(passing[s]) < n for s, n in self.expected().items()):
+                return False
+            return all(httpx.get(f"{self.entry(site)}/v2/health/ready", timeout=2)
+                       .status_code == 200 for site in self.edge_sites)
+
+        self._wait(healthy, timeout, "every service passing in Consul and every site's entry "
+                                     "routing")
+
+    # -- hosts failing -------------------------------------------------------------------
+
+    def on(self, host: Host) -> list[Child]:
+        """The children running on ``host``, in the order they were started."""
+        return [c for n, c in self.children.items() if self.placement.get(n) == host]
+
+    def kill_host(self, name: str) -> None:
+        """Power off a host: SIGKILL for everything on it, its cable out."""
+        host = self.host(name)
+        for child in self.on(host):
+            self.kill(child.name)
+        self.network.link(host, False)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one child and what it started (nginx under its renderer: each child leads
+        its own process group), its host left running."""
+        child = self.children[name]
+        if child.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.process.wait(timeout=10)
+
+    def revive(self, *names: str) -> None:
+        """Start children again as they were (same host, argv, ports, data)."""
+        for name in names:
+            child = self.children[name]
+            self.spawn(name, child.argv, child.port, child.role)
+
+    def revive_host(self, name: str) -> None:
+        host = self.host(name)
+        self.network.link(host, True)
+        self.revive(*(c.name for c in self.on(host)))
+
+    # -- state and stopping ------------------------------------------------------------
+
+    def save(self) -> None:
+        super().save()
+        state = json.loads((self.root / "stack.json").read_text())
+        state["sites"] = {site: {"entry": self.entry(site),
+                                 "grpc_entry": f"{self.host(f'{site}-gw').address}:{ENTRY_GRPC}",
+                                 "edges": {n: self.node_url(n) for n in self.edges(site)
+                                           if n in self.placement}}
+                          for site in self.edge_sites}
+        state["sites"][CORE] = {
+            "consul_servers": [f"http://{h.address}:{CONSUL_HTTP}" for h in self.server_hosts],
+            "registry": f"{self.host('registry').address}:{REGISTRY_PORT}",
+            "center": self.node_url("center-1") if "center-1" in self.placement else None}
+        (self.root / "stack.json").write_text(json.dumps(state, indent=2))
+
+    def stop(self) -> None:
+        """Every child by PID (newest first), then the namespaces and the bridge."""
+        try:
+            super().stop()
+        finally:
+            self.network.close()
+
