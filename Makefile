@@ -4,7 +4,7 @@ BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO  := var/demo/release
 
-.PHONY: up demo serve bench test compose-test test-fast lint typecheck check clean
+.PHONY: up sites demo serve bench test compose-test sites-test test-fast lint typecheck check clean
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh scripts/install_tools.sh
 	bash scripts/bootstrap.sh
@@ -13,6 +13,12 @@ $(STAMP): pyproject.toml scripts/bootstrap.sh scripts/install_tools.sh
 ## release first if the registry has none; Ctrl-C stops everything
 up: $(STAMP)
 	$(BIN)/tiered up
+
+## sites: many sites on this machine (root): a center site (3 Consul servers, registry, center)
+## and two edge sites (a Consul agent, 2 edges, an nginx entry each), every host a network
+## namespace with its own address; prints each site's entry; Ctrl-C stops everything
+sites: $(STAMP)
+	$(BIN)/tiered sites
 
 ## demo: build the demo release (cached after the first ~8 min) and publish it to ./var/registry
 demo: $(STAMP)
@@ -38,6 +44,7 @@ bench: demo
 	$(BIN)/python -m bench.chaos --markdown docs/bench/chaos.md
 	$(BIN)/python -m bench.fuzz --markdown docs/bench/fuzz.md
 	$(BIN)/python -m bench.swaps --markdown docs/bench/swaps.md
+	$(BIN)/python -m bench.sites --markdown docs/bench/sites.md
 	$(BIN)/python -m bench.soak --minutes 10 --markdown docs/bench/soak.md
 	$(BIN)/python -m bench.report
 
@@ -49,6 +56,11 @@ test: $(STAMP)
 ## (root; scripts/docker_here.sh; ~3 min warm, ~4.5 cold); not part of `make test`
 compose-test: demo
 	$(BIN)/python -m pytest tests/containers --containers -s -p no:cacheprovider
+
+## sites-test: the three sites through partitions 1-5 under load (root, ~4 min; builds its own
+## tiny releases); not part of `make test`
+sites-test: $(STAMP)
+	$(BIN)/python -m pytest tests/sites --sites -s -p no:cacheprovider
 
 ## test-fast: skip the slow tests
 test-fast: $(STAMP)

@@ -26,6 +26,7 @@ import secrets
 import ssl
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -159,6 +160,8 @@ class Event:
     answers: list[Answer]
     recovery: str  # what "recovered" means here
     recovery_s: float | None  # from the heal (or revive) until it held
+    failover_s: float | None = None  # from the cut until clients were steadily served the
+    # other way (degraded, by another site's edges, by a new leader); None: nothing to fail
     facts: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -267,11 +270,15 @@ class Run:
 
     def event(self, number: str, name: str, site: str, cut: float, end: float,
               recovery: str, recovery_s: float | None, cut_s: float,
-              **facts: Any) -> Event:
+              failover_s: float | None = None, **facts: Any) -> Event:
         assert self.traffic is not None
         found = Event(number, name, site, cut_s, self.traffic.between(cut, end), recovery,
-                      recovery_s, facts)
+                      recovery_s, failover_s, facts)
         self.events.append(found)
+        print(f"partition {number} ({name}): {len(found.answers)} answered, "
+              f"{found.retried} retried, {len(found.failed)} failed, recovered in "
+              f"{recovery_s if recovery_s is None else round(recovery_s, 1)} s; {facts}",
+              file=sys.stderr, flush=True)
         return found
 
     def site_from_center(self, site: str = "eu", hold_s: float = 10) -> Event:
@@ -288,6 +295,7 @@ class Run:
         return self.event("1", f"{site} cut from the center site", site, cut,
                           time.monotonic(), "escalation answered by the center again",
                           resumed, healed - cut,
+                          self.traffic.first_after(cut, site, degraded),
                           degraded_during=sum(t == "edge-degraded"
                                               for a in self.traffic.between(cut, healed, site)
                                               for t in a.tiers))
@@ -381,8 +389,10 @@ class Run:
         home = set(edges)
         back = wait(lambda: bool(self.traffic and self.traffic.first_after(
             healed, site, lambda a: a.node in home)), 120, f"{site}'s own edges answering")
+        others = {n for s in self.sites.edge_sites if s != site for n in self.sites.edges(s)}
+        moved = self.traffic.first_after(cut, site, lambda a: a.node in others)
         return self.event("4", f"{site}'s edges all down", site, cut, time.monotonic(),
-                          f"{site}'s entry back on its own edges", back, healed - cut,
+                          f"{site}'s entry back on its own edges", back, healed - cut, moved,
                           answered_by_during=answered_by)
 
     def consul_leader(self) -> Event:
@@ -400,14 +410,17 @@ class Run:
         self.sites.revive(leader.name)
         revived = time.monotonic()
 
-        def members() -> bool:
-            r = self.consul_via(new.name, "/operator/raft/configuration", operator=True)
-            return r.status_code == 200 and sum(s["Voter"] for s in r.json()["Servers"]) == 3
+        def healthy() -> bool:  # autopilot: every server alive, in step with the leader
+            r = self.consul_via(new.name, "/operator/autopilot/health", operator=True)
+            servers = r.json()["Servers"] if r.status_code == 200 else []
+            return (len(servers) == self.sites.servers
+                    and all(s["Healthy"] and s["Voter"] for s in servers))
 
-        rejoin = wait(members, 60, "three Raft voters again")
+        wait(lambda: not healthy(), 30, "autopilot noticing the killed server")
+        rejoin = wait(healthy, 90, "every Consul server healthy again")
         return self.event("5a", "the Consul leader killed", "all", cut, time.monotonic(),
-                          "the killed server back as a voter", rejoin, revived - cut,
-                          killed=leader.name, elected=new.name, election_s=election)
+                          "the killed server back, healthy, a voter", rejoin, revived - cut,
+                          election, killed=leader.name, elected=new.name)
 
     def center_host(self, hold_s: float = 10) -> Event:
         """5b. The center's host powered off (the center and its agent), then back."""
@@ -415,21 +428,23 @@ class Run:
         cut = time.monotonic()
         self.sites.kill_host("center")
         time.sleep(hold_s)
-        degraded = sum(t == "edge-degraded" for a in self.traffic.between(cut + 3,
-                                                                          time.monotonic())
-                       for t in a.tiers)
+        marked = sum(t == "edge-degraded" for a in self.traffic.between(cut + 3,
+                                                                        time.monotonic())
+                     for t in a.tiers)
         healed = time.monotonic()
         self.sites.revive_host("center")
         resumed = [wait(partial(self.resumed, s, healed), 120, f"escalation from {s} resuming")
                    for s in self.sites.edge_sites]
+        failover = [self.traffic.first_after(cut, s, degraded) for s in self.sites.edge_sites]
         return self.event("5b", "the center host killed", "all", cut, time.monotonic(),
                           "every site's rows escalated again", max(resumed), healed - cut,
-                          degraded_during=degraded)
+                          None if None in failover else max(f for f in failover if f is not None),
+                          degraded_during=marked)
 
     def converged(self) -> dict[str, Any]:
         """After everything: each node's version, the registry's rollout states, the audit."""
         latest = max(int(v["version"]) for v in json.loads(
-            self.registry("show", MODEL, "--json").stdout)["versions"])
+            self.registry("show", MODEL, "--json").stdout))
         wait(lambda: self.all_serve(latest), 120, f"every node on version {latest}")
         status = json.loads(self.registry("status", "--json").stdout)
         audit = self.registry("audit", "--verify", check=False)
@@ -497,6 +512,11 @@ class Run:
                 self.sites.children[name].stop()
 
 
+def degraded(answer: Answer) -> bool:
+    return answer.status == 200 and bool(answer.tiers) and all(t == "edge-degraded"
+                                                               for t in answer.tiers)
+
+
 def escalated(answer: Answer) -> bool:
     return answer.status == 200 and bool(answer.tiers) and all(t == "center"
                                                                for t in answer.tiers)
@@ -543,12 +563,16 @@ def partitions(run: Run) -> dict[str, Any]:
 def table(run: Run) -> Table:
     out = Table(title="Partitions with clients at both edge sites (one retry each)")
     for column in ("#", "partition", "cut (s)", "answered", "retried", "failed",
-                   "slowest (s)", "recovered", "after heal (s)"):
+                   "slowest (s)", "failover (s)", "recovered when", "after heal (s)"):
         out.add_column(column)
     for e in run.events:
         out.add_row(e.number, e.name, f"{e.cut_s:.1f}", str(len(e.answers)), str(e.retried),
-                    str(len(e.failed)), f"{e.slowest_s:.2f}", e.recovery,
+                    str(len(e.failed)), f"{e.slowest_s:.2f}",
+                    "-" if e.failover_s is None else f"{e.failover_s:.1f}", e.recovery,
                     "-" if e.recovery_s is None else f"{e.recovery_s:.1f}")
+    out.caption = ("failover: from the cut until the site's clients were steadily answered "
+                   "the other way (1, 5b: degraded at the edge; 4: by the other site's edges; "
+                   "5a: a new leader elected); 2 and 3 need none (serving goes on as it was)")
     return out
 
 

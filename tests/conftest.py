@@ -21,16 +21,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--containers", action="store_true", default=False,
                      help="run the container tests (build every image, run the compose stack "
                           "on a private dockerd; root, 3-5 min): make compose-test")
+    parser.addoption("--sites", action="store_true", default=False,
+                     help="run the sites test (three sites as network namespaces, partitions "
+                          "1-5 under load; root, ~4 min): make sites-test")
+
+
+OPT_IN = {"containers": "builds every image and runs the compose stack on a private dockerd "
+                        "(3-5 min): make compose-test",
+          "sites": "three sites as network namespaces, partitions 1-5 under load (root, "
+                   "~4 min): make sites-test"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--containers"):
-        return
-    skip = pytest.mark.skip(reason="builds every image and runs the compose stack on a private "
-                                   "dockerd (3-5 min): make compose-test")
-    for item in items:
-        if "containers" in item.keywords:
-            item.add_marker(skip)
+    for marker, reason in OPT_IN.items():
+        if config.getoption(f"--{marker}"):
+            continue
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -25,6 +26,7 @@ from rich.markup import escape
 
 from serving.discovery import SERVICES
 from serving.flags import options
+from serving.settings import REGION
 from tiered import demo as demo_run
 from tiered.commands import BIN, registry_cli
 from tiered.settings import TieredSettings
@@ -34,6 +36,7 @@ from tiered.views import demo_view, registry_database, status_rows, status_view,
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 ROOT = Path(__file__).resolve().parent.parent
+REGION_NAME = re.compile(REGION)
 COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_green"]
 
 
@@ -174,6 +177,86 @@ def summary(stack: Stack, s: TieredSettings, seconds: float) -> None:
     out.print("then: tiered demo   |   tiered status   |   Ctrl-C stops everything")
 
 
+@cli.command("sites")
+@options(TieredSettings, ("root",))
+@click.option("--edge-sites", default="eu,us", show_default=True,
+              help="The edge sites (regions), comma-separated; a site's entry fails over to "
+                   "the others in this order.")
+@click.option("--edges-per-site", type=click.IntRange(1, 8), default=2, show_default=True)
+@click.option("--prefix", default="10.77", show_default=True,
+              help="The private /16 the hosts get addresses in (<prefix>.<site>.<n>).")
+@click.option("--timeout", type=float, default=600, show_default=True,
+              help="Seconds to wait for every health check.")
+def sites_cmd(root: Path | None, edge_sites: str, edges_per_site: int, prefix: str,
+              timeout: float) -> None:
+    """Many sites on this machine (root): every host a network namespace with its own address.
+    A center site (three Consul servers, the registry, the center) and edge sites (a Consul
+    client agent, edges, an nginx entry each); TLS sync, HTTPS escalation, Consul gossip
+    encryption and ACLs. Prints each site's entry; Ctrl-C stops everything."""
+    from tiered import netns
+    from tiered.sites import Sites
+
+    why = netns.available()
+    if why:
+        raise click.ClickException(f"tiered sites needs network namespaces: {why}")
+    s = settings_from(root=root)
+    regions = tuple(r.strip() for r in edge_sites.split(",") if r.strip())
+    bad = [r for r in regions if not REGION_NAME.fullmatch(r) or r == "core"]
+    if bad or not regions:
+        raise click.BadParameter(f"{bad[0] if bad else edge_sites!r}: a site is a region name "
+                                 f"([a-z0-9-], not 'core')", param_hint="--edge-sites")
+    try:
+        network = netns.Network(prefix)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--prefix") from exc
+    started = time.monotonic()
+    ensure_tools()
+    ensure_release(s)
+    token = s.registry_token.get_secret_value() if s.registry_token else secrets.token_hex(16)
+    sites = Sites(s.root.resolve() / "sites", s.registry_home.resolve(), token,
+                  network=network, edge_sites=regions,
+                  edges_per_site=edges_per_site, tracing=tracing_env(s, os.environ),
+                  echo=Printer())
+    stopping = sites.cancelled
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopping.set())
+    try:
+        sites.network.create()
+        sites.up(timeout)
+        sites_summary(sites, s, time.monotonic() - started)
+        sites.supervise()
+        while not stopping.wait(0.5):
+            dead = sites.dead()
+            if dead:
+                err.print(f"[red]{dead[0].name} exited ({dead[0].process.returncode}); "
+                          f"stopping the sites[/] (log: {dead[0].log})")
+                raise SystemExit(1)
+    finally:
+        err.print("stopping the sites …")
+        sites.stop()
+        err.print("stopped")
+
+
+def sites_summary(sites: Any, s: TieredSettings, seconds: float) -> None:
+    pairs = []
+    for site in sites.edge_sites:
+        pairs.append((f"{site} entry (nginx)", f"{sites.entry(site)}/v2/models/{s.model}/infer"))
+        pairs.append((f"{site} edges", ", ".join(sites.node_url(n) for n in sites.edges(site))))
+    servers = [f"http://{h.address}:8500/ui" for h in sites.server_hosts]
+    pairs += [("Consul servers (UI)", ", ".join(servers)),
+              ("Consul token", f"{sites.consul_token_file} (management: UI login)"),
+              ("registry (sync, TLS)", f"{sites.host('registry').address}:50051"),
+              ("center (HTTPS)", sites.node_url("center-1")),
+              ("logs", str(sites.root / "logs"))]
+    out.print(summary_view(seconds, pairs))
+    first = sites.edge_sites[0]
+    out.print(f"try:  curl -s {sites.entry(first)}/v2/models/{s.model}/infer -d "
+              f"'{{\"inputs\": [{{\"name\": \"text\", \"shape\": [1], \"datatype\": "
+              f"\"BYTES\", \"data\": [\"A tedious slog.\"]}}]}}'")
+    out.print(f"then: tiered status --sites   |   tiered demo --url {sites.entry(first)}   |   "
+              f"Ctrl-C stops everything")
+
+
 @cli.command("demo")
 @click.option("--url", default=None, help="nginx entry (default: the running stack's).")
 @click.option("--rows", type=click.IntRange(1, 2000), default=2000, show_default=True,
@@ -204,14 +287,19 @@ def demo_cmd(url: str | None, rows: int, concurrency: int, region: str | None,
 
 @cli.command("status")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def status_cmd(as_json: bool) -> None:
-    """Consul's health of every Tiered service joined with `registry status`."""
+@click.option("--sites", "of_sites", is_flag=True,
+              help="The fleet `tiered sites` runs (its state under <root>/sites).")
+def status_cmd(as_json: bool, of_sites: bool) -> None:
+    """Consul's health of every Tiered service joined with `registry status`, with the site
+    of each instance."""
     from registry.catalog import Catalog
     from registry.db import connect
     from registry.nodes import NodeBook
 
     s = settings_from()
-    state = load_state(s.root) or {}
+    state = load_state(s.root / "sites" if of_sites else s.root) or {}
+    if of_sites and not state:
+        raise click.ClickException(f"no `tiered sites` running under {s.root / 'sites'}")
     consul = state.get("consul", f"127.0.0.1:{s.consul_port}")
     headers = consul_headers(state)
     home = Path(state.get("registry_home", s.registry_home))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import secrets
 import shutil
 import subprocess
@@ -70,6 +71,16 @@ class Network:
     _sites: dict[str, int] = field(default_factory=dict)
     _counts: dict[str, int] = field(default_factory=dict)
     _up: bool = False
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"\d{1,3}\.\d{1,3}", self.prefix):
+            raise ValueError(f"prefix {self.prefix[:40]!r}: expected two numbers, e.g. 10.77")
+        try:
+            net = ipaddress.ip_network(f"{self.prefix}.0.0/16")
+        except ValueError as exc:
+            raise ValueError(f"prefix {self.prefix!r}: {exc}") from None
+        if not net.is_private:
+            raise ValueError(f"prefix {self.prefix!r}: {net} is not a private network")
 
     @property
     def bridge(self) -> str:

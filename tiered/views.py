@@ -5,6 +5,7 @@ node when its table does not fit the width."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,10 @@ from rich.text import Text
 
 from registry.render import table_or_blocks
 from registry.settings import RegistrySettings
+from serving.settings import REGION
 
-STATUS_COLUMNS = ("service", "node", "address", "region", "health", "version", "desired",
-                  "sync", "escalation", "p99")
+STATUS_COLUMNS = ("service", "node", "address", "site", "region", "health", "version",
+                  "desired", "sync", "escalation", "p99")
 
 
 def registry_database(home: Path) -> Path:
@@ -39,6 +41,7 @@ def status_rows(health: Mapping[str, Sequence[Mapping[str, Any]]],
             sync = rollout.get((sid, model), {})
             rows.append({"service": service, "node": sid, "address":
                          f"{entry['Service']['Address']}:{entry['Service']['Port']}",
+                         "site": site_of(entry),
                          "region": (entry["Service"].get("Meta") or {}).get("region", "-"),
                          "health": "passing" if checks and all(c == "passing" for c in checks)
                          else ",".join(checks) or "-",
@@ -48,13 +51,26 @@ def status_rows(health: Mapping[str, Sequence[Mapping[str, Any]]],
     return rows
 
 
+def site_of(entry: Mapping[str, Any]) -> str:
+    """The site of the Consul agent an instance is registered with (its node meta
+    ``tiered_site``, set by ``tiered sites``); "-" when there is none, "?" when what the
+    catalog holds is not a region-like name (anyone who reaches Consul writes node meta)."""
+    node = entry.get("Node")
+    meta = node.get("Meta") if isinstance(node, Mapping) else None
+    site = meta.get("tiered_site") if isinstance(meta, Mapping) else None
+    if site is None:
+        return "-"
+    return site if isinstance(site, str) and re.fullmatch(REGION, site) else "?"
+
+
 def _cells(r: Mapping[str, Any]) -> list[Text]:
     colour = "green" if r["health"] == "passing" else "red"
-    values = [r["service"], r["node"], r["address"], r["region"], r["health"],
+    values = [r["service"], r["node"], r["address"], r["site"], r["region"], r["health"],
               str(r["version"] or "-"), str(r["desired"] or "-"), r["state"] or "-",
               "-" if r["escalation_rate"] is None else f"{r['escalation_rate']:.1%}",
               "-" if r["p99_ms"] is None else f"{r['p99_ms']:.1f} ms"]
-    return [Text(str(v), style=colour if i == 4 else "") for i, v in enumerate(values)]
+    health = STATUS_COLUMNS.index("health")
+    return [Text(str(v), style=colour if i == health else "") for i, v in enumerate(values)]
 
 
 def status_view(rows: Sequence[Mapping[str, Any]], consul: str,

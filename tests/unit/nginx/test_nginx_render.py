@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
-from nginx.render import Fleet, upstreams
+import pytest
+
+from nginx.render import Fleet, config, upstreams
 from serving.discovery import Instance
 
 
@@ -147,3 +150,19 @@ def test_a_sites_entry_with_no_edges_yet_still_renders_its_pool() -> None:
     conf = upstreams(Fleet(region="eu"))
     assert map_default(conf) == "tiered_edges_eu"
     assert block(conf, "tiered_edges_eu") == ["server 127.0.0.1:9 down;  # none passing"]
+
+
+def test_the_center_route_checks_the_center_certificate_when_given_a_ca(tmp_path: Path) -> None:
+    from registry.pki import role_name
+
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-")
+    plain = config(tmp_path, "127.0.0.1:8080", 10, 10, "1m", tmp_path)
+    assert "proxy_pass http://tiered_centers/v2/;" in plain and "proxy_ssl" not in plain
+    tls = config(tmp_path, "127.0.0.1:8080", 10, 10, "1m", tmp_path, center_ca=ca)
+    assert "proxy_pass https://tiered_centers/v2/;" in tls
+    assert f"proxy_ssl_trusted_certificate {ca.resolve()};" in tls
+    assert "proxy_ssl_verify on;" in tls and f"proxy_ssl_name {role_name('center')};" in tls
+    odd = tmp_path / "ca; include x.pem"
+    with pytest.raises(ValueError, match="only letters"):
+        config(tmp_path, "127.0.0.1:8080", 10, 10, "1m", tmp_path, center_ca=odd)

@@ -68,11 +68,24 @@ def test_status_rows_join_consul_and_the_registry() -> None:
     rows = status_rows(health(), rollout(), MODEL)
     edge = next(r for r in rows if r["node"] == NODES[3])
     assert edge == {"service": SERVICES["edge"], "node": NODES[3],
-                    "address": "10.200.100.123:8203", "region": "eu-west-1",
+                    "address": "10.200.100.123:8203", "site": "-", "region": "eu-west-1",
                     "health": "passing", "version": 1234, "desired": 1235, "state": "REFUSED",
                     "escalation_rate": 0.123, "p99_ms": 45.6}
     center = next(r for r in rows if r["service"] == SERVICES["center"])
     assert center["health"] == "critical" and center["state"] is None
+
+
+def test_status_names_each_instances_site_from_its_agents_node_meta() -> None:
+    """``tiered sites`` tags every Consul agent with its site; a value that is not a site
+    name (node meta is written by whoever reaches Consul) shows as "?"."""
+    found = health()
+    sites = ["eu", "eu-west-1\x1b[31m", ["us"]]
+    for e, site in zip(found[SERVICES["edge"]], sites, strict=False):
+        e["Node"] = {"Node": "eu-gw", "Meta": {"tiered_site": site}}
+    rows = {r["node"]: r for r in status_rows(found, rollout(), MODEL)}
+    assert [rows[n]["site"] for n in NODES[:4]] == ["eu", "?", "?", "-"]
+    text = render(status_view(list(rows.values()), "127.0.0.1:8500", 200), 200)
+    assert "┃ site" in text and "\x1b" not in text
 
 
 class Answer:
