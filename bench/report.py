@@ -14,7 +14,7 @@ from bench.kit import machine_line
 
 DOCS = Path("docs")
 ORDER = ["tiers", "quantization", "peers", "protocols", "cascade", "rollout", "chaos", "fuzz",
-         "swaps", "soak", "gpu"]
+         "swaps", "sites", "soak", "gpu"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

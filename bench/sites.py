@@ -578,7 +578,7 @@ def table(run: Run) -> Table:
 
 def latency_table(latency: dict[str, Any]) -> Table:
     out = Table(title="Escalation across the site link (edge at eu -> center at core, "
-                      "1 row, HTTPS, kept-alive connection)")
+                      "2 rows, HTTPS, kept-alive connection)")
     for column in ("link", "p50 (ms)", "p99 (ms)"):
         out.add_column(column)
     for label, figures in latency.items():
