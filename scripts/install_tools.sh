@@ -7,6 +7,8 @@
 #   nginx  — nginx-light from Debian (apt-get; root or password-less sudo).
 #   qemu   — qemu-user from Debian, x86-64 only: the tests run the INT8 fidelity probe under
 #            `qemu-x86_64 -cpu Haswell` (AVX2, no VNNI), a CPU class the machine may not be.
+#   iproute2, iptables — as root, when missing: `tiered sites` makes each host a network
+#            namespace (ip, tc, iptables); its tests skip without root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -40,6 +42,13 @@ if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
     echo "install_tools: installing nginx-light from Debian" >&2
     sudo_if_needed apt-get update -qq
     sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light >/dev/null
+fi
+if [ "$(id -u)" = 0 ] && { ! command -v ip >/dev/null 2>&1 || ! command -v tc >/dev/null 2>&1 \
+        || ! command -v iptables >/dev/null 2>&1; }; then
+    echo "install_tools: installing iproute2 and iptables from Debian" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends iproute2 \
+        iptables >/dev/null
 fi
 if [ "$(uname -m)" = x86_64 ] && ! command -v qemu-x86_64 >/dev/null 2>&1; then
     echo "install_tools: installing qemu-user from Debian" >&2
