@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,10 @@ from serving.discovery import SERVICES
 from serving.flags import options
 from serving.settings import REGION
 from tiered import demo as demo_run
+from tiered import netns
 from tiered.commands import BIN, registry_cli
 from tiered.settings import TieredSettings
+from tiered.sites import Sites
 from tiered.stack import Stack, load_state
 from tiered.views import demo_view, registry_database, status_rows, status_view, summary_view
 
@@ -70,21 +72,32 @@ def up_cmd(http_port: int | None, grpc_port: int | None, consul_port: int | None
     stack = Stack(s.root.resolve(), s.registry_home.resolve(), token, s.http_port,
                   s.consul_port, grpc_port=s.grpc_port, tracing=tracing_env(s, os.environ),
                   echo=Printer())
-    stopping = stack.cancelled  # Ctrl-C while starting cancels the wait, later it stops
+
+    def start() -> None:
+        stack.up(timeout)
+        summary(stack, s, time.monotonic() - started)
+
+    run_until_stopped(stack, start, "the stack")
+
+
+def run_until_stopped(stack: Stack, start: Callable[[], None], what: str) -> None:
+    """Start ``stack``; restart a registry, center or edge that exits; stop everything on
+    Ctrl-C or SIGTERM (while starting too: that cancels the wait) or when Consul or nginx
+    exits (exit 1)."""
+    stopping = stack.cancelled
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
     try:
-        stack.up(timeout)
-        summary(stack, s, time.monotonic() - started)
-        stack.supervise()  # a registry, center or edge that exits is restarted
+        start()
+        stack.supervise()
         while not stopping.wait(0.5):
             dead = stack.dead()
             if dead:
                 err.print(f"[red]{dead[0].name} exited ({dead[0].process.returncode}); "
-                          f"stopping the stack[/] (log: {dead[0].log})")
+                          f"stopping {what}[/] (log: {dead[0].log})")
                 raise SystemExit(1)
     finally:
-        err.print("stopping the stack …")
+        err.print(f"stopping {what} …")
         stack.stop()
         err.print("stopped")
 
@@ -193,9 +206,6 @@ def sites_cmd(root: Path | None, edge_sites: str, edges_per_site: int, prefix: s
     A center site (three Consul servers, the registry, the center) and edge sites (a Consul
     client agent, edges, an nginx entry each); TLS sync, HTTPS escalation, Consul gossip
     encryption and ACLs. Prints each site's entry; Ctrl-C stops everything."""
-    from tiered import netns
-    from tiered.sites import Sites
-
     why = netns.available()
     if why:
         raise click.ClickException(f"tiered sites needs network namespaces: {why}")
@@ -217,27 +227,16 @@ def sites_cmd(root: Path | None, edge_sites: str, edges_per_site: int, prefix: s
                   network=network, edge_sites=regions,
                   edges_per_site=edges_per_site, tracing=tracing_env(s, os.environ),
                   echo=Printer())
-    stopping = sites.cancelled
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stopping.set())
-    try:
+
+    def start() -> None:
         sites.network.create()
         sites.up(timeout)
         sites_summary(sites, s, time.monotonic() - started)
-        sites.supervise()
-        while not stopping.wait(0.5):
-            dead = sites.dead()
-            if dead:
-                err.print(f"[red]{dead[0].name} exited ({dead[0].process.returncode}); "
-                          f"stopping the sites[/] (log: {dead[0].log})")
-                raise SystemExit(1)
-    finally:
-        err.print("stopping the sites …")
-        sites.stop()
-        err.print("stopped")
+
+    run_until_stopped(sites, start, "the sites")
 
 
-def sites_summary(sites: Any, s: TieredSettings, seconds: float) -> None:
+def sites_summary(sites: Sites, s: TieredSettings, seconds: float) -> None:
     pairs = []
     for site in sites.edge_sites:
         pairs.append((f"{site} entry (nginx)", f"{sites.entry(site)}/v2/models/{s.model}/infer"))
