@@ -166,6 +166,10 @@ class Network:
         """Delete the namespaces (their veth pairs go with them) and the bridge. Stop the
         processes inside first: a namespace with a live process lingers until it exits."""
         for host in self.hosts.values():
+            # the pair first: a namespace is freed asynchronously, and its veth with it (the
+            # root side could outlive `ip netns del` for a moment); deleting one end of a pair
+            # deletes both, now
+            subprocess.run(["ip", "link", "del", host.link], capture_output=True)
             subprocess.run(["ip", "netns", "del", host.netns], capture_output=True)
         self.hosts.clear()
         if self._up:

@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import time
 from dataclasses import dataclass, field
@@ -137,9 +138,12 @@ class Sites(Stack):
         started = time.monotonic()
         if not self.network.hosts:
             self.layout()
-        if not (self.tls / "registry.pem").is_file():
-            pki.fleet(self.tls, ["127.0.0.1", "localhost", self.host("registry").address,
-                                 self.host("center").address])
+        # the CA is kept (made once); the servers' certificates name this run's addresses
+        pki.fleet(self.tls, ["127.0.0.1", "localhost", self.host("registry").address,
+                             self.host("center").address])
+        # a new cluster each run: Consul's state is what the processes register again, and a
+        # data dir from an earlier run would bring its old gossip keyring and ACL objects
+        shutil.rmtree(self.root / "consul" / "data", ignore_errors=True)
         for host in self.server_hosts:
             self.start_agent(host, server=True)
         self._wait(self._leader, 60, "a Consul leader elected by the three servers")
