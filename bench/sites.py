@@ -43,6 +43,7 @@ from rich.table import Table
 
 from bench.kit import machine_line
 from bench.markdown import Shown
+from bench.rollout.measure import metric
 from bench.wan import DelayProxy
 from tiered.commands import BIN, tier_argv
 from tiered.netns import Network
@@ -244,9 +245,7 @@ class Run:
 
     def metric(self, node: str, name: str) -> float:
         """Sum of an edge's Prometheus series ``edge_<name>_total``."""
-        text = httpx.get(f"{self.sites.node_url(node)}/metrics", timeout=5).text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(f"edge_{name}_total"))
+        return metric(f"{self.sites.node_url(node)}/metrics", f"edge_{name}_total")
 
     def artifact_bytes(self, version: int) -> int:
         show = self.registry("show", f"{MODEL}@{version}", "--json")

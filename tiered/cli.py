@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import re
 import secrets
 import shutil
 import signal
@@ -24,9 +23,9 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
+from serving import discovery
 from serving.discovery import SERVICES
 from serving.flags import options
-from serving.settings import REGION
 from tiered import demo as demo_run
 from tiered import netns
 from tiered.commands import BIN, registry_cli
@@ -38,7 +37,6 @@ from tiered.views import demo_view, registry_database, status_rows, status_view,
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 ROOT = Path(__file__).resolve().parent.parent
-REGION_NAME = re.compile(REGION)
 COLOURS = ["cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_green"]
 
 
@@ -211,7 +209,7 @@ def sites_cmd(root: Path | None, edge_sites: str, edges_per_site: int, prefix: s
         raise click.ClickException(f"tiered sites needs network namespaces: {why}")
     s = settings_from(root=root)
     regions = tuple(r.strip() for r in edge_sites.split(",") if r.strip())
-    bad = [r for r in regions if not REGION_NAME.fullmatch(r) or r == "core"]
+    bad = [r for r in regions if not discovery.REGION.fullmatch(r) or r == "core"]
     if bad or not regions:
         raise click.BadParameter(f"{bad[0] if bad else edge_sites!r}: a site is a region name "
                                  f"([a-z0-9-], not 'core')", param_hint="--edge-sites")

@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 
 from registry import pki
+from serving.discovery import SERVICES
 from serving.tokens import write_secret
 from tiered.commands import BIN, nginx_argv, registry_argv, tier_argv
 from tiered.netns import Host, Network
@@ -144,12 +145,14 @@ class Sites(Stack):
         # a new cluster each run: Consul's state is what the processes register again, and a
         # data dir from an earlier run would bring its old gossip keyring and ACL objects
         shutil.rmtree(self.root / "consul" / "data", ignore_errors=True)
+        files = self.consul_files()
         for host in self.server_hosts:
-            self.start_agent(host, server=True)
-        self._wait(self._leader, 60, "a Consul leader elected by the three servers")
+            self.start_agent(host, files, server=True)
+        self._wait(lambda: self.leader() is not None, 60,
+                   "a Consul leader elected by the three servers")
         self._wait(self.consul_acl_setup, 30, "Consul's ACL system")
         for name in ("registry", "center", *(f"{s}-gw" for s in self.edge_sites)):
-            self.start_agent(self.host(name))
+            self.start_agent(self.host(name), files)
         self.start_registry()
         self.start_center("center-1")
         for site in self.edge_sites:
@@ -159,9 +162,6 @@ class Sites(Stack):
         self.save()
         self.wait_healthy(timeout)
         return time.monotonic() - started
-
-    def _leader(self) -> bool:
-        return bool(httpx.get(f"http://{self.consul}/v1/status/leader", timeout=1).json())
 
     def leader(self) -> Host | None:
         """The host of the current Raft leader (None during an election)."""
@@ -182,10 +182,12 @@ class Sites(Stack):
             "tokens": {"agent": self.consul_tokens["agent"]}}}).encode())
         return gossip, folder / "acl.json", client
 
-    def start_agent(self, host: Host, server: bool = False) -> Child:
-        """A Consul agent on ``host``: a server of the Raft cluster, or a client agent that
-        joins them. Its data survives a restart (a revived host rejoins with its state)."""
-        gossip, server_acl, client_acl = self.consul_files()
+    def start_agent(self, host: Host, files: tuple[Path, Path, Path],
+                    server: bool = False) -> Child:
+        """A Consul agent on ``host`` with the secret ``files`` (``consul_files()``): a server
+        of the Raft cluster, or a client agent that joins them. Its data survives a restart
+        (a revived host rejoins with its state)."""
+        gossip, server_acl, client_acl = files
         data = self.root / "consul" / "data" / host.name
         data.mkdir(parents=True, exist_ok=True)
         config: dict[str, Any] = {
@@ -252,21 +254,11 @@ class Sites(Stack):
     # -- health ------------------------------------------------------------------------
 
     def expected(self) -> dict[str, int]:
-        from serving.discovery import SERVICES
-
         return {SERVICES["registry"]: 1, SERVICES["center"]: 1,
                 SERVICES["edge"]: len(self.edge_sites) * self.edges_per_site}
 
-    def wait_healthy(self, timeout: float) -> None:
-        def healthy() -> bool:
-            passing = self.passing()
-            if any(len(passing[s]) < n for s, n in self.expected().items()):
-                return False
-            return all(httpx.get(f"{self.entry(site)}/v2/health/ready", timeout=2)
-                       .status_code == 200 for site in self.edge_sites)
-
-        self._wait(healthy, timeout, "every service passing in Consul and every site's entry "
-                                     "routing")
+    def entries(self) -> list[str]:
+        return [self.entry(site) for site in self.edge_sites]
 
     # -- hosts failing -------------------------------------------------------------------
 
@@ -303,9 +295,8 @@ class Sites(Stack):
 
     # -- state and stopping ------------------------------------------------------------
 
-    def save(self) -> None:
-        super().save()
-        state = json.loads((self.root / "stack.json").read_text())
+    def state(self) -> dict[str, Any]:
+        state = super().state()
         state["sites"] = {site: {"entry": self.entry(site),
                                  "grpc_entry": f"{self.host(f'{site}-gw').address}:{ENTRY_GRPC}",
                                  "edges": {n: self.node_url(n) for n in self.edges(site)
@@ -315,7 +306,7 @@ class Sites(Stack):
             "consul_servers": [f"http://{h.address}:{CONSUL_HTTP}" for h in self.server_hosts],
             "registry": f"{self.host('registry').address}:{REGISTRY_PORT}",
             "center": self.node_url("center-1") if "center-1" in self.placement else None}
-        (self.root / "stack.json").write_text(json.dumps(state, indent=2))
+        return state
 
     def stop(self) -> None:
         """Every child by PID (newest first), then the namespaces and the bridge."""

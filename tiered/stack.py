@@ -289,14 +289,20 @@ class Stack:
             found[service] = sorted(r["Service"]["ID"] for r in rows)
         return found
 
+    def entries(self) -> list[str]:
+        """The nginx entries clients use (one here; one per site in ``tiered sites``)."""
+        return [self.url]
+
     def wait_healthy(self, timeout: float) -> None:
         def healthy() -> bool:
             passing = self.passing()
             if any(len(passing[s]) < n for s, n in self.expected().items()):
                 return False
-            return httpx.get(f"{self.url}/v2/health/ready", timeout=2).status_code == 200
+            return all(httpx.get(f"{url}/v2/health/ready", timeout=2).status_code == 200
+                       for url in self.entries())
 
-        self._wait(healthy, timeout, "every service passing in Consul and nginx routing")
+        self._wait(healthy, timeout, "every service passing in Consul and every nginx entry "
+                                     "routing")
 
     def _wait(self, condition: Callable[[], bool], timeout: float, what: str,
               child: Child | None = None) -> None:
@@ -319,13 +325,16 @@ class Stack:
 
     # -- state and stopping -----------------------------------------------------------
 
+    def state(self) -> dict[str, Any]:
+        """What ``tiered status`` and ``tiered demo`` read back (``stack.json``)."""
+        return {"url": self.url, "consul": self.consul,
+                "consul_token_file": str(self.consul_token_file) if self.consul_acl else None,
+                "registry_home": str(self.registry_home),
+                "children": {n: {"pid": c.pid, "port": c.port, "role": c.role}
+                             for n, c in self.children.items()}}
+
     def save(self) -> None:
-        state = {"url": self.url, "consul": self.consul,
-                 "consul_token_file": str(self.consul_token_file) if self.consul_acl else None,
-                 "registry_home": str(self.registry_home),
-                 "children": {n: {"pid": c.pid, "port": c.port, "role": c.role}
-                              for n, c in self.children.items()}}
-        (self.root / STATE).write_text(json.dumps(state, indent=2))
+        (self.root / STATE).write_text(json.dumps(self.state(), indent=2))
 
     def stop(self) -> None:
         """Newest first: nginx (its renderer stops nginx), edges, centers, registry, Consul."""
