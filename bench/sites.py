@@ -454,9 +454,9 @@ class Run:
     # -- a site link with added latency ----------------------------------------------------
 
     def escalation_latency(self, delay_s: float = 0.020, requests: int = 100) -> dict[str, Any]:
-        """Two extra edges at the first edge site, on the same release, escalating every row:
-        one straight to the center, one through a proxy that adds ``delay_s`` each way; the
-        same single-row requests sent to each in turn. p50 and p99 of each, in ms."""
+        """Two extra edges at the first edge site, on the same release, escalating (nearly)
+        every row: one straight to the center, one through a proxy that adds ``delay_s`` each
+        way; the same two-row requests sent to each in turn. p50 and p99 of each, in ms."""
         site = self.sites.edge_sites[0]
         center = self.sites.host("center")
         target = (center.address, CENTER_PORT)
@@ -477,7 +477,8 @@ class Run:
                             r = http.post(f"{url}/v2/models/{MODEL}/infer", content=body(n))
                             tiers = next(o["data"] for o in r.json()["outputs"]
                                          if o["name"] == "tier")
-                            if r.status_code != 200 or tiers != ["center"] * 2:
+                            if r.status_code != 200 or not escalated(
+                                    Answer(0, 0, "", 200, False, tuple(tiers))):
                                 raise RuntimeError(f"{label}: {r.status_code} {tiers}")
                             if n >= 5:  # the first few open connections
                                 times[label].append((time.monotonic() - sent) * 1000)
@@ -511,14 +512,21 @@ class Run:
                 self.sites.children[name].stop()
 
 
+# Which rows escalate depends on the INT8 model's confidence, which depends on the CPU: a row
+# may clear even the 0.999 threshold somewhere. So an answer counts by what happened to the
+# rows that did escalate, never by how many there were.
+
+
 def degraded(answer: Answer) -> bool:
-    return answer.status == 200 and bool(answer.tiers) and all(t == "edge-degraded"
-                                                               for t in answer.tiers)
+    """The rows that asked for the center were answered at the edge, marked degraded."""
+    return (answer.status == 200 and "edge-degraded" in answer.tiers
+            and "center" not in answer.tiers)
 
 
 def escalated(answer: Answer) -> bool:
-    return answer.status == 200 and bool(answer.tiers) and all(t == "center"
-                                                               for t in answer.tiers)
+    """The center answered the rows that asked for it; none was left degraded."""
+    return (answer.status == 200 and "center" in answer.tiers
+            and "edge-degraded" not in answer.tiers)
 
 
 @contextmanager
