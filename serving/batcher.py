@@ -1,11 +1,18 @@
-"""Adaptive batching: a queue plus one future per request, bounded by size and delay.
+"""Adaptive, length-aware batching: a queue plus one future per request, bounded by size and
+delay.
 
 Requests (each one or more token rows) wait at most ``max_delay`` for company; a batch closes
 when it holds ``max_batch_size`` rows, when the oldest request has waited long enough, or when
 it holds as many requests as the previous batch and no more are queued: at low load a lone
-request runs at once. Rows are
-padded to the longest row of the batch and run in a worker thread, off the event loop. If a
-batch fails, every request in it gets the error.
+request runs at once.
+
+A batch is then run in a worker thread, off the event loop, as one or more model calls
+(:func:`plan`): its rows sorted by length and cut into groups of similar length, each padded
+only to its own longest row, so short rows stop paying for a long batch-mate's padding. The
+shortest group runs first and a request is answered as soon as its last row is computed; every
+group of a batch runs before the next batch is taken, so no row waits behind later arrivals.
+Each request gets its rows back in its own order. If a call fails, every request of the batch
+not yet answered gets the error.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -24,6 +31,11 @@ from serving.errors import NotReady, Overloaded
 from serving.text import Encoded, pad
 
 Predict = Callable[[Encoded], np.ndarray]
+# What one more model call costs, in padded token positions: a batch is split where the padding
+# a split saves is worth more than this. Measured with bench/tiers.py's raw runs (both tiers,
+# Xeon and EPYC): a call's fixed cost is roughly that of 16-48 token positions of a full batch.
+CALL_TOKENS = 32
+PLAN_EXACT = 512  # distinct lengths up to which the split is exact; beyond, a coarser one
 
 
 @dataclass(frozen=True)
@@ -32,6 +44,46 @@ class BatchStats:
     requests: int
     queue_seconds: float  # of the oldest request
     compute_seconds: float
+    calls: int = 1  # model calls the batch was split into (length groups)
+    tokens: int = 0  # real tokens in the batch
+    padded_tokens: int = 0  # token positions computed: each group's rows x its longest row
+
+
+def plan(lengths: Sequence[int], call_tokens: int = CALL_TOKENS) -> list[list[int]]:
+    """Row indices grouped into model calls, shortest group first, each group sorted by length.
+
+    Minimises, over every way of cutting the rows sorted by length into consecutive groups,
+    ``sum(call_tokens + rows x longest row)``: the token positions computed plus a fixed cost
+    per call. An optimal cut only falls between two different lengths, so the search runs over
+    the distinct lengths (at most the model's sequence length), not the rows. ``call_tokens``
+    0 gives every distinct length its own call; a huge value gives one call, padded to the
+    longest row.
+    """
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    if not order:
+        return []
+    # runs of equal length: (length, end position in ``order``)
+    runs: list[tuple[int, int]] = []
+    for position, index in enumerate(order):
+        if runs and runs[-1][0] == lengths[index]:
+            runs[-1] = (lengths[index], position + 1)
+        else:
+            runs.append((lengths[index], position + 1))
+    if len(runs) > PLAN_EXACT:  # merge neighbouring runs: exact over PLAN_EXACT buckets
+        step = -(-len(runs) // PLAN_EXACT)
+        runs = [runs[min(k + step, len(runs)) - 1] for k in range(0, len(runs), step)]
+    best = [0.0] * (len(runs) + 1)  # best[j]: cost of the rows of runs[:j]
+    cut = [0] * (len(runs) + 1)
+    ends = [0] + [end for _, end in runs]
+    for j in range(1, len(runs) + 1):
+        longest, end = runs[j - 1]
+        best[j], cut[j] = min((best[i] + call_tokens + (end - ends[i]) * longest, i)
+                              for i in range(j))
+    groups, j = [], len(runs)
+    while j:
+        groups.append(order[ends[cut[j]]:ends[j]])
+        j = cut[j]
+    return groups[::-1]
 
 
 Observer = Callable[[BatchStats], None]
@@ -42,14 +94,17 @@ class _Pending:
     rows: list[np.ndarray]
     future: asyncio.Future[np.ndarray]
     enqueued: float = field(default_factory=time.perf_counter)
-    computed: tuple[float, float, int] | None = None  # its batch's start, end and rows
+    computed: tuple[float, float, int] | None = None  # its batch's start, its end and rows
+    logits: np.ndarray | None = None  # filled in by the worker thread, group by group
 
 
 class Batcher:
     def __init__(self, predict: Predict, *, max_batch_size: int, max_delay_ms: float,
                  max_queue_rows: int, observe: Observer | None = None,
-                 executor: ThreadPoolExecutor | None = None) -> None:
+                 executor: ThreadPoolExecutor | None = None,
+                 call_tokens: int = CALL_TOKENS) -> None:
         self.predict = predict
+        self.call_tokens = call_tokens
         self.max_batch_size = max(1, max_batch_size)
         self.max_delay = max_delay_ms / 1000
         self.max_queue_rows = max_queue_rows
@@ -156,41 +211,76 @@ class Batcher:
 
     async def _run_one(self, batch: list[_Pending]) -> None:
         self._expected = len(batch)
-        rows = [r for p in batch for r in p.rows]
-        timing: list[float] = []
+        count = sum(len(p.rows) for p in batch)
+        loop = asyncio.get_running_loop()
+        work = _Work(batch, loop)
         try:
-            logits = await asyncio.get_running_loop().run_in_executor(
-                self._executor, self._timed, pad(rows), timing)
-        except Exception as exc:  # every waiter learns why its batch failed
-            self._stamp(batch, timing, len(rows))
+            await loop.run_in_executor(self._executor, self._compute, work)
+        except Exception as exc:  # every waiter not yet answered learns why the batch failed
             for p in batch:
+                p.computed = p.computed or work.stamp(count)
                 if not p.future.done():
                     p.future.set_exception(exc)
-        else:
-            self._stamp(batch, timing, len(rows))
-            offset = 0
-            for p in batch:
-                if not p.future.done():
-                    p.future.set_result(logits[offset:offset + len(p.rows)])
-                offset += len(p.rows)
         finally:
-            self._queued_rows -= len(rows)
-        if self.observe and timing:
-            started, seconds = timing
-            self.observe(BatchStats(len(rows), len(batch), started - batch[0].enqueued,
-                                    seconds))
+            self._queued_rows -= count
+        if self.observe and work.started:
+            self.observe(BatchStats(count, len(batch), work.started - batch[0].enqueued,
+                                    work.ended - work.started, work.calls, work.tokens,
+                                    work.padded))
+
+    def _compute(self, work: _Work) -> None:
+        """Runs in the worker thread: plan the calls, run them shortest first, and hand each
+        request back to the loop as soon as its last row is computed."""
+        work.started = time.perf_counter()
+        try:
+            rows = [r for p in work.batch for r in p.rows]
+            owner = [k for k, p in enumerate(work.batch) for _ in p.rows]
+            offset = [0] * len(rows)  # each row's position within its request
+            start = 0
+            for p in work.batch:
+                offset[start:start + len(p.rows)] = range(len(p.rows))
+                start += len(p.rows)
+            groups = plan([len(r) for r in rows], self.call_tokens)
+            left = [len(p.rows) for p in work.batch]  # rows still to compute, per request
+            for group in groups:
+                logits = self.predict(pad([rows[i] for i in group]))
+                work.calls += 1
+                work.tokens += sum(len(rows[i]) for i in group)
+                work.padded += len(group) * max(len(rows[i]) for i in group)
+                done = []
+                for i, row_logits in zip(group, logits, strict=True):
+                    p = work.batch[owner[i]]
+                    if p.logits is None:
+                        p.logits = np.empty((len(p.rows), *row_logits.shape), row_logits.dtype)
+                    p.logits[offset[i]] = row_logits
+                    left[owner[i]] -= 1
+                    if not left[owner[i]]:
+                        done.append(p)
+                if done:
+                    work.ended = time.perf_counter()
+                    work.loop.call_soon_threadsafe(self._answer, done, work.stamp(len(rows)))
+        finally:
+            work.ended = time.perf_counter()
 
     @staticmethod
-    def _stamp(batch: list[_Pending], timing: list[float], rows: int) -> None:
-        if timing:
-            started, seconds = timing
-            for p in batch:
-                p.computed = (started, started + seconds, rows)
+    def _answer(done: list[_Pending], computed: tuple[float, float, int]) -> None:
+        for p in done:
+            p.computed = computed
+            if not p.future.done():
+                p.future.set_result(p.logits)
 
-    def _timed(self, batch: Encoded, timing: list[float]) -> np.ndarray:
-        """Runs in the worker thread, so compute time excludes the hand-back to the loop."""
-        started = time.perf_counter()
-        try:
-            return self.predict(batch)
-        finally:
-            timing.extend((started, time.perf_counter() - started))
+
+@dataclass
+class _Work:
+    """One batch on its way through the worker thread, and what it cost."""
+
+    batch: list[_Pending]
+    loop: asyncio.AbstractEventLoop
+    started: float = 0.0
+    ended: float = 0.0
+    calls: int = 0
+    tokens: int = 0
+    padded: int = 0
+
+    def stamp(self, rows: int) -> tuple[float, float, int]:
+        return (self.started, self.ended or time.perf_counter(), rows)

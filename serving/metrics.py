@@ -41,15 +41,24 @@ class Metrics:
         self.fidelity = Gauge(f"{prefix}_model_fidelity", "Top-1 agreement with the fp32 "
                               "reference on the release probe, measured on this node at load "
                               "(also for versions it refused)", MV, registry=r)
-        self.batch_size = Histogram(f"{prefix}_batch_size", "Rows per model execution", MV,
+        self.batch_size = Histogram(f"{prefix}_batch_size", "Rows per batch (one or more "
+                                    "model executions, one per length group)", MV,
                                     buckets=BATCH, registry=r)
+        self.tokens_useful = Counter(f"{prefix}_tokens_useful", "Real tokens in the rows "
+                                     "inferred", MV, registry=r)
+        self.tokens_computed = Counter(f"{prefix}_tokens_computed", "Token positions the "
+                                       "model computed, padding included; useful/computed = "
+                                       "what length-aware batching keeps of the work",
+                                       MV, registry=r)
 
     def observer(self, model: str, version: int) -> Observer:
         labels = {"model": model, "version": str(version)}
 
         def observe(stats: BatchStats) -> None:
             self.inference_count.labels(**labels).inc(stats.rows)
-            self.execution_count.labels(**labels).inc()
+            self.execution_count.labels(**labels).inc(stats.calls)
+            self.tokens_useful.labels(**labels).inc(stats.tokens)
+            self.tokens_computed.labels(**labels).inc(stats.padded_tokens)
             self.queue_duration.labels(**labels).observe(stats.queue_seconds)
             self.compute_duration.labels(**labels).observe(stats.compute_seconds)
             self.batch_size.labels(**labels).observe(stats.rows)
