@@ -266,7 +266,7 @@ class Batcher:
     def _answer(done: list[_Pending], computed: tuple[float, float, int]) -> None:
         for p in done:
             p.computed = computed
-            if not p.future.done():
+            if not p.future.done() and p.logits is not None:
                 p.future.set_result(p.logits)
 
 
