@@ -10,7 +10,7 @@ import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
-from serving import tracing
+from serving import tracing, workers
 from serving.app import create_app
 from serving.flags import options
 from serving.logs import configure
@@ -33,20 +33,31 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
             raise click.UsageError(f"invalid settings: {exc}") from exc
         s: Any = settings
         configure(name, s.log_level, s.log_file, s.log_max_bytes, s.log_backups)
+        worker = workers.index()
+        if s.workers > 1 and worker is None:  # the supervisor: N copies of this command
+            raise SystemExit(workers.supervise(s.workers, s.threads))
+        if worker is not None:
+            settings = s = settings.model_copy(update={
+                "threads": workers.threads_per_worker(s.threads, s.workers)})
         try:
             process = wire(settings)
         except SigningError as exc:
             raise click.UsageError(str(exc)) from exc
-        if s.grpc_port:
+        if worker:  # not the first worker: serve HTTP only; worker 0 is the node
+            process.node.primary = False
+        elif s.grpc_port:
             process.transports.append(GrpcTransport(process.plane, s))
         app = create_app(process.plane, process)
         tracing.configure(f"tiered-{name}", s.node_id)  # OTEL_* variables; off when unset
         # uvicorn owns SIGINT/SIGTERM: it stops accepting, drains in-flight requests (up to the
         # grace period), then runs the lifespan shutdown that drains the batchers.
+        config = uvicorn.Config(app, host=s.host, port=s.port, loop="uvloop", http="httptools",
+                                log_config=None, access_log=False,
+                                timeout_graceful_shutdown=10, ssl_certfile=s.tls_cert,
+                                ssl_keyfile=s.tls_key)
+        sockets = [workers.reuse_port_socket(s.host, s.port)] if worker is not None else None
         try:
-            uvicorn.run(app, host=s.host, port=s.port, loop="uvloop", http="httptools",
-                        log_config=None, access_log=False, timeout_graceful_shutdown=10,
-                        ssl_certfile=s.tls_cert, ssl_keyfile=s.tls_key)
+            uvicorn.Server(config).run(sockets=sockets)
         finally:
             tracing.shutdown()  # the spans still batched go out
 

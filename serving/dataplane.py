@@ -9,10 +9,11 @@ stops the model repository: ``start`` serves what the store holds, ``stop`` drai
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any, Protocol
 
-from prometheus_client import generate_latest
+from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
 from serving import classify, tracing, v2
 from serving.discovery import OnChange
@@ -134,5 +135,11 @@ class DataPlane:
         return result
 
     def exposition(self) -> bytes:
-        """The Prometheus text exposition of this process's metrics."""
-        return generate_latest(self.metrics.registry)
+        """The Prometheus text exposition of this process's metrics; with several workers
+        (prometheus_client's multiprocess folder set), every worker's, summed."""
+        folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if not folder:
+            return generate_latest(self.metrics.registry)
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, folder)
+        return generate_latest(registry)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import logging.handlers
+import os
 import sys
 import time
 from contextvars import ContextVar
@@ -18,6 +19,8 @@ class JsonFormatter(logging.Formatter):
     def __init__(self, service: str) -> None:
         super().__init__()
         self.service = service
+        worker = os.environ.get("TIERED_WORKER", "")  # serving.workers: which of several
+        self.worker = {"worker": int(worker)} if worker.isdigit() else {}
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
@@ -25,7 +28,7 @@ class JsonFormatter(logging.Formatter):
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(), "service": self.service, "logger": record.name,
             "msg": record.getMessage(), "request_id": request_id.get(),
-            "trace_id": trace_id.get(),
+            "trace_id": trace_id.get(), **self.worker,
         }
         entry.update(getattr(record, "fields", {}))
         if record.exc_info:

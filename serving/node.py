@@ -36,6 +36,9 @@ class Node:
         self.workers: list[Worker] = []
         self.registration: discovery.Registration | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # False in the second and later of several workers (serving.workers): they follow the
+        # services the tier watches but neither register nor run the node's workers (sync)
+        self.primary = True
 
     @property
     def discovers(self) -> bool:
@@ -54,13 +57,14 @@ class Node:
 
     async def start(self) -> None:
         s = self.settings
-        for worker in self.workers:
+        for worker in self.workers if self.primary else []:
             self._spawn(worker.run())
         if not self.discovers:
             return
         token = s.consul_http_token.get_secret_value() if s.consul_http_token else None
         self.consul = discovery.client(s.consul_http_addr or "", token)
-        self._register()
+        if self.primary:
+            self._register()
         for name, on_change in self.watches.items():
             self._spawn(discovery.Watch(self.consul, name, on_change).run())
         if not s.registry:
@@ -101,7 +105,7 @@ class Node:
                 await task
         if self.registration is not None:
             await self.registration.deregister()
-        for worker in self.workers:
+        for worker in self.workers if self.primary else []:
             await worker.close()
         if self.consul is not None:
             await self.consul.close()

@@ -141,7 +141,13 @@ class ServingSettings(ConsulSettings):
     parse time and memory."""
 
     threads: int = Field(default=0, ge=0)
-    """Intra-op threads of the model runtime (0 = the runtime's default)."""
+    """Intra-op threads of the model runtime per worker (0 = the runtime's default with one
+    worker; with several, this machine's usable cores divided among them, at least 1)."""
+
+    workers: int = Field(default=1, ge=1, le=256)
+    """Serving processes on the one port (SO_REUSEPORT: the kernel spreads connections), each
+    with its own model session; the first also joins the fleet (Consul, sync, gRPC) and the
+    others follow the model store. Metrics are summed across them (/metrics)."""
 
     poll_interval_s: float = Field(default=2.0, gt=0)
     """How often the model store is checked for a new CURRENT version."""
@@ -176,6 +182,8 @@ class ServingSettings(ConsulSettings):
             check_node_token(self.registry_token.get_secret_value(), self.node_id)
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("HTTPS needs both tls_cert and tls_key")
+        if self.workers > 1 and self.port == 0:
+            raise ValueError("workers > 1 needs a fixed port (they share it), not port 0")
         return self
 
     @property
