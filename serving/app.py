@@ -7,6 +7,7 @@ starts and stops what it is handed (``lifecycle``: the whole process, or just th
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -22,11 +23,14 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from serving import openapi, tracing, v2
 from serving.dataplane import DataPlane
-from serving.errors import ServingError
+from serving.errors import PayloadTooLarge, ServingError
 from serving.logs import request_id
 
 log = logging.getLogger("serving.access")
 HEADER = "x-request-id"
+INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
+JSON_HEADERS = [(b"content-type", b"application/json")]
+BINARY_HEADERS = [(b"content-type", b"application/octet-stream")]
 
 
 class Lifecycle(Protocol):
@@ -148,6 +152,82 @@ def metrics(request: Request[Any, Any, Any]) -> Response[Any]:
     return Response(content=_plane(request).exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
+def fast_infer(plane: DataPlane, max_body: int) -> ASGIApp:
+    """``POST .../infer`` as a plain ASGI handler: the same data plane call, errors, body limit
+    and response as the Litestar route (which stays, for the OpenAPI document), without the
+    framework's routing, request and response objects and exception middleware around it.
+    Wrapped in :func:`request_id_middleware` like every route (ids, trace, access log)."""
+
+    async def handler(scope: Any, receive: Any, send: Any) -> None:  # an HTTP scope
+        model, version = INFER_PATH.fullmatch(scope["path"]).groups()  # type: ignore[union-attr]
+        headers = JSON_HEADERS
+        try:
+            body = await _body(scope, receive, max_body)
+            if body is None:
+                return  # the client went away
+            length = _header(scope, v2.HEADER_LENGTH.encode())
+            request = v2.HttpRequest(body, length.decode("latin-1") if length else None)
+            result = await plane.infer(model, version, request)
+            content, header_length = v2.encode_http(result, request.parsed)
+            status = 200
+            if header_length is not None:
+                headers = [*BINARY_HEADERS, (v2.HEADER_LENGTH.encode(),
+                                             str(header_length).encode())]
+        except ServingError as exc:
+            status, content = exc.status, v2.ENCODER.encode({"error": str(exc)})
+            headers = [*JSON_HEADERS, *((k.lower().encode(), v.encode())
+                                        for k, v in exc.headers.items())]
+        except Exception as exc:
+            log.error("unhandled error", exc_info=exc)
+            status, content = 500, v2.ENCODER.encode({"error": "internal error; see the "
+                                                               "server log for the request id"})
+        await send({"type": "http.response.start", "status": status, "headers": [
+            *headers, (b"content-length", str(len(content)).encode())]})
+        await send({"type": "http.response.body", "body": content})
+
+    return request_id_middleware(handler)
+
+
+def _header(scope: Any, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
+
+
+async def _body(scope: Any, receive: Any, limit: int) -> bytes | None:
+    """The request body, refused past ``limit`` bytes (by its Content-Length at once);
+    None if the client disconnected."""
+    declared = _header(scope, b"content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body of {int(declared)} bytes; the limit is {limit}")
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body over the limit of {limit} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+class TierApp(Litestar):
+    """The Litestar app, with inference requests taken by :func:`fast_infer` before routing."""
+
+    fast: ASGIApp | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if (self.fast is not None and scope["type"] == "http" and scope["method"] == "POST"
+                and INFER_PATH.fullmatch(scope["path"])):
+            await self.fast(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(plane: DataPlane, lifecycle: Lifecycle | None = None) -> Litestar:
     """The HTTP app over ``plane``; its lifespan starts and stops ``lifecycle`` (by default
     the data plane alone: the store is served, nothing joins a fleet)."""
@@ -162,7 +242,7 @@ def create_app(plane: DataPlane, lifecycle: Lifecycle | None = None) -> Litestar
             await owned.stop()
 
     settings = plane.service.settings
-    return Litestar(
+    app = TierApp(
         route_handlers=[live, ready, server_metadata, model_metadata, model_ready, infer, metrics],
         middleware=[request_id_middleware], lifespan=[lifespan], debug=False,
         exception_handlers={ServingError: on_serving_error, HTTPException: on_http_error,
@@ -170,3 +250,5 @@ def create_app(plane: DataPlane, lifecycle: Lifecycle | None = None) -> Litestar
         request_max_body_size=settings.max_body_bytes,
         state=State({"plane": plane}), logging_config=None,
         openapi_config=openapi.config(f"{plane.service.name} (Open Inference Protocol V2)"))
+    app.fast = fast_infer(plane, settings.max_body_bytes)
+    return app
