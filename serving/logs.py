@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import logging.handlers
 import os
@@ -11,6 +10,9 @@ import time
 from contextvars import ContextVar
 from pathlib import Path
 
+import msgspec
+
+ENCODER = msgspec.json.Encoder(enc_hook=str)  # anything not JSON as its str(), as before
 request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
 trace_id: ContextVar[str | None] = ContextVar("trace_id", default=None)  # set by serving.tracing
 
@@ -33,7 +35,7 @@ class JsonFormatter(logging.Formatter):
         entry.update(getattr(record, "fields", {}))
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
+        return ENCODER.encode(entry).decode()
 
 
 def configure(service: str, level: str, log_file: Path | None, max_bytes: int,

@@ -52,15 +52,21 @@ class Metrics:
                                        MV, registry=r)
 
     def observer(self, model: str, version: int) -> Observer:
-        labels = {"model": model, "version": str(version)}
+        labels = (model, str(version))
+        inference, execution = (self.inference_count.labels(*labels),
+                                self.execution_count.labels(*labels))
+        useful, computed = self.tokens_useful.labels(*labels), self.tokens_computed.labels(*labels)
+        queue, compute = (self.queue_duration.labels(*labels),
+                          self.compute_duration.labels(*labels))
+        size = self.batch_size.labels(*labels)
 
         def observe(stats: BatchStats) -> None:
-            self.inference_count.labels(**labels).inc(stats.rows)
-            self.execution_count.labels(**labels).inc(stats.calls)
-            self.tokens_useful.labels(**labels).inc(stats.tokens)
-            self.tokens_computed.labels(**labels).inc(stats.padded_tokens)
-            self.queue_duration.labels(**labels).observe(stats.queue_seconds)
-            self.compute_duration.labels(**labels).observe(stats.compute_seconds)
-            self.batch_size.labels(**labels).observe(stats.rows)
+            inference.inc(stats.rows)
+            execution.inc(stats.calls)
+            useful.inc(stats.tokens)
+            computed.inc(stats.padded_tokens)
+            queue.observe(stats.queue_seconds)
+            compute.observe(stats.compute_seconds)
+            size.observe(stats.rows)
 
         return observe
