@@ -89,14 +89,16 @@ def wrk_version(wrk: str) -> str:
 
 
 def write_bodies(texts: Sequence[str], path: Path, *, threshold: float | None = None,
-                 outputs: Sequence[str] = ()) -> Path:
+                 outputs: Sequence[str] = (), rows: int = 1) -> Path:
     """One KServe V2 request body per line (``bench/v2_infer.lua`` sends them in turn), one
-    text each. Without ``threshold`` the edge's calibrated gate decides; ``threshold=0`` keeps
-    every row on the edge. ``outputs`` names the outputs asked for (all when empty)."""
+    per text, holding that text and the ``rows - 1`` after it (rotating). Without
+    ``threshold`` the edge's calibrated gate decides; ``threshold=0`` keeps every row on the
+    edge. ``outputs`` names the outputs asked for (all when empty)."""
     bodies = []
-    for text in texts:
-        body: dict[str, Any] = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
-                                            "data": [text]}]}
+    for k in range(len(texts)):
+        data = [texts[(k + i) % len(texts)] for i in range(rows)]
+        body: dict[str, Any] = {"inputs": [{"name": "text", "shape": [rows],
+                                            "datatype": "BYTES", "data": data}]}
         if outputs:
             body["outputs"] = [{"name": name} for name in outputs]
         if threshold is not None:

@@ -54,6 +54,7 @@ FORBIDDEN = ("torch",)  # a peer venv must not pull it
 
 CONCURRENCY = (1, 8, 32, 64)
 QUICK_CONCURRENCY = (1, 32)
+MULTI_ROWS, MULTI_CONCURRENCY = 32, 8  # then 32 texts per request, 8 requests in flight
 WARMUP_CONCURRENCY = 32
 MAX_BATCH_SIZE = 32
 MAX_BATCH_DELAY_MS = 5.0
@@ -399,6 +400,11 @@ class Result:
     load: Load
     peak_rss_mib: float
     usage: Usage
+    rows: int = 1  # texts per request
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.load.rps * self.rows
 
 
 @dataclass
@@ -409,7 +415,7 @@ class Outcome:
     check: list[Answer] = field(default_factory=list)  # CHECK_PARALLEL in flight
 
 
-def measure(plan: Plan, spec: Spec, handle: Handle, concurrency: int) -> Result:
+def measure(plan: Plan, spec: Spec, handle: Handle, concurrency: int, rows: int = 1) -> Result:
     base = Cpu.now()
     start = Cpu(base.machine_s, base.own_s, tree_cpu_s(handle.pid))
     with PeakRss(handle.pid) as rss:
@@ -417,8 +423,8 @@ def measure(plan: Plan, spec: Spec, handle: Handle, concurrency: int) -> Result:
     end_base = Cpu.now()
     usage = Cpu(end_base.machine_s, end_base.own_s, tree_cpu_s(handle.pid)).cores_since(
         start, load.seconds)
-    result = Result(spec.key, concurrency, load, rss.peak_mib, usage)
-    console.log(f"{spec.label:28} c={concurrency:<2} {load.rps:8.1f} req/s  "
+    result = Result(spec.key, concurrency, load, rss.peak_mib, usage, rows)
+    console.log(f"{spec.label:28} c={concurrency:<2} rows {rows:<2} {load.rps:8.1f} req/s  "
                 f"p50 {load.p50_ms:7.2f} ms  p99 {load.p99_ms:7.2f} ms  errors {load.errors}  "
                 f"peak RSS {rss.peak_mib:6.0f} MiB  server {usage.server_cores:.2f} cores, "
                 f"others {usage.other_cores:.2f}")
@@ -427,7 +433,9 @@ def measure(plan: Plan, spec: Spec, handle: Handle, concurrency: int) -> Result:
 
 def run_server(plan: Plan, spec: Spec, venvs: dict[str, Venv], release: Release,
                labels: list[str], check_bodies: Sequence[str],
-               levels: Sequence[int]) -> Outcome:
+               levels: Sequence[int], multi: Plan | None = None) -> Outcome:
+    """The server's answers, then wrk at each of ``levels`` (one text per request) and, with
+    ``multi`` (its bodies hold MULTI_ROWS texts each), at MULTI_CONCURRENCY."""
     outcome = Outcome(spec)
     console.log(f"starting {spec.label}")
     with running(spec, venvs, release, labels, plan.logs) as handle:
@@ -435,6 +443,8 @@ def run_server(plan: Plan, spec: Spec, venvs: dict[str, Venv], release: Release,
         outcome.check = answers(spec.key, handle.url, check_bodies, CHECK_PARALLEL)
         wrk(plan, handle.url, WARMUP_CONCURRENCY, plan.warmup)
         outcome.results = [measure(plan, spec, handle, c) for c in levels]
+        if multi is not None:
+            outcome.results.append(measure(multi, spec, handle, MULTI_CONCURRENCY, MULTI_ROWS))
     return outcome
 
 
@@ -485,9 +495,9 @@ class Verdict:
 
 def verdict(outcomes: Sequence[Outcome]) -> Verdict:
     tiered = next(o for o in outcomes if o.spec.kind == "tiered")
-    peers = [r for o in outcomes if o.spec.kind != "tiered" for r in o.results]
+    peers = [r for o in outcomes if o.spec.kind != "tiered" for r in o.results if r.rows == 1]
     levels = []
-    for mine in tiered.results:
+    for mine in (r for r in tiered.results if r.rows == 1):
         rivals = [r for r in peers if r.concurrency == mine.concurrency]
         if mine.concurrency < GOAL_FROM or not rivals:
             continue

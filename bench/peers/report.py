@@ -18,6 +18,8 @@ from bench.peers.measure import (
     CHECK_PARALLEL,
     GOAL_FROM,
     GOAL_RATIO,
+    MULTI_CONCURRENCY,
+    MULTI_ROWS,
     WARMUP_CONCURRENCY,
     Agreement,
     Outcome,
@@ -32,14 +34,15 @@ def fmt(value: float, digits: int = 1) -> str:
 
 def results_table(outcomes: Sequence[Outcome]) -> Table:
     table = Table(title="Same load, same model: req/s, latency, errors, memory")
-    columns = ("server", "conc", "req/s", "p50 ms", "p99 ms", "errors", "peak RSS MiB",
-               "server cores", "others' cores")
+    columns = ("server", "conc", "rows/req", "req/s", "rows/s", "p50 ms", "p99 ms", "errors",
+               "peak RSS MiB", "server cores", "others' cores")
     for column in columns:
         table.add_column(column, justify="left" if column == "server" else "right")
     for o in outcomes:
         for r in o.results:
             others = r.usage.other_cores
-            table.add_row(o.spec.label, str(r.concurrency), fmt(r.load.rps),
+            table.add_row(o.spec.label, str(r.concurrency), str(r.rows), fmt(r.load.rps),
+                          fmt(r.rows_per_s),
                           fmt(r.load.p50_ms, 2), fmt(r.load.p99_ms, 2), str(r.load.errors),
                           fmt(r.peak_rss_mib, 0), f"{r.usage.server_cores:.2f}",
                           cores(others))
@@ -74,7 +77,9 @@ def markdown(context: Context, outcomes: Sequence[Outcome], result: Verdict) -> 
     lines += [f"- **{labels.get(k, k)}**: {v}" for k, v in context.settings.items()]
     lines += [f"- Load: {TEXTS} test-split review texts rotated, one per request, the same V2 "
               f"JSON bodies for every server (BYTES input `text` of shape [1], "
-              f"`\"parameters\": {{\"threshold\": 0}}`, which the peers ignore).",
+              f"`\"parameters\": {{\"threshold\": 0}}`, which the peers ignore); then "
+              f"{MULTI_ROWS} texts per request (shape [{MULTI_ROWS}]) at concurrency "
+              f"{MULTI_CONCURRENCY}.",
               f"- Model: demo release `{MODEL}` {context.release}, INT8 ONNX, onnxruntime CPU "
               f"with the edge's session options (graph optimizations all, default intra-op "
               f"threads) in every server."]
@@ -89,19 +94,38 @@ def markdown(context: Context, outcomes: Sequence[Outcome], result: Verdict) -> 
               f"with {CHECK_PARALLEL} requests in flight (batching servers batch them, and "
               f"dynamic INT8 quantization depends on the batch-mates): "
               f"{agreeing(context.agreement)}.", "",
-              "| server | concurrency | req/s | p50 ms | p99 ms | errors | peak RSS MiB |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+              "| server | concurrency | rows/req | req/s | rows/s | p50 ms | p99 ms | errors | "
+              "peak RSS MiB |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for o in outcomes:
         for r in o.results:
-            lines.append(f"| {o.spec.label} | {r.concurrency} | {fmt(r.load.rps)} | "
+            lines.append(f"| {o.spec.label} | {r.concurrency} | {r.rows} | {fmt(r.load.rps)} "
+                         f"| {fmt(r.rows_per_s)} | "
                          f"{fmt(r.load.p50_ms, 2)} | {fmt(r.load.p99_ms, 2)} | {r.load.errors} "
                          f"| {fmt(r.peak_rss_mib, 0)} |")
     busy = max((r.usage.other_cores for o in outcomes for r in o.results), default=0.0)
     lines += ["", result.line(labels), ""]
+    if (multi := multi_line(outcomes)) is not None:
+        lines += [multi, ""]
     if busy > BUSY_OTHERS:
         lines += [f"Other processes used up to {busy:.2f} cores during a run: the machine was "
                   f"shared and the numbers are skewed.", ""]
     return "\n".join(lines)
+
+
+def multi_line(outcomes: Sequence[Outcome]) -> str | None:
+    """Rows/s with MULTI_ROWS texts per request: Tiered's against the best peer's."""
+    runs = {o.spec.key: r for o in outcomes for r in o.results if r.rows == MULTI_ROWS}
+    labels = {o.spec.key: o.spec.label for o in outcomes}
+    tiered = next((o.spec.key for o in outcomes if o.spec.kind == "tiered"), None)
+    if tiered not in runs or len(runs) < 2:
+        return None
+    mine = runs[tiered]
+    best = max((r for k, r in runs.items() if k != tiered), key=lambda r: r.rows_per_s)
+    return (f"{MULTI_ROWS} texts per request, {MULTI_CONCURRENCY} requests in flight: Tiered "
+            f"edge {mine.rows_per_s:.0f} rows/s (p99 {mine.load.p99_ms:.1f} ms) vs "
+            f"{labels[best.server]} {best.rows_per_s:.0f} rows/s (p99 "
+            f"{best.load.p99_ms:.1f} ms): {mine.rows_per_s / best.rows_per_s:.2f}x")
 
 
 def as_json(context: Context, outcomes: Sequence[Outcome], result: Verdict) -> dict[str, Any]:
@@ -114,7 +138,8 @@ def as_json(context: Context, outcomes: Sequence[Outcome], result: Verdict) -> d
                      "processes": o.spec.processes,
                      **({"parallel_workers": o.spec.workers} if o.spec.kind == "mlserver"
                         else {})} for o in outcomes],
-        "runs": [{"server": r.server, "concurrency": r.concurrency, "rps": r.load.rps,
+        "runs": [{"server": r.server, "concurrency": r.concurrency, "rows": r.rows,
+                  "rps": r.load.rps, "rows_per_s": r.rows_per_s,
                   **asdict(r.load), "peak_rss_mib": r.peak_rss_mib, **asdict(r.usage)}
                  for o in outcomes for r in o.results],
         "goal": {"ratio": GOAL_RATIO, "from_concurrency": GOAL_FROM, "met": result.met,

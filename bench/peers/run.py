@@ -39,6 +39,7 @@ from bench.peers.measure import (
     CONCURRENCY,
     MAX_BATCH_DELAY_MS,
     MAX_BATCH_SIZE,
+    MULTI_ROWS,
     PINS,
     QUICK_CHECK_TEXTS,
     QUICK_CONCURRENCY,
@@ -52,7 +53,7 @@ from bench.peers.measure import (
     run_server,
     verdict,
 )
-from bench.peers.report import Context, as_json, markdown, results_table
+from bench.peers.report import Context, as_json, markdown, multi_line, results_table
 
 # --- main ------------------------------------------------------------------------------------
 
@@ -140,9 +141,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         console.log(f"{MODEL} version {release.folder.name}: {release.model_file.name}, "
                     f"max_length {release.max_length}, labels {labels}")
         plan = Plan(wrk_path, work, bodies, args.duration, warmup, 0)
+        multi = Plan(wrk_path, work, write_bodies(texts, work / "bodies-32.jsonl", threshold=0,
+                                                  rows=MULTI_ROWS), args.duration, warmup, 0)
         for spec in wanted:
             outcomes.append(run_server(plan, spec, venvs, release, labels, check_bodies,
-                                       levels))
+                                       levels, multi))
     alone = {o.spec.key: agreement(outcomes[0].alone, o.alone) for o in outcomes[1:]}
     agree = {o.spec.key: agreement(outcomes[0].check, o.check) for o in outcomes[1:]}
     for key in agree:
@@ -168,6 +171,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     console.print(results_table(outcomes))
     labels_by_key = {o.spec.key: o.spec.label for o in outcomes}
     console.print(result.line(labels_by_key).replace("**", ""))
+    if (multi_result := multi_line(outcomes)) is not None:
+        console.print(multi_result)
     if args.markdown:
         args.markdown.write_text(markdown(context, outcomes, result) + "\n")
         console.log(f"wrote {args.markdown}")
