@@ -59,12 +59,21 @@ class Counters:
     """The server's cumulative batch counters (from /metrics)."""
 
     rows: float = 0.0
-    executions: float = 0.0
+    executions: float = 0.0  # model calls
     compute_s: float = 0.0
+    tokens_useful: float = 0.0
+    tokens_computed: float = 0.0  # padding included
 
     def __sub__(self, other: Counters) -> Counters:
         return Counters(self.rows - other.rows, self.executions - other.executions,
-                        self.compute_s - other.compute_s)
+                        self.compute_s - other.compute_s,
+                        self.tokens_useful - other.tokens_useful,
+                        self.tokens_computed - other.tokens_computed)
+
+    @property
+    def useful_share(self) -> float:
+        """Of the token positions the model computed, the real tokens' share."""
+        return self.tokens_useful / self.tokens_computed if self.tokens_computed else math.nan
 
     @property
     def mean_batch(self) -> float:
@@ -207,7 +216,9 @@ def counters(url: str, tier: str) -> Counters:
             totals[match[1]] = totals.get(match[1], 0.0) + float(match[2])
     return Counters(totals.get(f"{tier}_inference_count_total", 0.0),
                     totals.get(f"{tier}_execution_count_total", 0.0),
-                    totals.get(f"{tier}_compute_duration_seconds_sum", 0.0))
+                    totals.get(f"{tier}_compute_duration_seconds_sum", 0.0),
+                    totals.get(f"{tier}_tokens_useful_total", 0.0),
+                    totals.get(f"{tier}_tokens_computed_total", 0.0))
 
 
 # --- options ---------------------------------------------------------------------------------
