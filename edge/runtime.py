@@ -16,6 +16,10 @@ class OnnxRuntime:
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
             options.intra_op_num_threads = threads
+        # Idle intra-op threads sleep instead of spinning: the server's event loop (HTTP,
+        # parsing, tokenizing) needs those cores between batches. Measured on a 2-core EPYC
+        # with the demo model: +26-33% req/s at 8 and 32 requests in flight (bench.tiers).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(str(path), options,
                                             providers=["CPUExecutionProvider"])
         self.description = f"onnxruntime {ort.__version__} CPU"
