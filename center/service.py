@@ -29,12 +29,12 @@ class CenterService:
                                       settings.threads)
 
         store = ModelStore(settings.store, node_verifier(settings.release_key, "center"))
-        self.repository = Repository(store, "center", load, settings,
-                                     self.metrics)
+        self.repository = Repository(store, "center", load, settings, self.metrics,
+                                     finisher=lambda _: classify.softmax)
 
     async def infer(self, resident: Resident, parsed: v2.Parsed) -> v2.InferResponse:
         rows = classify.rows_of(resident, parsed)
-        probabilities = classify.softmax(await resident.batcher.submit(rows))
+        probabilities = await resident.batcher.submit(rows)  # softmax: per batch
         self.metrics.quality.rows(resident.manifest.name, resident.version,
                                   [len(r) for r in rows], ["center"] * len(rows))
         if tracing.active():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +48,8 @@ class EdgeService:
             return OnnxRuntime(folder / manifest.edge.file, settings.threads)
 
         store = ModelStore(settings.store, node_verifier(settings.release_key, "edge"))
-        self.repository = Repository(store, "edge", load, settings,
-                                     self.metrics)
+        self.repository = Repository(store, "edge", load, settings, self.metrics,
+                                     finisher=self._finisher)
         r = self.metrics.registry
         self.rows_by_tier = Counter("edge_rows", "Rows answered, by tier (edge, center, "
                                     "edge-degraded)", [*MV, "tier"], registry=r)
@@ -110,9 +111,8 @@ class EdgeService:
         unsure ones replaced by the center's (or marked degraded when no center answers)."""
         if not indices:
             return []
-        edge = classify.softmax(await resident.batcher.submit([rows[i] for i in indices]))
-        self._observe(resident, edge)
-        answers = [Cached(p.copy(), "edge") for p in edge]
+        edge = await resident.batcher.submit([rows[i] for i in indices])  # probabilities
+        answers = [Cached(p, "edge") for p in edge]
         with tracing.span("gate", **{"tiered.threshold": threshold}) as decided:
             unsure = gate.unsure(edge, threshold).tolist()
             if decided is not None:
@@ -126,13 +126,22 @@ class EdgeService:
                 answers[j] = answer
         return answers
 
-    def _observe(self, resident: Resident, edge: np.ndarray) -> None:
-        confidence = edge.max(axis=1)
-        histogram = self.confidence.labels(resident.manifest.name, str(resident.version))
-        for value in confidence:
-            histogram.observe(float(value))
-        self.metrics.quality.confidence(resident.manifest.name, resident.version,
-                                        confidence.tolist())
+    def _finisher(self, manifest: Manifest) -> Callable[[np.ndarray], np.ndarray]:
+        """Per model call, in the batcher's thread: logits -> probabilities, and the calls'
+        confidence into the histogram and the quality report (once per call, not per request)."""
+        model, version = manifest.name, manifest.version
+        histogram = self.confidence.labels(model, str(version))
+        quality = self.metrics.quality
+
+        def finish(logits: np.ndarray) -> np.ndarray:
+            probabilities = classify.softmax(logits)
+            confidence = probabilities.max(axis=1).tolist()
+            for value in confidence:
+                histogram.observe(value)
+            quality.confidence(model, version, confidence)
+            return probabilities
+
+        return finish
 
     async def _escalate(self, resident: Resident, parsed: v2.Parsed, rows: list[np.ndarray],
                         indices: list[int], edge: list[Cached]) -> list[Cached]:

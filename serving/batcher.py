@@ -31,6 +31,7 @@ from serving.errors import NotReady, Overloaded
 from serving.text import Encoded, pad
 
 Predict = Callable[[Encoded], np.ndarray]
+Finish = Callable[[np.ndarray], np.ndarray]  # a call's outputs -> what the requests get
 # What one more model call costs, in padded token positions: a batch is split where the padding
 # a split saves is worth more than this. Measured with bench/tiers.py's raw runs (both tiers,
 # Xeon and EPYC): a call's fixed cost is roughly that of 16-48 token positions of a full batch.
@@ -102,8 +103,11 @@ class Batcher:
     def __init__(self, predict: Predict, *, max_batch_size: int, max_delay_ms: float,
                  max_queue_rows: int, observe: Observer | None = None,
                  executor: ThreadPoolExecutor | None = None,
-                 call_tokens: int = CALL_TOKENS) -> None:
+                 call_tokens: int = CALL_TOKENS, finish: Finish | None = None) -> None:
+        """``finish``: applied to each call's outputs in the worker thread (per batch, not
+        per request: e.g. softmax and the confidence metrics)."""
         self.predict = predict
+        self.finish = finish
         self.call_tokens = call_tokens
         self.max_batch_size = max(1, max_batch_size)
         self.max_delay = max_delay_ms / 1000
@@ -244,6 +248,8 @@ class Batcher:
             left = [len(p.rows) for p in work.batch]  # rows still to compute, per request
             for group in groups:
                 logits = self.predict(pad([rows[i] for i in group]))
+                if self.finish is not None:
+                    logits = self.finish(logits)
                 work.calls += 1
                 work.tokens += sum(len(rows[i]) for i in group)
                 work.padded += len(group) * max(len(rows[i]) for i in group)

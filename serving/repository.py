@@ -37,6 +37,8 @@ class Runtime(Protocol):
 
 
 Loader = Callable[[Manifest, Path], Runtime]
+# the tier's per-batch finish for a model version (serving.batcher.Finish): logits -> answers
+Finisher = Callable[[Manifest], Callable[[np.ndarray], np.ndarray]]
 
 
 @dataclass
@@ -61,8 +63,10 @@ def warm_up(runtime: Runtime, max_batch_size: int) -> None:
 
 class Repository:
     def __init__(self, store: ModelStore, tier: Tier, loader: Loader, settings: ServingSettings,
-                 metrics: Metrics, keep: int = 2) -> None:
-        self.store, self.tier, self.loader = store, tier, loader
+                 metrics: Metrics, keep: int = 2, finisher: Finisher | None = None) -> None:
+        """``finisher``: what each model call's logits become in the batcher's worker thread
+        (default: left as they are)."""
+        self.store, self.tier, self.loader, self.finisher = store, tier, loader, finisher
         self.settings, self.metrics, self.keep = settings, metrics, keep
         self._resident: dict[str, dict[int, Resident]] = {}
         self._default: dict[str, int] = {}
@@ -189,7 +193,8 @@ class Repository:
         s = self.settings
         batcher = Batcher(runtime.predict, max_batch_size=s.max_batch_size,
                           max_delay_ms=s.max_batch_delay_ms, max_queue_rows=s.max_queue_rows,
-                          observe=self.metrics.observer(model, version))
+                          observe=self.metrics.observer(model, version),
+                          finish=self.finisher(manifest) if self.finisher else None)
         return Resident(manifest, runtime, batcher, tokenizer, fidelity, padded_length)
 
     def floor(self, manifest: Manifest) -> float:

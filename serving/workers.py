@@ -16,6 +16,7 @@ received over a network.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -136,10 +137,8 @@ def supervise(workers: int, threads: int) -> int:
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM when the supervisor dies, even by SIGKILL (Linux's
     PR_SET_PDEATHSIG), so no worker outlives it holding the port."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the supervisor's stop
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):  # not Linux: the supervisor's own stop still runs
-        pass
 
 
 def _mark_dead(folder: Path, pid: int) -> None:

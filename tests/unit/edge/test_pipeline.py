@@ -21,6 +21,7 @@ from edge.settings import EdgeSettings
 from serving import v2
 from serving.manifest import Calibration, Manifest
 from serving.repository import Resident
+from serving.scores import softmax
 from tests.unit.serving.test_store import manifest as store_manifest
 
 SURE, UNSURE = 1, 2  # a row's first token id picks its logits
@@ -28,14 +29,16 @@ LOGITS = {SURE: [0.0, 6.0], UNSURE: [0.0, 0.2]}  # softmax: 0.998 fresh; 0.55 fr
 
 
 class FixedBatcher:
-    """The edge model: fixed logits per row kind; records each batch it is given."""
+    """The edge model: fixed logits per row kind, answered as the edge's batcher does
+    (through the service's per-call finish: probabilities); records each batch it is given."""
 
-    def __init__(self) -> None:
+    def __init__(self, finish: Callable[[np.ndarray], np.ndarray] = softmax) -> None:
         self.batches: list[list[int]] = []
+        self.finish = finish
 
     async def submit(self, rows: list[np.ndarray]) -> np.ndarray:
         self.batches.append([int(r[0]) for r in rows])
-        return np.asarray([LOGITS[int(r[0])] for r in rows], dtype=np.float32)
+        return self.finish(np.asarray([LOGITS[int(r[0])] for r in rows], dtype=np.float32))
 
 
 def model(threshold: float = 0.9) -> Manifest:
@@ -185,3 +188,20 @@ def test_discovered_centers_are_called_over_grpc_where_they_registered_a_grpc_po
     assert service.center.urls == ["grpcs://10.0.0.1:8101", "https://10.0.0.2:8100"]
     service._centers([])  # none passing: the static list (none here)
     assert service.center.urls == []
+
+
+def test_each_model_call_is_finished_once_into_probabilities_and_confidence_metrics(
+        tmp_path: Path) -> None:
+    """The edge's per-call finish (run in the batcher's thread, per model call): softmax,
+    every row's confidence in the histogram and in the quality report."""
+    service = edge(tmp_path, center_answering([]))
+    finish = service._finisher(model())
+    logits = np.asarray([LOGITS[SURE], LOGITS[UNSURE], LOGITS[SURE]], dtype=np.float32)
+    probabilities = finish(logits)
+    assert np.allclose(probabilities, softmax(logits)) and probabilities.dtype == np.float32
+    registry = service.metrics.registry
+    labels = {"model": "sentiment", "version": "3"}
+    assert registry.get_sample_value("edge_confidence_count", labels) == 3
+    assert registry.get_sample_value("edge_confidence_bucket", {**labels, "le": "0.6"}) == 1
+    [report] = service.metrics.quality.drain()
+    assert sum(b["count"] for b in report["confidence"]) == 3
