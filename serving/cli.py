@@ -13,6 +13,7 @@ from pydantic_settings import BaseSettings
 from serving import tracing, workers
 from serving.app import create_app
 from serving.flags import options
+from serving.httpserver import GatheringHttpToolsProtocol
 from serving.logs import configure
 from serving.process import Process
 from serving.rpc import GrpcTransport
@@ -51,7 +52,8 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
         tracing.configure(f"tiered-{name}", s.node_id)  # OTEL_* variables; off when unset
         # uvicorn owns SIGINT/SIGTERM: it stops accepting, drains in-flight requests (up to the
         # grace period), then runs the lifespan shutdown that drains the batchers.
-        config = uvicorn.Config(app, host=s.host, port=s.port, loop="uvloop", http="httptools",
+        config = uvicorn.Config(app, host=s.host, port=s.port, loop="uvloop",
+                                http=GatheringHttpToolsProtocol,
                                 log_config=None, access_log=False,
                                 timeout_graceful_shutdown=10, ssl_certfile=s.tls_cert,
                                 ssl_keyfile=s.tls_key)
