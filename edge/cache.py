@@ -25,6 +25,10 @@ class ResponseCache:
     def __init__(self, size: int, ttl_s: float) -> None:
         self._cache: TTLCache[str, Cached] | None = TTLCache(size, ttl_s) if size else None
 
+    @property
+    def enabled(self) -> bool:
+        return self._cache is not None
+
     @staticmethod
     def key(model: str, version: int, threshold: float, row: np.ndarray) -> str:
         digest = hashlib.blake2b(row.tobytes(), digest_size=16).hexdigest()

@@ -67,6 +67,10 @@ class EdgeService:
         rows = classify.rows_of(resident, parsed)
         threshold = gate.threshold_for(parsed.parameters, m.calibration.threshold,
                                        self.settings.threshold)
+        if not self.cache.enabled:  # no keys to hash, nothing to look up
+            ordered = await self._cascade(resident, parsed, rows, list(range(len(rows))),
+                                          threshold)
+            return self._respond(resident, parsed, rows, ordered, threshold, cached=0)
         keys = [self.cache.key(m.name, resident.version, threshold, r) for r in rows]
         hits, misses = self.cache.lookup(keys)
         fresh = await self._cascade(resident, parsed, rows, misses, threshold)

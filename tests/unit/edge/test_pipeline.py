@@ -131,6 +131,17 @@ def test_repeated_rows_come_from_the_cache_with_their_tier(tmp_path: Path) -> No
     assert sorted(hits) == [0, 1] and misses == [2]
 
 
+def test_without_a_cache_every_request_reaches_the_model_and_the_center(tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+    service = edge(tmp_path, center_answering(calls), cache_size=0)
+    batcher = FixedBatcher()
+    r = resident(batcher)
+    first = outputs(infer(service, r, parsed(UNSURE, SURE)))
+    again = outputs(infer(service, r, parsed(UNSURE, SURE)))
+    assert again == first and first["tier"] == ["center", "edge"]
+    assert batcher.batches == [[UNSURE, SURE]] * 2 and len(calls) == 2
+
+
 def test_degraded_answers_are_not_cached_so_the_center_is_asked_again(tmp_path: Path) -> None:
     calls: list[dict[str, Any]] = []
     up = center_answering(calls)
