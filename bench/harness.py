@@ -100,7 +100,7 @@ class Cpu:
         busy = sum(ticks) - ticks[3] - ticks[4]  # minus idle and iowait
         t = os.times()
         own = t.user + t.system + t.children_user + t.children_system
-        return cls(busy / CLOCK_TICKS, own, process_cpu_s(server_pid) if server_pid else 0.0)
+        return cls(busy / CLOCK_TICKS, own, tree_cpu_s(server_pid) if server_pid else 0.0)
 
     def cores_since(self, start: Cpu, seconds: float) -> Usage:
         """Cores used by the server and by everything else (other users of the machine)."""
@@ -113,6 +113,34 @@ class Cpu:
 class Usage:
     server_cores: float
     other_cores: float
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every live process below it (from /proc/*/stat parent ids)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    tree, i = [pid], 0
+    while i < len(tree):
+        tree.extend(children.get(tree[i], []))
+        i += 1
+    return tree
+
+
+def tree_cpu_s(pid: int) -> float:
+    total = 0.0
+    for p in descendants(pid):
+        try:
+            total += process_cpu_s(p)
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
 
 
 def process_cpu_s(pid: int) -> float:

@@ -115,8 +115,8 @@ def record(plan: Plan, tier: str, store: Path, concurrency: int, flags: Sequence
         seconds = plan.seconds
         # --gil: only the thread holding the GIL is sampled, so the samples are Python's
         # serial work (native code that releases the GIL, onnxruntime's run, does not count)
-        command = [spy, "record", "-p", str(handle.pid), "-d", str(seconds), "-r", str(RATE),
-                   "--gil", "--nonblocking", "--format", "raw", "-o", str(raw)]
+        command = [spy, "record", "-p", str(handle.pid), "--subprocesses", "-d", str(seconds),
+                   "-r", str(RATE), "--gil", "--nonblocking", "--format", "raw", "-o", str(raw)]
         started, cpu = time.perf_counter(), Cpu.now(handle.pid)
         sampler = subprocess.Popen(command, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL)
@@ -125,8 +125,9 @@ def record(plan: Plan, tier: str, store: Path, concurrency: int, flags: Sequence
         sampler.wait(timeout=seconds + 60)
         if flame is not None:  # a second, shorter recording for the picture
             flame.parent.mkdir(parents=True, exist_ok=True)
-            svg = subprocess.Popen([spy, "record", "-p", str(handle.pid), "-d", "5", "-r",
-                                    str(RATE), "--nonblocking", "-o", str(flame)],
+            svg = subprocess.Popen([spy, "record", "-p", str(handle.pid), "--subprocesses",
+                                    "-d", "5", "-r", str(RATE), "--nonblocking", "-o",
+                                    str(flame)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             wrk(plan, handle.url, concurrency, 5)
             svg.wait(timeout=120)

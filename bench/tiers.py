@@ -49,6 +49,7 @@ SATURATION = 32
 BATCHING_ON = ("--max-batch-size", "32", "--max-batch-delay-ms", "5")
 BATCHING_OFF = ("--max-batch-size", "1")
 EDGE_FLAGS = ("--cache-size", "0")
+WORKERS = 2  # the edge again with --workers 2 (each worker: the cores shared out as threads)
 GOAL_OVER_RAW = 1.3  # the edge server at c=32 vs raw single-row onnxruntime on the same texts
 GOAL_BATCHING = 3.0
 
@@ -133,11 +134,16 @@ def raw_runs(tier: str, release: Release, texts: Sequence[str], seconds: float) 
 
 
 def load_predict(tier: str, release: Release) -> Callable[[Any], object]:
-    """The tier's runtime exactly as its server builds it (threads=0: the runtime default)."""
+    """The tier's model as a plain runtime runs it: onnxruntime with all graph optimizations
+    and every other option its default (intra-op threads, spinning: what the peers use), the
+    center's TorchScript runtime (threads=0: the runtime default)."""
     if tier == "edge":
-        from edge.runtime import OnnxRuntime
+        import onnxruntime as ort
 
-        session = OnnxRuntime(release.model_file, 0).session
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        session = ort.InferenceSession(str(release.model_file), options,
+                                       providers=["CPUExecutionProvider"])
         return lambda encoded: session.run(None, encoded.feeds())
     import torch
 
@@ -171,9 +177,10 @@ def measure(plan: Plan, handle: TierProcess, tier: str, batching: str, concurren
 
 
 def server_runs(plan: Plan, tier: str, store: Path, batching: str,
-                levels: Sequence[int]) -> list[Run]:
+                levels: Sequence[int], workers: int = 1) -> list[Run]:
     flags = (*(EDGE_FLAGS if tier == "edge" else ()), "--threads", str(plan.threads),
-             *(BATCHING_ON if batching == "on" else BATCHING_OFF))
+             *(BATCHING_ON if batching.startswith("on") else BATCHING_OFF),
+             *(("--workers", str(workers)) if workers > 1 else ()))
     with server(tier, store, plan.logs, *flags) as handle:
         check_answers(handle.url, plan.bodies)
         wrk(plan, handle.url, SATURATION, plan.warmup)
@@ -234,7 +241,8 @@ def keep_line(edge: Sequence[Run], raws: Sequence[Raw]) -> str:
     best = max((r for r in raws if r.tier == "edge"), key=lambda r: r.rows_per_s)
     saturated = next(r for r in edge if r.concurrency == SATURATION)
     ratio = saturated.load.rps / single.rows_per_s
-    return (f"Edge server at concurrency {SATURATION}: {saturated.load.rps:.1f} req/s = "
+    return (f"Edge server ({saturated.batching}) at concurrency {SATURATION}: "
+            f"{saturated.load.rps:.1f} req/s = "
             f"{ratio:.2f}x raw single-row onnxruntime on the same texts "
             f"({single.rows_per_s:.1f} rows/s; goal >= {GOAL_OVER_RAW:g}x: "
             f"{verdict(ratio, GOAL_OVER_RAW)}), {saturated.load.rps / best.rows_per_s:.0%} of "
@@ -308,15 +316,19 @@ def main(argv: Sequence[str] | None = None) -> None:
                 *raw_runs("center", center, texts, raw_seconds)]
         plan = Plan(wrk_path, work, bodies, args.duration, warmup, args.server_threads)
         edge_on = server_runs(plan, "edge", edge.store, "on", CONCURRENCY)
+        edge_workers = server_runs(plan, "edge", edge.store, f"on, {WORKERS} workers",
+                                   CONCURRENCY, WORKERS)
         edge_off = server_runs(plan, "edge", edge.store, "off", (1, SATURATION))
         center_on = server_runs(plan, "center", center.store, "on", (1, SATURATION))
         center_off = server_runs(plan, "center", center.store, "off", (1, SATURATION))
     show(raw_table(raws))
-    show(runs_table("Edge server under wrk (batching on)", edge_on))
+    show(runs_table("Edge server under wrk (batching on; one process, and --workers "
+                    f"{WORKERS})", [*edge_on, *edge_workers]))
     show(keep_line(edge_on, raws))
+    show(keep_line(edge_workers, raws))
     show(batching_table([edge_on[-1], center_on[-1]], [edge_off[-1], center_off[-1]]))
     show(cost_table((edge_off[0], edge_on[0]), (center_off[0], center_on[0]), raws))
-    everything = [*edge_on, *edge_off, *center_on, *center_off]
+    everything = [*edge_on, *edge_workers, *edge_off, *center_on, *center_off]
     show(runs_table("All server runs", everything))
     show(interference_note(raws, everything))
     if args.markdown:

@@ -30,7 +30,8 @@ from bench.harness import (
     Release,
     Usage,
     console,
-    process_cpu_s,
+    descendants,
+    tree_cpu_s,
     wrk,
 )
 from bench.kit import ROOT
@@ -141,24 +142,6 @@ def ensure_venv(name: str, pins: Sequence[str]) -> Venv:
 
 # --- process trees ---------------------------------------------------------------------------
 
-def descendants(pid: int) -> list[int]:
-    """``pid`` and every live process below it (from /proc/*/stat parent ids)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    tree, i = [pid], 0
-    while i < len(tree):
-        tree.extend(children.get(tree[i], []))
-        i += 1
-    return tree
-
-
 def rss_kib(pids: Sequence[int]) -> int:
     total = 0
     for pid in pids:
@@ -168,16 +151,6 @@ def rss_kib(pids: Sequence[int]) -> int:
                     total += int(line.split()[1])
                     break
         except OSError:
-            continue
-    return total
-
-
-def tree_cpu_s(pid: int) -> float:
-    total = 0.0
-    for p in descendants(pid):
-        try:
-            total += process_cpu_s(p)
-        except (OSError, IndexError, ValueError):
             continue
     return total
 
@@ -236,7 +209,7 @@ class Spec:
     key: str  # unique name in results
     kind: str  # tiered | mlserver | kserve
     label: str
-    workers: int = 1  # MLServer parallel_workers
+    workers: int = 1  # MLServer parallel_workers; Tiered's --workers; KServe's --workers
 
     @property
     def processes(self) -> str:
@@ -244,6 +217,8 @@ class Spec:
             return ("2 (HTTP front + 1 inference worker)" if self.workers == 1 else
                     "1 (inference in the front process)" if self.workers == 0 else
                     f"{self.workers + 1} (HTTP front + {self.workers} inference workers)")
+        if self.workers > 1:
+            return f"{self.workers + 1} (a supervisor + {self.workers} serving workers)"
         return "1"
 
 
@@ -296,10 +271,11 @@ def mlserver_command(spec: Spec, venv: Venv, release: Release, labels: list[str]
     return [str(venv.bin / "mlserver"), "start", str(folder)], port
 
 
-def kserve_command(venv: Venv, release: Release, labels: list[str]) -> tuple[list[str], int]:
+def kserve_command(venv: Venv, release: Release, labels: list[str],
+                   workers: int) -> tuple[list[str], int]:
     port = free_port()
     return [str(venv.bin / "python"), str(HERE / "kserve_server.py"), "--model_name", MODEL,
-            "--http_port", str(port), "--enable_grpc", "false", "--workers", "1",
+            "--http_port", str(port), "--enable_grpc", "false", "--workers", str(workers),
             "--onnx", str(release.model_file), "--tokenizer", str(release.tokenizer),
             "--max_length", str(release.max_length), "--labels", ",".join(labels),
             "--threads", "0"], port
@@ -310,7 +286,8 @@ def running(spec: Spec, venvs: dict[str, Venv], release: Release, labels: list[s
             work: Path) -> Iterator[Handle]:
     """The server of ``spec`` on a free loopback port, stopped (tree and all) afterwards."""
     if spec.kind == "tiered":
-        tier = start_tier("edge", release.store, work, *TIERED_FLAGS, timeout=START_TIMEOUT_S)
+        flags = (*TIERED_FLAGS, *(("--workers", str(spec.workers)) if spec.workers > 1 else ()))
+        tier = start_tier("edge", release.store, work, *flags, timeout=START_TIMEOUT_S)
         try:
             yield Handle(tier.url, tier.pid, tier.log)
         finally:
@@ -327,7 +304,7 @@ def running(spec: Spec, venvs: dict[str, Venv], release: Release, labels: list[s
         command, port = mlserver_command(spec, venv, release, labels, folder)
         env = peer_env(venv, HERE)
     else:
-        command, port = kserve_command(venv, release, labels)
+        command, port = kserve_command(venv, release, labels, spec.workers)
         env = peer_env(venv)
     log = work / f"{spec.key}.log"
     with log.open("wb") as out:
@@ -472,7 +449,7 @@ class LevelVerdict:
 class Verdict:
     levels: list[LevelVerdict]
     tiered_errors: int
-
+    tiered: str = "tiered"  # the Tiered configuration judged
     @property
     def assessed(self) -> bool:
         return bool(self.levels)
@@ -482,8 +459,8 @@ class Verdict:
         return self.assessed and self.tiered_errors == 0 and all(v.met for v in self.levels)
 
     def line(self, labels: dict[str, str]) -> str:
-        goal = (f"Goal: Tiered edge >= {GOAL_RATIO:g}x the best peer's req/s at equal or lower "
-                f"p99 at every concurrency >= {GOAL_FROM}, zero errors")
+        goal = (f"Goal: {labels[self.tiered]} >= {GOAL_RATIO:g}x the best peer's req/s at "
+                f"equal or lower p99 at every concurrency >= {GOAL_FROM}, zero errors")
         if not self.assessed:
             return f"{goal}: not assessed (no run at concurrency >= {GOAL_FROM})"
         parts = [f"c={v.concurrency}: {v.ratio:.2f}x {labels[v.best_peer]} "
@@ -493,8 +470,13 @@ class Verdict:
                 + f"; Tiered errors {self.tiered_errors}")
 
 
-def verdict(outcomes: Sequence[Outcome]) -> Verdict:
-    tiered = next(o for o in outcomes if o.spec.kind == "tiered")
+def verdicts(outcomes: Sequence[Outcome]) -> list[Verdict]:
+    """One verdict per Tiered configuration, each against the best of every peer's."""
+    return [verdict(outcomes, o.spec.key) for o in outcomes if o.spec.kind == "tiered"]
+
+
+def verdict(outcomes: Sequence[Outcome], key: str = "tiered") -> Verdict:
+    tiered = next(o for o in outcomes if o.spec.key == key)
     peers = [r for o in outcomes if o.spec.kind != "tiered" for r in o.results if r.rows == 1]
     levels = []
     for mine in (r for r in tiered.results if r.rows == 1):
@@ -504,4 +486,4 @@ def verdict(outcomes: Sequence[Outcome]) -> Verdict:
         best = max(rivals, key=lambda r: r.load.rps)
         levels.append(LevelVerdict(mine.concurrency, mine.load.rps, mine.load.p99_ms,
                                    best.server, best.load.rps, best.load.p99_ms))
-    return Verdict(levels, sum(r.load.errors for r in tiered.results))
+    return Verdict(levels, sum(r.load.errors for r in tiered.results), key)

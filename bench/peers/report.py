@@ -67,7 +67,7 @@ class Context:
     agreement: dict[str, Agreement]  # CHECK_PARALLEL requests in flight
 
 
-def markdown(context: Context, outcomes: Sequence[Outcome], result: Verdict) -> str:
+def markdown(context: Context, outcomes: Sequence[Outcome], results: Sequence[Verdict]) -> str:
     labels = {o.spec.key: o.spec.label for o in outcomes}
     lines = ["## Tiered edge vs MLServer and KServe", "",
              f"Measured {context.date} on {context.machine}, git {context.commit}; "
@@ -104,31 +104,36 @@ def markdown(context: Context, outcomes: Sequence[Outcome], result: Verdict) -> 
                          f"{fmt(r.load.p50_ms, 2)} | {fmt(r.load.p99_ms, 2)} | {r.load.errors} "
                          f"| {fmt(r.peak_rss_mib, 0)} |")
     busy = max((r.usage.other_cores for o in outcomes for r in o.results), default=0.0)
-    lines += ["", result.line(labels), ""]
-    if (multi := multi_line(outcomes)) is not None:
-        lines += [multi, ""]
+    lines.append("")
+    for result in results:
+        lines += [result.line(labels), ""]
+    lines += [f"{line}\n" for line in multi_lines(outcomes)]
     if busy > BUSY_OTHERS:
         lines += [f"Other processes used up to {busy:.2f} cores during a run: the machine was "
                   f"shared and the numbers are skewed.", ""]
     return "\n".join(lines)
 
 
-def multi_line(outcomes: Sequence[Outcome]) -> str | None:
-    """Rows/s with MULTI_ROWS texts per request: Tiered's against the best peer's."""
+def multi_lines(outcomes: Sequence[Outcome]) -> list[str]:
+    """Rows/s with MULTI_ROWS texts per request: each Tiered configuration's against the best
+    peer's."""
     runs = {o.spec.key: r for o in outcomes for r in o.results if r.rows == MULTI_ROWS}
     labels = {o.spec.key: o.spec.label for o in outcomes}
-    tiered = next((o.spec.key for o in outcomes if o.spec.kind == "tiered"), None)
-    if tiered not in runs or len(runs) < 2:
-        return None
-    mine = runs[tiered]
-    best = max((r for k, r in runs.items() if k != tiered), key=lambda r: r.rows_per_s)
-    return (f"{MULTI_ROWS} texts per request, {MULTI_CONCURRENCY} requests in flight: Tiered "
-            f"edge {mine.rows_per_s:.0f} rows/s (p99 {mine.load.p99_ms:.1f} ms) vs "
-            f"{labels[best.server]} {best.rows_per_s:.0f} rows/s (p99 "
-            f"{best.load.p99_ms:.1f} ms): {mine.rows_per_s / best.rows_per_s:.2f}x")
+    peers = [r for o in outcomes if o.spec.kind != "tiered" and o.spec.key in runs
+             for r in [runs[o.spec.key]]]
+    if not peers:
+        return []
+    best = max(peers, key=lambda r: r.rows_per_s)
+    return [f"{MULTI_ROWS} texts per request, {MULTI_CONCURRENCY} requests in flight: "
+            f"{labels[o.spec.key]} {mine.rows_per_s:.0f} rows/s (p99 {mine.load.p99_ms:.1f} "
+            f"ms) vs {labels[best.server]} {best.rows_per_s:.0f} rows/s (p99 "
+            f"{best.load.p99_ms:.1f} ms): {mine.rows_per_s / best.rows_per_s:.2f}x"
+            for o in outcomes if o.spec.kind == "tiered" and o.spec.key in runs
+            for mine in [runs[o.spec.key]]]
 
 
-def as_json(context: Context, outcomes: Sequence[Outcome], result: Verdict) -> dict[str, Any]:
+def as_json(context: Context, outcomes: Sequence[Outcome],
+            results: Sequence[Verdict]) -> dict[str, Any]:
     return {
         "context": {**asdict(context),
                     **{name: {k: {**asdict(a), "share": a.share} for k, a in found.items()}
@@ -142,8 +147,9 @@ def as_json(context: Context, outcomes: Sequence[Outcome], result: Verdict) -> d
                   "rps": r.load.rps, "rows_per_s": r.rows_per_s,
                   **asdict(r.load), "peak_rss_mib": r.peak_rss_mib, **asdict(r.usage)}
                  for o in outcomes for r in o.results],
-        "goal": {"ratio": GOAL_RATIO, "from_concurrency": GOAL_FROM, "met": result.met,
-                 "assessed": result.assessed, "tiered_errors": result.tiered_errors,
-                 "levels": [{**asdict(v), "ratio": v.ratio, "met": v.met}
-                            for v in result.levels]},
+        "goals": [{"tiered": result.tiered, "ratio": GOAL_RATIO,
+                   "from_concurrency": GOAL_FROM, "met": result.met,
+                   "assessed": result.assessed, "tiered_errors": result.tiered_errors,
+                   "levels": [{**asdict(v), "ratio": v.ratio, "met": v.met}
+                              for v in result.levels]} for result in results],
     }

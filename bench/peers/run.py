@@ -51,9 +51,9 @@ from bench.peers.measure import (
     ensure_venv,
     pinned,
     run_server,
-    verdict,
+    verdicts,
 )
-from bench.peers.report import Context, as_json, markdown, multi_line, results_table
+from bench.peers.report import Context, as_json, markdown, multi_lines, results_table
 
 # --- main ------------------------------------------------------------------------------------
 
@@ -64,6 +64,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--mlserver-workers", default=None,
                         help="comma-separated MLServer parallel_workers values to run "
                              "(default 1,0; 1 with --quick)")
+    parser.add_argument("--processes", default=None,
+                        help="comma-separated process counts to run Tiered and KServe with "
+                             "as well (their --workers; default 2, none with --quick)")
     parser.add_argument("--json", type=Path, help="write the raw numbers here")
     args = parse_bench_args(parser, argv)
     try:
@@ -74,16 +77,29 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if any(w < 0 for w in workers) or len(set(workers)) != len(workers):
         parser.error("--mlserver-workers: distinct values >= 0")
     args.mlserver_workers = workers
+    try:
+        processes = [int(n) for n in (args.processes or ("" if args.quick else "2")).split(",")
+                     if n.strip()]
+    except ValueError:
+        parser.error("--processes takes comma-separated integers, e.g. 2,4")
+    if any(n < 2 for n in processes):
+        parser.error("--processes: counts >= 2 (1 is the plain run)")
+    args.processes = processes
     return args
 
 
-def specs(workers: Sequence[int]) -> list[Spec]:
+def specs(workers: Sequence[int], processes: Sequence[int] = ()) -> list[Spec]:
+    """The servers: Tiered, MLServer at each ``workers`` (parallel_workers), KServe; Tiered and
+    KServe again with each of ``processes`` serving processes (both ``--workers N``)."""
     mlserver, kserve = pinned(PINS["mlserver"])["mlserver"], pinned(PINS["kserve"])["kserve"]
     out = [Spec("tiered", "tiered", "Tiered edge")]
+    out += [Spec(f"tiered-w{n}", "tiered", f"Tiered edge (workers {n})", n) for n in processes]
     for w in workers:
         out.append(Spec("mlserver" if w == workers[0] else f"mlserver-w{w}", "mlserver",
                         f"MLServer {mlserver} (workers {w})", w))
     out.append(Spec("kserve", "kserve", f"KServe {kserve}"))
+    out += [Spec(f"kserve-w{n}", "kserve", f"KServe {kserve} (workers {n})", n)
+            for n in processes]
     return out
 
 
@@ -92,7 +108,9 @@ def settings_lines(outcomes: Sequence[Outcome], venvs: dict[str, Venv]) -> dict[
     for o in outcomes:
         s = o.spec
         if s.kind == "tiered":
-            lines[s.key] = (f"`edge {' '.join(TIERED_FLAGS)}` (batching = its defaults: "
+            flags = " ".join((*TIERED_FLAGS, *(("--workers", str(s.workers))
+                                               if s.workers > 1 else ())))
+            lines[s.key] = (f"`edge {flags}` (batching = its defaults: "
                             f"{MAX_BATCH_SIZE} rows, {MAX_BATCH_DELAY_MS:g} ms; response cache "
                             f"off; no center); processes: {s.processes}; tiered "
                             f"{metadata.version('tiered')}, onnxruntime "
@@ -106,8 +124,8 @@ def settings_lines(outcomes: Sequence[Outcome], venvs: dict[str, Venv]) -> dict[
                             f"settings default (debug: access log on); "
                             f"{pins_text(venvs['mlserver'])}")
         else:
-            lines[s.key] = (f"`kserve.ModelServer` with `bench/peers/kserve_server.py`, 1 "
-                            f"uvicorn worker, gRPC off, default logging; **no adaptive "
+            lines[s.key] = (f"`kserve.ModelServer` with `bench/peers/kserve_server.py`, "
+                            f"--workers {s.workers}, gRPC off, default logging; **no adaptive "
                             f"batching** (KServe's batcher is the Go agent sidecar on "
                             f"Kubernetes, V1 protocol only; the Python server runs one request "
                             f"per model execution); processes: {s.processes}; "
@@ -128,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for venv in venvs.values():
         console.log(f"{venv.name} venv: {venv.describe()}: {pins_text(venv)}")
     texts = review_texts(TEXTS)
-    wanted = specs(args.mlserver_workers)
+    wanted = specs(args.mlserver_workers, args.processes)
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
         work = Path(tmp)
@@ -163,21 +181,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         settings=settings_lines(outcomes, venvs),
         versions={name: v.versions for name, v in venvs.items()},
         venvs={name: v.describe() for name, v in venvs.items()}, alone=alone, agreement=agree)
-    result = verdict(outcomes)
+    results = verdicts(outcomes)
     servers = Table(title="Servers", show_header=False)
     for o in outcomes:
         servers.add_row(o.spec.label, context.settings[o.spec.key].replace("**", ""))
     console.print(servers)
     console.print(results_table(outcomes))
     labels_by_key = {o.spec.key: o.spec.label for o in outcomes}
-    console.print(result.line(labels_by_key).replace("**", ""))
-    if (multi_result := multi_line(outcomes)) is not None:
-        console.print(multi_result)
+    for result in results:
+        console.print(result.line(labels_by_key).replace("**", ""))
+    for line in multi_lines(outcomes):
+        console.print(line)
     if args.markdown:
-        args.markdown.write_text(markdown(context, outcomes, result) + "\n")
+        args.markdown.write_text(markdown(context, outcomes, results) + "\n")
         console.log(f"wrote {args.markdown}")
     if args.json:
-        args.json.write_text(json.dumps(as_json(context, outcomes, result), indent=2) + "\n")
+        args.json.write_text(json.dumps(as_json(context, outcomes, results), indent=2) + "\n")
         console.log(f"wrote {args.json}")
 
 
