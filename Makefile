@@ -30,12 +30,13 @@ demo: $(STAMP)
 serve: demo
 	bash scripts/serve.sh
 
-## bench: every benchmark, side by side on this machine (~45 min): serving (edge/center vs raw
-## runtimes), INT8 quantization settings on this CPU and an emulated AVX2 one, Tiered vs MLServer and KServe, the cascade report (docs/cascade.png), model sync,
+## bench: every benchmark, side by side on this machine (~50 min): serving (edge/center vs raw
+## runtimes), where the edge's Python time goes (py-spy), INT8 quantization settings on this CPU and an emulated AVX2 one, Tiered vs MLServer and KServe, the cascade report (docs/cascade.png), model sync,
 ## chaos replay, fuzzing, 50 hot swaps, a 10-minute soak;
 ## each prints its tables and writes docs/bench/*.md, gathered into docs/benchmarks.md
 bench: demo
 	$(BIN)/python -m bench.tiers --markdown docs/bench/tiers.md
+	$(BIN)/pip install -q py-spy && $(BIN)/python -m bench.profile --markdown docs/bench/profile.md
 	$(BIN)/python -m bench.quantization --markdown docs/bench/quantization.md
 	$(BIN)/python -m bench.peers --markdown docs/bench/peers.md
 	$(BIN)/python -m bench.protocols --markdown docs/bench/protocols.md

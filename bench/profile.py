@@ -60,7 +60,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("cascade (cache, gate, softmax)", ("edge/", "serving/scores.py", "center/service.py")),
     ("data plane", ("serving/dataplane.py", "serving/repository.py")),
     ("framework (Litestar)", ("litestar/", "serving/app.py")),
-    ("HTTP server (uvicorn)", ("uvicorn/", "httptools")),
+    ("HTTP server (uvicorn)", ("uvicorn/", "httptools", "serving/httpserver.py")),
     ("event loop, threads", ("asyncio/", "uvloop", "concurrent/futures", "threading.py")),
 )
 
