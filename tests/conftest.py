@@ -48,6 +48,17 @@ def tiny_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_stores(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``tiny_release`` published (model ``tiny``) and pulled into ``<root>/edge`` and
+    ``<root>/center``, shared read-only by the tests that only serve it."""
+    from bench.fuzz import fill_stores
+
+    root = tmp_path_factory.mktemp("tiny-stores")
+    fill_stores(root, tiny_release)
+    return root
+
+
+@pytest.fixture(scope="session")
 def tiny_release_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Another tiny release (other seed): every artifact but the tokenizer differs."""
     return build_tiny_release(tmp_path_factory.mktemp("tiny-b") / "release", seed=1)

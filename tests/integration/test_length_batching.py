@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-from bench.fuzz import fill_stores
 from center.runtime import TorchScriptRuntime
 from edge.runtime import OnnxRuntime
 from examples.sentiment import data
@@ -28,11 +27,9 @@ REQUESTS = 48
 INT8_MAX_DIFF = 0.05  # largest |Δp| between a row batched and alone (measured: < 0.01)
 
 
-@pytest.fixture(scope="module")
-def stores(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("length-batching")
-    fill_stores(root, tiny_release)
-    return root
+@pytest.fixture
+def stores(tiny_stores: Path) -> Path:
+    return tiny_stores
 
 
 def runtime(stores: Path, tier: str) -> tuple[Runtime, list[list[np.ndarray]]]:

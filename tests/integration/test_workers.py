@@ -14,18 +14,15 @@ import httpx
 import psutil
 import pytest
 
-from bench.fuzz import fill_stores
 from tests.servers import Server, start
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 REQUESTS = 60
 
 
-@pytest.fixture(scope="module")
-def stores(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("workers")
-    fill_stores(root, tiny_release)
-    return root
+@pytest.fixture
+def stores(tiny_stores: Path) -> Path:
+    return tiny_stores
 
 
 def children(server: Server) -> list[psutil.Process]:
