@@ -264,7 +264,11 @@ class Batcher:
                         done.append(p)
                 if done:
                     work.ended = time.perf_counter()
-                    work.loop.call_soon_threadsafe(self._answer, done, work.stamp(len(rows)))
+                    try:
+                        work.loop.call_soon_threadsafe(self._answer, done,
+                                                       work.stamp(len(rows)))
+                    except RuntimeError:  # the loop closed (stopped past its grace): no one
+                        return  # is waiting for these answers any more
         finally:
             work.ended = time.perf_counter()
 

@@ -101,7 +101,6 @@ def supervise(workers: int, threads: int) -> int:
 
     processes = [start(i) for i in range(workers)]
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    status = 0
     try:
         while not stopping:
             for i, process in enumerate(processes):
@@ -110,7 +109,6 @@ def supervise(workers: int, threads: int) -> int:
                     continue
                 log.error("worker %d (pid %d) exited with status %d; restarting it", i,
                           process.pid, code)
-                status = status or code
                 _mark_dead(folder, process.pid)
                 time.sleep(RESTART_DELAY_S)
                 if not stopping:
