@@ -35,6 +35,7 @@ from bench.harness import (
     wrk,
 )
 from bench.kit import ROOT
+from serving.workers import threads_per_worker
 from tiered.processes import free_port, start_tier
 
 HERE = Path(__file__).resolve().parent
@@ -278,7 +279,8 @@ def kserve_command(venv: Venv, release: Release, labels: list[str],
             "--http_port", str(port), "--enable_grpc", "false", "--workers", str(workers),
             "--onnx", str(release.model_file), "--tokenizer", str(release.tokenizer),
             "--max_length", str(release.max_length), "--labels", ",".join(labels),
-            "--threads", "0"], port
+            # several workers: the cores shared out as intra-op threads, as Tiered's are
+            "--threads", str(threads_per_worker(0, workers))], port
 
 
 @contextmanager

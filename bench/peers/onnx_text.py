@@ -32,6 +32,7 @@ def texts_of(data: Any) -> list[str]:
 
 class TextOnnx:
     def __init__(self, onnx: str, tokenizer: str, max_length: int, threads: int) -> None:
+        self.args = (onnx, tokenizer, max_length, threads)
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
@@ -42,6 +43,14 @@ class TextOnnx:
         padding = self.tokenizer.padding or {}
         self.tokenizer.enable_padding(pad_id=padding.get("pad_id", 0),
                                       pad_token=padding.get("pad_token", "[PAD]"))
+
+    def __getstate__(self) -> tuple[str, str, int, int]:
+        """Pickled as its arguments: a server that spawns worker processes (KServe's
+        ``--workers N``) pickles its models, and an onnxruntime session cannot be."""
+        return self.args
+
+    def __setstate__(self, args: tuple[str, str, int, int]) -> None:
+        self.__init__(*args)  # type: ignore[misc]
 
     def probabilities(self, texts: list[str]) -> np.ndarray:
         encoded = self.tokenizer.encode_batch(texts)

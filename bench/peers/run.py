@@ -124,8 +124,10 @@ def settings_lines(outcomes: Sequence[Outcome], venvs: dict[str, Venv]) -> dict[
                             f"settings default (debug: access log on); "
                             f"{pins_text(venvs['mlserver'])}")
         else:
+            shared = " (intra-op threads: the cores shared out, as Tiered does)"
             lines[s.key] = (f"`kserve.ModelServer` with `bench/peers/kserve_server.py`, "
-                            f"--workers {s.workers}, gRPC off, default logging; **no adaptive "
+                            f"--workers {s.workers}{shared if s.workers > 1 else ''}"
+                            f", gRPC off, default logging; **no adaptive "
                             f"batching** (KServe's batcher is the Go agent sidecar on "
                             f"Kubernetes, V1 protocol only; the Python server runs one request "
                             f"per model execution); processes: {s.processes}; "
