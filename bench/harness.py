@@ -1,5 +1,6 @@
 """The library the benchmarks share: the demo release pulled into stores, the review texts,
-tier servers under wrk, the servers' /metrics counters, CPU accounting from /proc, and the
+tier servers under wrk, the servers' /metrics counters, CPU accounting from /proc (a server
+with its worker processes), and the
 options every benchmark takes. ``bench.tiers`` is the benchmark built on it."""
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ class Counters:
 @dataclass(frozen=True)
 class Cpu:
     """CPU seconds so far: the whole machine's busy time, this process with its reaped
-    children (wrk), and one server process (0 when none)."""
+    children (wrk), and one server with the processes below it (0 when none)."""
 
     machine_s: float
     own_s: float
