@@ -266,7 +266,8 @@ def test_metrics_and_cache(stack: Stack) -> None:
     for name in ("edge_request_success_total", "edge_inference_count_total",
                  "edge_execution_count_total", "edge_batch_size_bucket",
                  "edge_queue_duration_seconds_bucket", "edge_compute_duration_seconds_bucket",
-                 "edge_rows_total", "edge_confidence_bucket", "edge_request_failure_total"):
+                 "edge_rows_total", "edge_confidence_bucket", "edge_request_failure_total",
+                 "edge_tokens_useful_total", "edge_tokens_computed_total"):
         assert name in metrics, name
     center_metrics = httpx.get(stack.center.url + "/metrics", timeout=10).text
     assert 'center_inference_count_total{model="tiny",version="1"}' in center_metrics
