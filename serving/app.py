@@ -29,6 +29,7 @@ from serving.logs import request_id
 log = logging.getLogger("serving.access")
 HEADER = "x-request-id"
 INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
+INFER_ROUTES = ("/v2/models/{model}/infer", "/v2/models/{model}/versions/{version}/infer")
 JSON_HEADERS = [(b"content-type", b"application/json")]
 BINARY_HEADERS = [(b"content-type", b"application/octet-stream")]
 
@@ -222,7 +223,9 @@ class TierApp(Litestar):
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if (self.fast is not None and scope["type"] == "http" and scope["method"] == "POST"
-                and INFER_PATH.fullmatch(scope["path"])):
+                and (found := INFER_PATH.fullmatch(scope["path"]))):
+            # the route, as Litestar's router names it: spans and logs stay low-cardinality
+            scope["path_template"] = INFER_ROUTES[found[2] is not None]
             await self.fast(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
