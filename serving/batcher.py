@@ -33,8 +33,9 @@ from serving.text import Encoded, pad
 Predict = Callable[[Encoded], np.ndarray]
 Finish = Callable[[np.ndarray], np.ndarray]  # a call's outputs -> what the requests get
 # What one more model call costs, in padded token positions: a batch is split where the padding
-# a split saves is worth more than this. Measured with bench/tiers.py's raw runs (both tiers,
-# Xeon and EPYC): a call's fixed cost is roughly that of 16-48 token positions of a full batch.
+# a split saves is worth more than this. Measured with the demo's INT8 edge on a 2-core EPYC
+# (batches of 8-32 review texts): 16, 32 and 64 were within noise of each other, 0 (a call per
+# distinct length) and 256+ (hardly any split) clearly slower.
 CALL_TOKENS = 32
 PLAN_EXACT = 512  # distinct lengths up to which the split is exact; beyond, a coarser one
 
