@@ -57,7 +57,12 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
                                 log_config=None, access_log=False,
                                 timeout_graceful_shutdown=10, ssl_certfile=s.tls_cert,
                                 ssl_keyfile=s.tls_key)
-        sockets = [workers.reuse_port_socket(s.host, s.port)] if worker is not None else None
+        try:
+            sockets = ([workers.reuse_port_socket(s.host, s.port)] if worker is not None
+                       else None)
+        except OSError as exc:
+            raise click.ClickException(f"cannot listen on {s.host}:{s.port}: "
+                                       f"{exc.strerror or exc}") from exc
         try:
             uvicorn.Server(config).run(sockets=sockets)
         finally:

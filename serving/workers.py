@@ -2,7 +2,8 @@
 
 The tier command, asked for N > 1 workers, becomes a small supervisor: it starts N copies of
 itself (the same command line) with ``TIERED_WORKER`` set to 0..N-1, forwards SIGINT/SIGTERM to
-them, restarts one that dies while it is not stopping, and stops them all by PID. Each worker
+them, restarts one that dies while it is not stopping (and gives up on one that cannot start),
+and stops them all by PID. Each worker
 binds the port with SO_REUSEPORT, so the kernel spreads connections over them, and loads its
 own model session with a share of the cores (``threads``). Worker 0 is the node: it registers
 in Consul, runs the sync subscriber and serves gRPC; the others serve HTTP only, follow the
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 WORKER = "TIERED_WORKER"  # this process's index among the workers (unset: no workers)
 METRICS = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's multiprocess folder
 RESTART_DELAY_S = 1.0
+QUICK_DEATH_S, GIVE_UP_AFTER = 30.0, 3  # a worker dying this soon this often cannot start
 STOP_GRACE_S = 15.0  # uvicorn's drain (10 s) and the batchers'; under tiered's 20 s stop
 PR_SET_PDEATHSIG = 1
 
@@ -76,7 +78,9 @@ def reuse_port_socket(host: str, port: int) -> socket.socket:
 
 def supervise(workers: int, threads: int) -> int:
     """Run ``workers`` copies of this command (as worker 0..N-1) until SIGINT/SIGTERM, then
-    stop them (SIGTERM, then SIGKILL past the grace); returns the exit status (0)."""
+    stop them (SIGTERM, then SIGKILL past the grace) and return 0. A worker that dies is
+    restarted, unless it died within QUICK_DEATH_S of starting GIVE_UP_AFTER times in a row:
+    then all stop and its exit status is returned."""
     folder = Path(tempfile.mkdtemp(prefix="tiered-metrics-"))
     log.info("starting %d workers, %d intra-op threads each", workers,
              threads_per_worker(threads, workers))
@@ -100,6 +104,8 @@ def supervise(workers: int, threads: int) -> int:
                 process.send_signal(signal.SIGTERM)
 
     processes = [start(i) for i in range(workers)]
+    started = [time.monotonic()] * workers
+    quick = [0] * workers  # deaths in a row within QUICK_DEATH_S of starting
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         while not stopping:
@@ -107,20 +113,21 @@ def supervise(workers: int, threads: int) -> int:
                 code = process.poll()
                 if code is None or stopping:
                     continue
+                _mark_dead(folder, process.pid)
+                quick[i] = quick[i] + 1 if time.monotonic() - started[i] < QUICK_DEATH_S else 0
+                if quick[i] >= GIVE_UP_AFTER:  # it cannot start (port, store, settings)
+                    log.error("worker %d exited with status %d %d times in a row within %g s "
+                              "of starting; stopping", i, code, quick[i], QUICK_DEATH_S)
+                    stop(signal.SIGTERM, None)
+                    _wait(processes)
+                    return code or 1
                 log.error("worker %d (pid %d) exited with status %d; restarting it", i,
                           process.pid, code)
-                _mark_dead(folder, process.pid)
                 time.sleep(RESTART_DELAY_S)
                 if not stopping:
-                    processes[i] = start(i)
+                    processes[i], started[i] = start(i), time.monotonic()
             time.sleep(0.2)
-        deadline = time.monotonic() + STOP_GRACE_S
-        for process in processes:
-            try:
-                process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        _wait(processes)
         return 0
     finally:
         for s, handler in previous.items():
@@ -130,6 +137,17 @@ def supervise(workers: int, threads: int) -> int:
                 process.kill()
                 process.wait()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _wait(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Each to exit within the grace (together), else killed."""
+    deadline = time.monotonic() + STOP_GRACE_S
+    for process in processes:
+        try:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _die_with_parent() -> None:

@@ -7,6 +7,8 @@ import json
 import os
 import re
 import signal
+import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import psutil
 import pytest
 
 from tests.servers import Server, start
+from tiered.commands import BIN, tier_argv
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 REQUESTS = 60
@@ -83,3 +86,17 @@ def test_workers_share_the_port_sum_their_metrics_restart_and_stop_together(
     assert server.process.returncode == 0
     for pid in pids:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+
+
+def test_workers_that_cannot_start_stop_the_supervisor_with_an_error(stores: Path) -> None:
+    """The port is held by a socket without SO_REUSEPORT: every worker fails to bind, and the
+    supervisor gives up after three quick deaths in a row instead of restarting forever."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = tier_argv("edge", port, stores / "edge", "edge-stuck", "--workers", "2")
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=180,
+                                env={"PATH": str(BIN)})
+    assert result.returncode != 0
+    assert "3 times in a row" in result.stderr
