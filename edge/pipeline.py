@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from edge.escalation import CenterClient, CenterUnavailable
 from edge.runtime import OnnxRuntime
 from edge.settings import EdgeSettings
 from serving import classify, tracing, v2
+from serving.batcher import Finish
 from serving.discovery import SERVICES, Instance, OnChange, host_port
 from serving.logs import request_id
 from serving.manifest import Manifest
@@ -130,7 +130,7 @@ class EdgeService:
                 answers[j] = answer
         return answers
 
-    def _finisher(self, manifest: Manifest) -> Callable[[np.ndarray], np.ndarray]:
+    def _finisher(self, manifest: Manifest) -> Finish:
         """Per model call, in the batcher's thread: logits -> probabilities, and the calls'
         confidence into the histogram and the quality report (once per call, not per request)."""
         model, version = manifest.name, manifest.version

@@ -19,7 +19,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from serving import hardware, memory, probe
-from serving.batcher import Batcher
+from serving.batcher import Batcher, Finish
 from serving.errors import FidelityRefused, ModelNotFound, NotReady
 from serving.manifest import Manifest, is_valid_name
 from serving.metrics import Metrics
@@ -38,7 +38,7 @@ class Runtime(Protocol):
 
 Loader = Callable[[Manifest, Path], Runtime]
 # the tier's per-batch finish for a model version (serving.batcher.Finish): logits -> answers
-Finisher = Callable[[Manifest], Callable[[np.ndarray], np.ndarray]]
+Finisher = Callable[[Manifest], Finish]
 
 
 @dataclass
