@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from center.runtime import TorchScriptRuntime, pick_device
 from center.settings import CenterSettings
@@ -31,6 +32,23 @@ class CenterService:
         store = ModelStore(settings.store, node_verifier(settings.release_key, "center"))
         self.repository = Repository(store, "center", load, settings, self.metrics,
                                      finisher=lambda _: classify.softmax)
+        self.metrics.quality.sources.append(self._report)
+
+    def capacity(self, model: str, version: int) -> float | None:
+        """Rows per second this center offers to escalations of ``model``: the setting, else
+        the measured throughput x headroom (None until measured)."""
+        if self.settings.capacity_rows_s is not None:
+            return self.settings.capacity_rows_s
+        measured = self.metrics.throughput.get((model, version))
+        rate = measured.rows_per_s() if measured is not None else None
+        return None if rate is None else rate * self.settings.capacity_headroom
+
+    def _report(self, model: str, version: int) -> dict[str, Any]:
+        capacity = self.capacity(model, version)
+        return {} if capacity is None else {"capacity_rows_s": capacity}
+
+    def notes(self) -> list[str]:
+        return []
 
     async def infer(self, resident: Resident, parsed: v2.Parsed) -> v2.InferResponse:
         rows = classify.rows_of(resident, parsed)

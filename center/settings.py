@@ -31,3 +31,12 @@ class CenterSettings(ServingSettings):
     precision: Literal["fp32", "fp16", "bf16"] = "fp32"
     """Weights and activations on CUDA (fp16/bf16 halve memory and usually time); CPU is
     always fp32."""
+
+    capacity_rows_s: float | None = Field(default=None, gt=0)
+    """Rows per second this center offers to escalations (reported to the registry, which
+    splits it into the edges' budgets); unset = measured: its batches' rows per second of
+    compute x ``capacity_headroom``."""
+
+    capacity_headroom: float = Field(default=0.8, gt=0, le=1)
+    """Share of the measured throughput offered: below 1 so the queue, and the latency, stay
+    short at the budget."""

@@ -50,5 +50,5 @@ class ResponseCache:
         return hits, misses
 
     def put(self, key: str, value: Cached) -> None:
-        if self._cache is not None and value.tier != "edge-degraded":
+        if self._cache is not None and value.tier not in ("edge-degraded", "edge-shed"):
             self._cache[key] = value

@@ -14,7 +14,7 @@ from sync.subscriber import subscribe
 def wire(settings: EdgeSettings) -> Process:
     service = EdgeService(settings)
     node = Node(settings, service.repository, service.watches())
-    subscribe(node, service.metrics)
+    subscribe(node, service.metrics, service.set_budget)
     return Process(DataPlane(service), node)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 from typing import Any
@@ -10,12 +11,15 @@ import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 
 from edge import gate
+from edge.audit import Auditor
 from edge.cache import Cached, ResponseCache
+from edge.controller import Controller
 from edge.escalation import CenterClient, CenterUnavailable
 from edge.runtime import OnnxRuntime
 from edge.settings import EdgeSettings
 from serving import classify, tracing, v2
 from serving.batcher import Finish
+from serving.budget import Budget
 from serving.discovery import SERVICES, Instance, OnChange, host_port
 from serving.logs import request_id
 from serving.manifest import Manifest
@@ -61,19 +65,51 @@ class EdgeService:
                                         "calls to the center", registry=r)
         self.circuit_open = Gauge("edge_center_circuit_open", "1 while a center's circuit is "
                                   "open", ["center"], registry=r)
+        self.threshold_now = Gauge("edge_cascade_threshold", "The gate's threshold now (the "
+                                   "controller's, or the calibrated one)", ["model"], registry=r)
+        self.budget_now = Gauge("edge_cascade_budget_rows_per_second", "Escalated rows per "
+                                "second the registry's budget allows (0: no budget)", ["model"],
+                                registry=r)
+        self.audit_rows = Counter("edge_audit_rows", "Rows the edge answered itself that were "
+                                  "also sent to the center (the live audit)", MV, registry=r)
+        self.audit_agreement = Gauge("edge_audit_agreement", "Edge-center agreement on the "
+                                     "audit window", MV, registry=r)
+        self.audit_expected = Gauge("edge_audit_expected_agreement", "Agreement the "
+                                    "calibration split predicts for the same rows", MV,
+                                    registry=r)
+        self.audit_drift = Gauge("edge_audit_drift", "1 while live agreement is below the "
+                                 "calibration's by more than drift_z standard deviations", MV,
+                                 registry=r)
+        self.estimated_accuracy = Gauge("edge_estimated_accuracy", "Live cascade accuracy "
+                                        "estimated from the audit (no labels)", MV, registry=r)
+        self.controllers: dict[str, Controller] = {}
+        self.auditors: dict[tuple[str, int], Auditor] = {}
+        self.budgets: dict[str, Budget] = {}  # the registry's latest, per model
+        self._audits: set[asyncio.Task[None]] = set()
+        self.metrics.quality.sources.append(self._report)
 
     async def infer(self, resident: Resident, parsed: v2.Parsed) -> v2.InferResponse:
         m = resident.manifest
         rows = classify.rows_of(resident, parsed)
-        threshold = gate.threshold_for(parsed.parameters, m.calibration.threshold,
-                                       self.settings.threshold)
+        controller = self.controller(resident)
+        if controller is None or "threshold" in parsed.parameters:  # fixed: no budget, no shed
+            threshold = gate.threshold_for(parsed.parameters, m.calibration.threshold,
+                                           self.settings.threshold)
+            controller = None
+        else:
+            threshold = controller.threshold()
+            if threshold != controller.shown:
+                controller.shown = threshold
+                self.threshold_now.labels(m.name).set(threshold)
         if not self.cache.enabled:  # no keys to hash, nothing to look up
             ordered = await self._cascade(resident, parsed, rows, list(range(len(rows))),
-                                          threshold)
+                                          threshold, controller)
             return self._respond(resident, parsed, rows, ordered, threshold, cached=0)
-        keys = [self.cache.key(m.name, resident.version, threshold, r) for r in rows]
+        # a moving threshold would empty the cache: controlled answers share one key space
+        keyed = threshold if controller is None or not controller.controlled else -1.0
+        keys = [self.cache.key(m.name, resident.version, keyed, r) for r in rows]
         hits, misses = self.cache.lookup(keys)
-        fresh = await self._cascade(resident, parsed, rows, misses, threshold)
+        fresh = await self._cascade(resident, parsed, rows, misses, threshold, controller)
         for i, answer in zip(misses, fresh, strict=True):
             self.cache.put(keys[i], answer)
         answers = hits | dict(zip(misses, fresh, strict=True))
@@ -93,7 +129,8 @@ class EdgeService:
         parameters: dict[str, Any] = {
             "edge_version": resident.version, "threshold": threshold,
             "escalated": tiers.count("center"), "degraded": tiers.count("edge-degraded"),
-            "node_id": self.settings.node_id, "region": self.settings.region}
+            "shed": tiers.count("edge-shed"), "node_id": self.settings.node_id,
+            "region": self.settings.region}
         center_versions = {a.center_version for a in answers if a.center_version}
         if center_versions:
             parameters["center_version"] = ",".join(sorted(center_versions))
@@ -110,25 +147,152 @@ class EdgeService:
         return classify.response(resident, parsed, probabilities, tiers, parameters)
 
     async def _cascade(self, resident: Resident, parsed: v2.Parsed, rows: list[np.ndarray],
-                       indices: list[int], threshold: float) -> list[Cached]:
+                       indices: list[int], threshold: float,
+                       controller: Controller | None = None) -> list[Cached]:
         """Answers for ``rows[i]``, i in ``indices``, in that order: the edge model's, the
-        unsure ones replaced by the center's (or marked degraded when no center answers)."""
+        unsure ones replaced by the center's (or marked degraded when no center answers, shed
+        when the controller's budget is spent)."""
         if not indices:
             return []
         edge = await resident.batcher.submit([rows[i] for i in indices])  # probabilities
         answers = [Cached(p, "edge") for p in edge]
+        confidence = edge.max(axis=1)
+        if controller is not None:
+            controller.observe(confidence)
         with tracing.span("gate", **{"tiered.threshold": threshold}) as decided:
             unsure = gate.unsure(edge, threshold).tolist()
+            if controller is not None and unsure:
+                granted = controller.admit(len(unsure))
+                if granted < len(unsure):  # over budget: the least confident rows go first
+                    unsure.sort(key=confidence.__getitem__)
+                    for j in unsure[granted:]:
+                        answers[j] = Cached(edge[j], "edge-shed")
+                    unsure = sorted(unsure[:granted])
             if decided is not None:
                 decided.set_attributes({"tiered.rows": len(indices),
                                         "tiered.escalated": len(unsure),
-                                        "tiered.confidence": float(edge.max(axis=1).min())})
+                                        "tiered.confidence": float(confidence.min())})
         if unsure:
             escalated = await self._escalate(resident, parsed, rows, [indices[j] for j in unsure],
                                              [answers[j] for j in unsure])
             for j, answer in zip(unsure, escalated, strict=True):
                 answers[j] = answer
+        self._sample(resident, parsed, rows, indices, answers, confidence, controller)
         return answers
+
+    # --- the controller and the audit (docs/cascade.md) ---------------------------------------
+
+    def controller(self, resident: Resident) -> Controller | None:
+        """This model's controller (None when the ``controller`` setting is off or the
+        ``threshold`` setting fixes the threshold); follows the served version's calibration."""
+        s = self.settings
+        if s.controller == "off" or s.threshold is not None:
+            return None
+        m = resident.manifest
+        found = self.controllers.get(m.name)
+        if found is None:
+            found = self.controllers[m.name] = Controller(
+                m.calibration, floor_tolerance=s.floor_tolerance, window=s.controller_window,
+                horizon_s=s.controller_horizon_s, target=s.budget_target, burst_s=s.burst_s)
+            found.set_budget(self.budgets.get(m.name, Budget(False)))
+            found.version = resident.version
+        elif found.version != resident.version:
+            found.release(m.calibration, s.floor_tolerance)
+            found.version = resident.version
+        return found
+
+    def set_budget(self, model: str, budget: Budget) -> None:
+        """The registry's budget for ``model`` (from the sync stream)."""
+        self.budgets[model] = budget
+        self.budget_now.labels(model).set(budget.rows_per_s if budget.controlled else 0.0)
+        found = self.controllers.get(model)
+        if found is not None:
+            found.set_budget(budget)
+
+    def auditor(self, manifest: Manifest) -> Auditor:
+        key = (manifest.name, manifest.version)
+        found = self.auditors.get(key)
+        if found is None:
+            s = self.settings
+            for old in [k for k in self.auditors if k[0] == manifest.name]:
+                del self.auditors[old]  # one version at a time: a new calibration, a new audit
+            found = self.auditors[key] = Auditor(
+                manifest.calibration, share=s.audit_share, window=s.audit_window,
+                drift_z=s.drift_z, min_rows=s.audit_min_rows)
+        return found
+
+    def _sample(self, resident: Resident, parsed: v2.Parsed, rows: list[np.ndarray],
+                indices: list[int], answers: list[Cached], confidence: np.ndarray,
+                controller: Controller | None) -> None:
+        """Send a random share of the rows the edge answered itself to the center too, in the
+        background: the client's answer never waits for it, and it is skipped (not queued) when
+        audits are already in flight or the budget has no room."""
+        auditor = self.auditor(resident.manifest)
+        kept = [j for j, a in enumerate(answers) if a.tier == "edge"]
+        auditor.traffic(len(answers), sum(a.tier != "center" for a in answers))
+        picked = [kept[k] for k in auditor.pick(len(kept))]
+        if not picked or len(self._audits) >= self.settings.audit_in_flight:
+            return
+        if controller is not None and not controller.take(len(picked)):
+            return
+        m = resident.manifest
+        chosen = [indices[j] for j in picked]
+        texts = [parsed.texts[i] for i in chosen] if parsed.texts is not None else None
+        task = asyncio.get_running_loop().create_task(self._audit(
+            auditor, m, texts, [rows[i] for i in chosen], confidence[picked],
+            np.asarray([answers[j].probabilities.argmax() for j in picked])))
+        self._audits.add(task)
+        task.add_done_callback(self._audits.discard)
+
+    async def _audit(self, auditor: Auditor, m: Manifest, texts: list[str] | None,
+                     rows: list[np.ndarray], confidence: np.ndarray, edge: np.ndarray) -> None:
+        try:
+            answer = await self.center.classify(m.name, texts, rows, None, len(m.labels))
+        except CenterUnavailable:
+            auditor.failed += len(rows)
+            return
+        auditor.record(confidence, edge, answer.probabilities.argmax(axis=1))
+        labels = (m.name, str(m.version))
+        self.audit_rows.labels(*labels).inc(len(rows))
+        state = auditor.state()
+        self.audit_agreement.labels(*labels).set(state.agreement)
+        if state.expected is not None:
+            self.audit_expected.labels(*labels).set(state.expected)
+        self.audit_drift.labels(*labels).set(1 if state.drift else 0)
+        if state.estimated_accuracy is not None:
+            self.estimated_accuracy.labels(*labels).set(state.estimated_accuracy)
+
+    def _report(self, model: str, version: int) -> dict[str, Any]:
+        """The controller's and the audit's part of a quality report."""
+        out: dict[str, Any] = {}
+        found = self.controllers.get(model)
+        budget = self.budgets.get(model)
+        if found is not None:
+            out["threshold"] = found.threshold()
+        if budget is not None and budget.controlled:
+            out["budget_rows_s"] = budget.rows_per_s
+        auditor = self.auditors.get((model, version))
+        if auditor is not None and auditor.audited:
+            state = auditor.state()
+            out |= {"audit_rows": state.rows, "audit_agreement": state.agreement,
+                    "audit_interval": state.interval, "drift": state.drift}
+            if state.expected is not None:
+                out["audit_expected"] = state.expected
+            if state.estimated_accuracy is not None:
+                out |= {"estimated_accuracy": state.estimated_accuracy,
+                        "accuracy_interval": state.accuracy_interval}
+        return out
+
+    def notes(self) -> list[str]:
+        """What the readiness answer (and so the Consul check's output) should say."""
+        notes = []
+        for (model, version), auditor in sorted(self.auditors.items()):
+            state = auditor.state()
+            if state.drift and state.expected is not None:
+                notes.append(f"drift: {model} v{version} agrees with the center on "
+                             f"{state.agreement:.1%} ± {state.interval:.1%} of audited rows, "
+                             f"calibration predicts {state.expected:.1%}")
+        return notes
 
     def _finisher(self, manifest: Manifest) -> Finish:
         """Per model call, in the batcher's thread: logits -> probabilities, and the calls'
@@ -182,4 +346,7 @@ class EdgeService:
         self.center.set_urls(urls or self.static_centers)
 
     async def stop(self) -> None:
+        for task in list(self._audits):
+            task.cancel()
+        await asyncio.gather(*self._audits, return_exceptions=True)
         await self.center.close()

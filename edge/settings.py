@@ -62,6 +62,45 @@ class EdgeSettings(ServingSettings):
     cache_ttl_s: float = Field(default=300.0, gt=0)
     """How long a cached answer stays valid."""
 
+    controller: Literal["auto", "off"] = "auto"
+    """The cascade controller (docs/cascade.md): ``auto`` holds escalations to the budget the
+    registry pushes (threshold between the accuracy floor and 1, surplus rows ``edge-shed``);
+    ``off`` always uses the release's calibrated threshold (or ``threshold``)."""
+
+    floor_tolerance: float = Field(default=0.01, ge=0.0, le=1.0)
+    """Accuracy floor: the controller never lowers the threshold below the lowest calibrated
+    one whose cascade accuracy stays within this of center-only (0.01 = 1 point)."""
+
+    budget_target: float = Field(default=0.9, gt=0.0, le=1.0)
+    """Share of the escalation budget the threshold aims at; the rest absorbs bursts."""
+
+    controller_window: int = Field(default=2000, ge=50, le=1_000_000)
+    """Recent rows whose confidences set the threshold (its escalation share is within
+    sqrt(ln 40 / (2 x window)) of the aim at 95%)."""
+
+    controller_horizon_s: float = Field(default=5.0, gt=0, le=600)
+    """Seconds over which the edge measures its own traffic (rows/s reaching the gate)."""
+
+    burst_s: float = Field(default=1.0, gt=0, le=60)
+    """Escalations may run ahead of the budget by this many seconds' worth, then rows shed."""
+
+    audit_share: float = Field(default=0.01, ge=0.0, le=1.0)
+    """Share of the rows the edge answers itself that are also sent to the center in the
+    background, to estimate live agreement and accuracy (0 = no audit)."""
+
+    audit_window: int = Field(default=2000, ge=10, le=1_000_000)
+    """Audited rows the agreement, the accuracy estimate and the drift test look at."""
+
+    audit_min_rows: int = Field(default=100, ge=1)
+    """Audited rows before a drift verdict or an accuracy estimate."""
+
+    drift_z: float = Field(default=3.0, gt=0)
+    """Drift alarm: live agreement this many standard deviations below what the calibration
+    split predicts for the same rows."""
+
+    audit_in_flight: int = Field(default=4, ge=1, le=256)
+    """Audit calls to the center at once; audit rows beyond them are skipped, never queued."""
+
     @model_validator(mode="after")
     def _centers_over_tls(self) -> EdgeSettings:
         urls = [u.strip() for u in (self.center_url or "").split(",") if u.strip()]

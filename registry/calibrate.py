@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from serving.manifest import Calibration, CurvePoint
+from serving.manifest import AgreementBin, Calibration, CurvePoint
 from serving.scores import softmax
 
 DEFAULT_THRESHOLD = 0.9
@@ -29,6 +29,12 @@ DEFAULT_CONFIDENCE = 0.9
 """Share of bootstrap resamples in which the chosen point must be within tolerance."""
 
 RESAMPLES = 400
+
+AGREEMENT_BINS = 10
+"""Confidence bins of the agreement baseline (equal row counts: ~200 rows each on 2,000)."""
+
+PRIOR_ROWS = 5.0
+"""Pseudo-rows pulling a bin's disagreement cost towards the cost over all disagreements."""
 
 
 class _Sorted:
@@ -106,11 +112,37 @@ def calibrate(center_logits: np.ndarray, edge_logits: np.ndarray, labels: list[i
     curve = [CurvePoint(round(float(thresholds[i]), 6), round(float(rates[i]), 6),
                         round(float(accuracy[i]), 6)) for i in sorted({*picks.tolist(), best})]
     return Calibration(
+        agreement=agreement_bins(center_logits, edge_logits, y),
         source="labelled", threshold=float(thresholds[best]),
         escalation_rate=float(rates[best]), center_accuracy=center_acc,
         edge_accuracy=float((edge_logits.argmax(1) == y).mean()),
         cascade_accuracy=float(accuracy[best]), tolerance=tolerance, confidence=confidence,
         rows=len(y), curve=curve)
+
+
+def agreement_bins(center_logits: np.ndarray, edge_logits: np.ndarray, labels: np.ndarray,
+                   bins: int = AGREEMENT_BINS, prior: float = PRIOR_ROWS) -> list[AgreementBin]:
+    """Edge-center agreement by edge confidence, in bins of (nearly) equal row counts, and per
+    bin what a disagreement costs: the share of those rows the center gets right minus the share
+    the edge does. A node's audit compares its live agreement with this, row by row.
+
+    Both are smoothed, so a bin that happened to agree on all its rows does not predict that
+    no row ever disagrees: agreement by Laplace's rule ((agree + 1) / (rows + 2)), the cost
+    shrunk towards the cost over all disagreements by ``prior`` pseudo-rows."""
+    confidence = softmax(edge_logits).max(axis=1)
+    edge, center = edge_logits.argmax(1), center_logits.argmax(1)
+    cost = (center == labels).astype(float) - (edge == labels)
+    overall = float(cost[edge != center].mean()) if (edge != center).any() else 0.0
+    order = np.argsort(confidence, kind="stable")
+    chunks = [c for c in np.array_split(order, min(bins, len(order))) if len(c)]
+    out = []
+    for k, chunk in enumerate(chunks):
+        differ = edge[chunk] != center[chunk]
+        agreement = (float((~differ).sum()) + 1) / (len(chunk) + 2)
+        gain = (float(cost[chunk][differ].sum()) + prior * overall) / (int(differ.sum()) + prior)
+        le = 1.0 if k == len(chunks) - 1 else float(confidence[chunk[-1]])
+        out.append(AgreementBin(round(le, 6), len(chunk), round(agreement, 6), round(gain, 6)))
+    return out
 
 
 def default_calibration() -> Calibration:

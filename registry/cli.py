@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from registry import anchor, audit, keys, render
+from registry import anchor, audit, budgets, keys, render
 from registry.blobs import BlobStore
 from registry.catalog import Catalog, check_name
 from registry.db import connect
@@ -313,6 +313,42 @@ def status_cmd(ctx: Context, as_json: bool) -> None:
     escalation rate and p99 from its last quality report; nodes that lag are named."""
     rows = NodeBook(ctx.catalog.db).status(ctx.catalog)
     emit(as_json, rows, lambda: render.status_tables(out, rows))
+
+
+@cli.command("cascade")
+@click.argument("name")
+@click.option("--mode", type=click.Choice(["auto", "static"]), default=None,
+              help="auto: edges hold their escalations to budgets from the centers' capacity; "
+                   "static: every edge keeps the release's calibrated threshold.")
+@click.option("--capacity", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Rows per second all centers take, instead of what they report.")
+@click.option("--measured", is_flag=True, help="Use the centers' reported capacity again.")
+@click.option("--split", type=click.Choice(["traffic", "equal"]), default=None,
+              help="How the capacity is split over the edges (default traffic).")
+@json_flag
+@pass_ctx
+def cascade_cmd(ctx: Context, name: str, mode: str | None, capacity: float | None,
+                measured: bool, split: str | None, as_json: bool) -> None:
+    """Show or change NAME's cascade policy (audited when it changes): how ``registry serve``
+    turns the centers' capacity into each edge's escalation budget (docs/cascade.md)."""
+    if capacity is not None and measured:
+        raise click.UsageError("--capacity and --measured contradict each other")
+    catalog = ctx.catalog
+    check_name(name)
+    policy = budgets.policies(catalog.db).get(name, budgets.Policy())
+    if mode or capacity is not None or measured or split:
+        policy = budgets.set_policy(catalog.db, catalog.anchor, ctx.settings.actor, name,
+                                    budgets.Policy(
+                                        mode or policy.mode,  # type: ignore[arg-type]
+                                        None if measured else (capacity or
+                                                               policy.capacity_rows_s),
+                                        split or policy.split))  # type: ignore[arg-type]
+    data = {"model": name, "mode": policy.mode, "capacity_rows_s": policy.capacity_rows_s,
+            "split": policy.split}
+    given = ("reported by the centers" if policy.capacity_rows_s is None
+             else f"{policy.capacity_rows_s:g} rows/s")
+    emit(as_json, data, lambda: out.print(f"{name}: cascade {policy.mode}, capacity {given}, "
+                                          f"split by {policy.split}"))
 
 
 @cli.group("node")

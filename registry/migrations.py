@@ -119,4 +119,13 @@ CREATE TABLE node_tokens (
     updated_at TEXT NOT NULL
 );
 """),
+    (6, "cascade policies", """
+CREATE TABLE cascade_policies (
+    model TEXT PRIMARY KEY REFERENCES models(name),
+    mode TEXT NOT NULL CHECK (mode IN ('auto', 'static')),
+    capacity_rows_s REAL CHECK (capacity_rows_s IS NULL OR capacity_rows_s > 0),
+    split TEXT NOT NULL CHECK (split IN ('traffic', 'equal')),
+    updated_at TEXT NOT NULL
+);
+"""),
 ]

@@ -18,6 +18,10 @@ from registry.catalog import Catalog, Node
 from registry.db import now, transaction
 
 STATES = ("DOWNLOADING", "ACTIVE", "FAILED", "REFUSED")
+CASCADE = ("capacity_rows_s", "threshold", "budget_rows_s", "shed_rate", "degraded_rate",
+           "audit_rows", "audit_agreement", "audit_expected", "audit_interval", "drift",
+           "estimated_accuracy", "accuracy_interval")
+"""Report fields about the cascade controller and the live audit (docs/cascade.md)."""
 REFUSED = "refused:"
 """Prefix of the stored reason of a release the node refused (its state is recorded as FAILED)."""
 
@@ -141,6 +145,7 @@ class NodeBook:
                 "escalation_rate": report.get("escalation_rate"),
                 "p99_ms": report.get("p99_ms"), "requests": report.get("requests"),
                 "length_drift": report.get("length_drift"), "report_at": r["report_at"],
+                **{key: report.get(key) for key in CASCADE},
                 "fidelity": r["fidelity"], "fidelity_rows": r["fidelity_rows"],
                 "fidelity_version": r["fidelity_version"],
                 "cpu": platform.get("cpu"), "cpu_features": platform.get("features", []),

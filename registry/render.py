@@ -229,6 +229,32 @@ def status_view(model: str, rows: list[dict[str, Any]], width: int) -> Renderabl
                            [_status_cells(r) for r in rows], width)
 
 
+CASCADE_COLUMNS = ("node", "tier", "capacity", "threshold", "budget", "escalation", "shed",
+                   "audit agreement", "expected", "est. accuracy", "drift")
+
+
+def _rate(value: object, digits: int = 1) -> str:
+    return f"{value:.{digits}f}/s" if isinstance(value, int | float) and value else "-"
+
+
+def _cascade_cells(r: dict[str, Any]) -> list[str]:
+    """One node's controller and audit figures (``-`` where its tier has none)."""
+    edge = r["tier"] == "edge"
+    audited = edge and bool(r.get("audit_rows"))
+    agreement = (f"{pct(r['audit_agreement'])} ± {pct(r['audit_interval'])} "
+                 f"({r['audit_rows']} rows)" if audited else "-")
+    accuracy = (f"{pct(r['estimated_accuracy'])} ± {pct(r['accuracy_interval'])}"
+                if audited and r.get("estimated_accuracy") else "-")
+    return [escape(r["node"]), r["tier"], _rate(r.get("capacity_rows_s")),
+            f"{r['threshold']:.4f}" if edge and r.get("threshold") is not None else "-",
+            (_rate(r.get("budget_rows_s")) if r.get("budget_rows_s") else "none") if edge
+            else "-",
+            pct(r["escalation_rate"]) if edge else "-",
+            pct(r.get("shed_rate")) if edge else "-", agreement,
+            pct(r.get("audit_expected")) if audited and r.get("audit_expected") else "-",
+            accuracy, ("[red]DRIFT[/]" if r.get("drift") else "no") if audited else "-"]
+
+
 def status_tables(console: Console, rows: list[dict[str, Any]]) -> None:
     """``registry status``: the nodes of each model (see ``status_view``), then the nodes that
     lag their desired version."""
@@ -238,6 +264,10 @@ def status_tables(console: Console, rows: list[dict[str, Any]]) -> None:
     for model in sorted({r["model"] for r in rows}):
         console.print(status_view(model, [r for r in rows if r["model"] == model],
                                   console.width))
+        cascade = [r for r in rows if r["model"] == model and r.get("report_at")]
+        if cascade:
+            console.print(table_or_blocks(f"{model}: cascade", CASCADE_COLUMNS,
+                                          [_cascade_cells(r) for r in cascade], console.width))
         lagging = [r["node"] for r in rows if r["model"] == model and r["lagging"]]
         console.print(f"{model}: " + (f"[yellow]lagging[/] {', '.join(map(escape, lagging))}"
                                       if lagging else "[green]every node runs its desired "

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import math
 import re
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,14 +24,16 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from registry import anchor, audit
+from registry import anchor, audit, budgets
 from registry.audit import Head
 from registry.blobs import BlobStore
+from registry.budgets import Policy, Seen
 from registry.catalog import Catalog, Node, Target
 from registry.db import connect
 from registry.nodes import STATES, Held, Measured, NodeBook
 from registry.settings import RegistrySettings
 from serving import probe
+from serving.budget import Budget
 from serving.manifest import is_valid_name
 from serving.tokens import NODE_ID, Verifier
 from serving.wire import Malformed, ParseInterceptor
@@ -104,6 +107,7 @@ class Session:
     generation: int  # of the token it connected with
     outbox: asyncio.Queue[pb.ServerMessage | None] = field(default_factory=asyncio.Queue)
     sent: dict[str, int] = field(default_factory=dict)  # model -> version pushed or held
+    budgets: dict[str, Budget] = field(default_factory=dict)  # model -> last budget pushed
     error: str | None = None  # a protocol violation: the stream ends INVALID_ARGUMENT
 
     def close(self) -> None:
@@ -116,6 +120,8 @@ class SyncService(pb_grpc.SyncServicer):
         self.blobs = BlobStore(settings.blobs)
         self.sessions: dict[str, Session] = {}
         self.fetching: Counter[str] = Counter()  # node id -> Fetch calls in flight
+        self.seen: dict[str, dict[str, Seen]] = {}  # model -> node id -> its last report
+        self.policies: dict[str, Policy] = {}  # model -> the operator's cascade policy
 
     async def Sync(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         first = await context.read()
@@ -179,6 +185,9 @@ class SyncService(pb_grpc.SyncServicer):
             del self.sessions[node_id]
             await self.db.run(self.db.nodes.disconnected, node_id)
             log.info("node %s disconnected", node_id)
+            for model, seen in self.seen.items():  # its capacity or traffic is gone
+                if seen.pop(node_id, None) is not None:
+                    self.rebalance(model)
         self.metrics.connected.set(len(self.sessions))
 
     async def push(self, session: Session) -> None:
@@ -263,10 +272,41 @@ class SyncService(pb_grpc.SyncServicer):
             data[key] = int(data[key])
         if not (math.isfinite(report.fidelity) and 0 <= report.fidelity <= 1):
             data["fidelity"] = 0.0
+        for key in ("audit_rows",):
+            data[key] = int(data[key])
+        for key, value in data.items():  # proto JSON writes NaN and infinities as strings
+            if isinstance(value, str) and key != "model":
+                data[key] = 0.0
         n = session.node
         self.metrics.report([n.node_id, n.tier, n.region, report.model, str(report.version)],
                             data)
         await self.db.run(self.db.nodes.reported, n.node_id, report.model, data)
+        self.seen.setdefault(report.model, {})[n.node_id] = Seen.of(
+            n.node_id, n.tier, time.monotonic(), data)
+        self.rebalance(report.model)
+
+    def rebalance(self, model: str) -> None:
+        """Recompute ``model``'s escalation budgets; push those that moved enough."""
+        seen = self.seen.get(model, {})
+        found = budgets.split(self.policies.get(model, Policy()), list(seen.values()),
+                              time.monotonic(), 3 * self.settings.report_interval_s)
+        for node_id, budget in found.items():
+            session = self.sessions.get(node_id)
+            if session is None or not budgets.changed(session.budgets.get(model), budget):
+                continue
+            session.budgets[model] = budget
+            session.outbox.put_nowait(pb.ServerMessage(budget=pb.Budget(
+                model=model, controlled=budget.controlled, rows_per_s=budget.rows_per_s,
+                capacity_rows_s=budget.capacity_rows_s, share=budget.share)))
+            log.info("budget for %s on %s: %s", model, node_id,
+                     f"{budget.rows_per_s:.1f} rows/s of {budget.capacity_rows_s:.1f}"
+                     if budget.controlled else "none (calibrated threshold)")
+
+    async def load_policies(self) -> None:
+        """The operators' cascade policies (``registry cascade``); budgets follow them."""
+        self.policies = await self.db.run(lambda: budgets.policies(self.db.catalog.db))
+        for model in list(self.seen):
+            self.rebalance(model)
 
     async def Fetch(self, request: pb.FetchRequest,
                     context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Chunk]:
@@ -334,6 +374,7 @@ class SyncServer:
         await self.db.open()
         await self.db.run(self.db.nodes.all_disconnected)
         await self._load_generations()
+        await self.service.load_policies()
         server = grpc.aio.server(
             # the token is checked first; both see the tolerant deserializer (wire.py)
             interceptors=[auth.TokenInterceptor(self.verifier, self._denied),
@@ -401,6 +442,7 @@ class SyncServer:
                 if version != seen:
                     await self._load_generations()
                     await self.service.push_all()
+                    await self.service.load_policies()
                     seen = version  # only once pushed: a failed push is tried again
             except Exception:  # a bad moment must not end pushing for good
                 log.exception("pushing changes failed; retrying")

@@ -111,7 +111,12 @@ def live() -> dict[str, bool]:
 @get("/v2/health/ready", sync_to_thread=False,
      operation_class=openapi.documented(openapi.READY, (503,)))
 def ready(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    return {"ready": True, "models": _plane(request).ready()}
+    plane = _plane(request)
+    answer: dict[str, Any] = {"ready": True, "models": plane.ready()}
+    notes = plane.notes()
+    if notes:  # e.g. a drift alarm: the check stays passing, its output says it
+        answer["notes"] = notes
+    return answer
 
 
 @get("/v2", sync_to_thread=False, operation_class=openapi.documented(openapi.SERVER))

@@ -90,6 +90,11 @@ class DataPlane:
             raise NotReady("not ready: no model loaded yet")
         return models
 
+    def notes(self) -> list[str]:
+        """Warnings the readiness answer carries (Consul shows them as the check's output)."""
+        notes = getattr(self.service, "notes", None)
+        return notes() if notes is not None else []
+
     def server_metadata(self) -> dict[str, Any]:
         return {"name": self.service.name, "version": VERSION, "extensions": []}
 

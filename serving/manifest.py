@@ -40,6 +40,17 @@ class CurvePoint(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cascade_accuracy: float
 
 
+class AgreementBin(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Calibration rows whose edge confidence is at most ``le`` (and above the previous bin's):
+    how often the center gives the same answer, and on the rows where it does not, how much
+    more often the center is right than the edge (center correct - edge correct, -1..1)."""
+
+    le: float
+    rows: int
+    agreement: float
+    gain: float
+
+
 class Calibration(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     source: Literal["labelled", "default"]  # default: no labelled data, documented threshold
     threshold: float
@@ -51,6 +62,9 @@ class Calibration(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     confidence: float | None = None  # bootstrap share required (see registry.calibrate)
     rows: int = 0
     curve: list[CurvePoint] = []
+    # edge-center agreement by edge confidence: the baseline the nodes' live audit is held to
+    # (empty in releases published before it existed: no drift alarm, no accuracy estimate)
+    agreement: list[AgreementBin] = []
 
 
 class Quantization(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

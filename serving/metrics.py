@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from serving.batcher import BatchStats, Observer
-from serving.quality import QualityWindow
+from serving.quality import QualityWindow, Throughput
 
 LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -19,6 +19,7 @@ class Metrics:
         self.prefix = prefix
         self.registry = registry or CollectorRegistry()
         self.quality = QualityWindow()  # drained into the registry's quality reports
+        self.throughput: dict[tuple[str, int], Throughput] = {}  # per model version
         r = self.registry
         self.request_success = Counter(f"{prefix}_request_success", "Inference requests "
                                        "answered", MV, registry=r)
@@ -59,6 +60,7 @@ class Metrics:
         queue, compute = (self.queue_duration.labels(*labels),
                           self.compute_duration.labels(*labels))
         size = self.batch_size.labels(*labels)
+        throughput = self.throughput.setdefault((model, version), Throughput())
 
         def observe(stats: BatchStats) -> None:
             inference.inc(stats.rows)
@@ -68,5 +70,6 @@ class Metrics:
             queue.observe(stats.queue_seconds)
             compute.observe(stats.compute_seconds)
             size.observe(stats.rows)
+            throughput.add(stats.rows, stats.compute_seconds)
 
         return observe

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +21,38 @@ import numpy as np
 TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, math.inf)
 CONFIDENCE_BUCKETS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, math.inf)
 MAX_LATENCIES = 20_000  # per window; enough for a p99, bounded memory
+THROUGHPUT_S = 60.0  # a center's capacity is measured over its last minute of batches
+MIN_COMPUTE_S = 0.2  # ... once they took at least this much compute
+
+Source = Callable[[str, int], dict[str, Any]]
+"""More fields for one model version's report (the edge's controller and audit, say)."""
+
+
+class Throughput:
+    """Rows per second of model compute over the last ``THROUGHPUT_S`` seconds of batches: what
+    the model can take while busy (batches grow with load, so this grows too)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._batches: deque[tuple[float, int, float]] = deque()
+        self._rows, self._seconds = 0, 0.0
+        self._lock = threading.Lock()
+
+    def add(self, rows: int, seconds: float) -> None:
+        with self._lock:
+            now = self.clock()
+            self._batches.append((now, rows, seconds))
+            self._rows += rows
+            self._seconds += seconds
+            while self._batches and self._batches[0][0] < now - THROUGHPUT_S:
+                _, r, s = self._batches.popleft()
+                self._rows -= r
+                self._seconds -= s
+
+    def rows_per_s(self) -> float | None:
+        """None until the window holds ``MIN_COMPUTE_S`` of compute."""
+        with self._lock:
+            return self._rows / self._seconds if self._seconds >= MIN_COMPUTE_S else None
 
 
 def psi(current: np.ndarray, baseline: np.ndarray, floor: float = 1e-4) -> float:
@@ -52,6 +86,7 @@ class QualityWindow:
         self._windows: dict[tuple[str, int], _Window] = {}
         self._baselines: dict[tuple[str, int], np.ndarray] = {}
         self._started = time.monotonic()
+        self.sources: list[Source] = []
 
     def _window(self, model: str, version: int) -> _Window:
         return self._windows.setdefault((model, version), _Window())
@@ -81,8 +116,12 @@ class QualityWindow:
             windows, self._windows = self._windows, {}
             now = time.monotonic()
             span, self._started = now - self._started, now
-        return [self._report(model, version, w, span)
-                for (model, version), w in sorted(windows.items())]
+        reports = [self._report(model, version, w, span)
+                   for (model, version), w in sorted(windows.items())]
+        for report in reports:
+            for source in self.sources:
+                report |= source(report["model"], report["version"])
+        return reports
 
     def _report(self, model: str, version: int, w: _Window, span: float) -> dict[str, Any]:
         rows = sum(w.tiers.values())
@@ -95,6 +134,7 @@ class QualityWindow:
             "rows": rows,
             "escalation_rate": w.tiers.get("center", 0) / rows if rows else 0.0,
             "degraded_rate": w.tiers.get("edge-degraded", 0) / rows if rows else 0.0,
+            "shed_rate": w.tiers.get("edge-shed", 0) / rows if rows else 0.0,
             "confidence": _buckets(w.confidence, CONFIDENCE_BUCKETS),
             "mean_tokens": w.token_sum / rows if rows else 0.0,
             "tokens": _buckets(w.tokens, TOKEN_BUCKETS),

@@ -14,6 +14,20 @@ QUALITY = {  # report field -> (series, help, scale)
     "p99_ms": ("p99_seconds", "99th percentile request latency", 1e-3),
     "mean_tokens": ("mean_tokens", "Mean input length in tokens", 1.0),
     "length_drift": ("length_drift", "PSI of input lengths vs the node's baseline", 1.0),
+    "capacity_rows_s": ("capacity_rows_per_second", "Rows per second a center offers to "
+                        "escalations (0: not measured yet)", 1.0),
+    "threshold": ("cascade_threshold", "An edge's gate threshold", 1.0),
+    "budget_rows_s": ("escalation_budget_rows_per_second", "An edge's escalation budget "
+                      "(0: none, calibrated threshold)", 1.0),
+    "shed_rate": ("shed_rate", "Share of rows answered edge-shed (over budget at the floor)",
+                  1.0),
+    "audit_agreement": ("audit_agreement", "Edge-center agreement on an edge's audit sample",
+                        1.0),
+    "audit_expected": ("audit_expected_agreement", "Agreement the calibration predicts for "
+                       "the same rows", 1.0),
+    "drift": ("drift", "1 while an edge's audit says its traffic drifted", 1.0),
+    "estimated_accuracy": ("estimated_accuracy", "Live cascade accuracy estimated from the "
+                           "audit", 1.0),
     "fidelity": ("fidelity", "Top-1 agreement with the fp32 reference on the release probe, "
                  "measured on the node's own hardware (0: not measured)", 1.0),
 }
@@ -49,5 +63,7 @@ class SyncMetrics:
                 gauge.remove(*previous)
         self._labels[key] = labels
         for field, (_, _, scale) in QUALITY.items():
-            self.quality[field].labels(*labels).set(float(report.get(field, 0.0)) * scale)
+            value = report.get(field, 0.0)
+            self.quality[field].labels(*labels).set(
+                float(value) * scale if isinstance(value, int | float) else 0.0)
         self.requests.labels(*labels).inc(int(report.get("requests", 0)))

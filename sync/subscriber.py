@@ -25,6 +25,7 @@ import grpc
 from prometheus_client import CollectorRegistry, Gauge
 
 from serving import hardware
+from serving.budget import Budget
 from serving.errors import FidelityRefused
 from serving.manifest import Manifest, decode, is_valid_name
 from serving.metrics import Metrics
@@ -73,9 +74,12 @@ class Wanted:
 class Subscriber:
     def __init__(self, settings: ServingSettings, repository: Repository,
                  quality: QualityWindow, registry: CollectorRegistry, prefix: str,
-                 target: Callable[[], str | None]) -> None:
+                 target: Callable[[], str | None],
+                 on_budget: Callable[[str, Budget], None] | None = None) -> None:
         """``target`` names the registry (host:port) to use now: the static setting, or what
-        Consul lists; None while there is none."""
+        Consul lists; None while there is none. ``on_budget``: where escalation budgets go
+        (the edge's controller)."""
+        self.on_budget = on_budget
         self.settings, self.repository, self.quality = settings, repository, quality
         self.store, self.tier, self.target = repository.store, repository.tier, target
         token = settings.registry_token.get_secret_value() if settings.registry_token else None
@@ -154,8 +158,11 @@ class Subscriber:
         reporter = asyncio.create_task(self._report(welcome.welcome.report_interval_s or 10.0))
         try:
             while (message := await call.read()) is not grpc.aio.EOF:
-                if message.WhichOneof("kind") == "release":
+                kind = message.WhichOneof("kind")
+                if kind == "release":
                     await self._desire(message.release)
+                elif kind == "budget":
+                    self._budget(message.budget)
         finally:
             reporter.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -190,6 +197,24 @@ class Subscriber:
     def _platform(self, platform: hardware.Platform | None = None) -> pb.Platform:
         p = platform or hardware.here(self.repository.runtime())
         return pb.Platform(cpu=p.cpu, machine=p.machine, features=p.features, runtime=p.runtime)
+
+    def _budget(self, message: pb.Budget) -> None:
+        if self.on_budget is None:
+            return
+        if not is_valid_name(message.model):
+            log.warning("ignoring a budget for an invalid model name")
+            return
+        try:
+            budget = Budget.checked(message.controlled, message.rows_per_s,
+                                    message.capacity_rows_s, message.share)
+        except ValueError as exc:
+            log.warning("ignoring the budget for %s: %s", message.model, exc)
+            return
+        log.info("escalation budget for %s: %s", message.model,
+                 f"{budget.rows_per_s:.1f} rows/s ({budget.share:.0%} of "
+                 f"{budget.capacity_rows_s:.1f})" if budget.controlled else "none (calibrated "
+                 "threshold)")
+        self.on_budget(message.model, budget)
 
     async def _desire(self, release: pb.Release) -> None:
         if hashlib.sha256(release.manifest).hexdigest() != release.manifest_sha256:
@@ -334,9 +359,10 @@ def _report_message(report: dict[str, object]) -> pb.QualityReport:
     return message
 
 
-def subscribe(node: Node, metrics: Metrics) -> None:
+def subscribe(node: Node, metrics: Metrics,
+              on_budget: Callable[[str, Budget], None] | None = None) -> None:
     """Hand ``node`` a subscriber for its repository when it has a registry to follow: the one
-    its settings name, or those Consul lists."""
+    its settings name, or those Consul lists. ``on_budget``: the edge's escalation budgets."""
     if node.settings.registry or node.discovers:
         node.add(Subscriber(node.settings, node.repository, metrics.quality, metrics.registry,
-                            metrics.prefix, node.registry_target))
+                            metrics.prefix, node.registry_target, on_budget))

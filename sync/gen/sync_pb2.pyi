@@ -83,7 +83,7 @@ class Bucket(_message.Message):
     def __init__(self, le: _Optional[float] = ..., count: _Optional[int] = ...) -> None: ...
 
 class QualityReport(_message.Message):
-    __slots__ = ("model", "version", "window_s", "requests", "rows", "escalation_rate", "degraded_rate", "confidence", "mean_tokens", "tokens", "length_drift", "p50_ms", "p99_ms", "fidelity")
+    __slots__ = ("model", "version", "window_s", "requests", "rows", "escalation_rate", "degraded_rate", "confidence", "mean_tokens", "tokens", "length_drift", "p50_ms", "p99_ms", "fidelity", "capacity_rows_s", "threshold", "budget_rows_s", "shed_rate", "audit_rows", "audit_agreement", "audit_expected", "audit_interval", "drift", "estimated_accuracy", "accuracy_interval")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     WINDOW_S_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +98,17 @@ class QualityReport(_message.Message):
     P50_MS_FIELD_NUMBER: _ClassVar[int]
     P99_MS_FIELD_NUMBER: _ClassVar[int]
     FIDELITY_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_ROWS_S_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_ROWS_S_FIELD_NUMBER: _ClassVar[int]
+    SHED_RATE_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_ROWS_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_AGREEMENT_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    AUDIT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    DRIFT_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    ACCURACY_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     window_s: float
@@ -112,7 +123,18 @@ class QualityReport(_message.Message):
     p50_ms: float
     p99_ms: float
     fidelity: float
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., window_s: _Optional[float] = ..., requests: _Optional[int] = ..., rows: _Optional[int] = ..., escalation_rate: _Optional[float] = ..., degraded_rate: _Optional[float] = ..., confidence: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., mean_tokens: _Optional[float] = ..., tokens: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., length_drift: _Optional[float] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., fidelity: _Optional[float] = ...) -> None: ...
+    capacity_rows_s: float
+    threshold: float
+    budget_rows_s: float
+    shed_rate: float
+    audit_rows: int
+    audit_agreement: float
+    audit_expected: float
+    audit_interval: float
+    drift: bool
+    estimated_accuracy: float
+    accuracy_interval: float
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., window_s: _Optional[float] = ..., requests: _Optional[int] = ..., rows: _Optional[int] = ..., escalation_rate: _Optional[float] = ..., degraded_rate: _Optional[float] = ..., confidence: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., mean_tokens: _Optional[float] = ..., tokens: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., length_drift: _Optional[float] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., fidelity: _Optional[float] = ..., capacity_rows_s: _Optional[float] = ..., threshold: _Optional[float] = ..., budget_rows_s: _Optional[float] = ..., shed_rate: _Optional[float] = ..., audit_rows: _Optional[int] = ..., audit_agreement: _Optional[float] = ..., audit_expected: _Optional[float] = ..., audit_interval: _Optional[float] = ..., drift: _Optional[bool] = ..., estimated_accuracy: _Optional[float] = ..., accuracy_interval: _Optional[float] = ...) -> None: ...
 
 class NodeMessage(_message.Message):
     __slots__ = ("hello", "ack", "report")
@@ -154,13 +176,29 @@ class Welcome(_message.Message):
     report_interval_s: float
     def __init__(self, registry: _Optional[str] = ..., report_interval_s: _Optional[float] = ...) -> None: ...
 
+class Budget(_message.Message):
+    __slots__ = ("model", "controlled", "rows_per_s", "capacity_rows_s", "share")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLED_FIELD_NUMBER: _ClassVar[int]
+    ROWS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_ROWS_S_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    controlled: bool
+    rows_per_s: float
+    capacity_rows_s: float
+    share: float
+    def __init__(self, model: _Optional[str] = ..., controlled: _Optional[bool] = ..., rows_per_s: _Optional[float] = ..., capacity_rows_s: _Optional[float] = ..., share: _Optional[float] = ...) -> None: ...
+
 class ServerMessage(_message.Message):
-    __slots__ = ("welcome", "release")
+    __slots__ = ("welcome", "release", "budget")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     release: Release
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ...) -> None: ...
+    budget: Budget
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("sha256", "offset")

@@ -103,7 +103,7 @@ def test_confident_rows_stay_and_only_unsure_rows_reach_the_center_in_order(
     ids = call["inputs"][0]
     assert ids["shape"] == [2, 2] and ids["data"] == [UNSURE, 101, UNSURE, 103]
     assert answer.parameters == {"edge_version": 3, "threshold": 0.9, "escalated": 2,
-                                 "degraded": 0, "node_id": service.settings.node_id,
+                                 "degraded": 0, "shed": 0, "node_id": service.settings.node_id,
                                  "region": service.settings.region, "center_version": "9"}
 
 

@@ -1,0 +1,124 @@
+"""Live accuracy without labels: a random sample of the rows the edge answered itself is also
+sent to the center, off the request's path, and the edge-center agreement on it is held to what
+the release's calibration split predicts for the same rows.
+
+Each audited row with edge confidence ``c`` has an expected agreement ``p(c)`` and a
+disagreement cost ``g(c)`` (the center right minus the edge right, where they differ) from its
+calibration bin (``registry.calibrate.agreement_bins``). Over the last ``window`` audited rows:
+
+- agreement ``A/n`` with a Wilson 95% interval;
+- **drift** when the agreements fall short of the expected ones by more than ``drift_z``
+  standard deviations: ``(A - sum p) / sqrt(sum p(1-p)) < -drift_z`` (each row a Bernoulli with
+  its own ``p``; ``min_rows`` rows before any verdict);
+- **estimated cascade accuracy**: center-only accuracy from calibration minus the edge's share
+  of rows times the mean cost of the audited rows' disagreements, ``mean((1 - a) g)``. It
+  assumes the center is as accurate as on the calibration split; the audit cannot see the
+  center's own errors (docs/cascade.md says where this stops).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from serving.manifest import Calibration
+
+Z95 = 1.959964
+
+
+@dataclass(frozen=True)
+class AuditState:
+    rows: int  # audited rows in the window
+    agreement: float  # edge == center on them (0 when rows is 0)
+    interval: float  # Wilson 95% half-width of agreement
+    expected: float | None  # what the calibration split predicts for the same rows
+    drift: bool
+    estimated_accuracy: float | None  # of the cascade, live
+    accuracy_interval: float
+
+
+def wilson(successes: int, n: int, z: float = Z95) -> float:
+    """Half-width of the Wilson score interval (0 for no rows)."""
+    if n == 0:
+        return 0.0
+    p = successes / n
+    return float(z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n))
+
+
+class Auditor:
+    """One release's audit on this edge. Thread-safe."""
+
+    def __init__(self, calibration: Calibration, *, share: float, window: int, drift_z: float,
+                 min_rows: int, seed: int | None = None) -> None:
+        self.share, self.drift_z, self.min_rows = share, drift_z, min_rows
+        self.center_accuracy = calibration.center_accuracy
+        bins = calibration.agreement
+        self._edges = np.array([b.le for b in bins])
+        self._agreement = np.array([b.agreement for b in bins])
+        self._gain = np.array([b.gain for b in bins])
+        self._rows: deque[tuple[bool, float, float]] = deque(maxlen=window)
+        self._lock = threading.Lock()
+        self._rng = np.random.default_rng(seed)
+        self.kept_share = 1.0  # share of rows the edge answers itself (moving average)
+        self.audited = 0  # rows compared since start
+        self.failed = 0  # audit calls no center answered
+
+    @property
+    def baseline(self) -> bool:
+        """Whether the release carries the calibration's agreement baseline."""
+        return len(self._edges) > 0
+
+    def pick(self, rows: int) -> list[int]:
+        """Which of ``rows`` rows the edge answered itself go to the audit."""
+        if self.share <= 0 or rows == 0:
+            return []
+        with self._lock:
+            return np.flatnonzero(self._rng.random(rows) < self.share).tolist()
+
+    def traffic(self, rows: int, kept: int) -> None:
+        """A request's rows, ``kept`` of them answered by the edge (any edge tier)."""
+        if rows:
+            with self._lock:
+                weight = min(1.0, rows / 5000)
+                self.kept_share += weight * (kept / rows - self.kept_share)
+
+    def record(self, confidence: np.ndarray, edge: np.ndarray, center: np.ndarray) -> None:
+        """Audited rows: edge confidence, edge and center answers (class indices)."""
+        if self.baseline:
+            at = np.searchsorted(self._edges, confidence, side="left").clip(0, len(self._edges) - 1)
+            expected, gain = self._agreement[at], self._gain[at]
+        else:
+            expected = gain = np.full(len(confidence), math.nan)
+        agree = edge == center
+        with self._lock:
+            self.audited += len(agree)
+            self._rows.extend(zip(agree.tolist(), expected.tolist(), gain.tolist(),
+                                  strict=True))
+
+    def state(self) -> AuditState:
+        with self._lock:
+            rows = list(self._rows)
+            kept = self.kept_share
+        n = len(rows)
+        if not n:
+            return AuditState(0, 0.0, 0.0, None, False, None, 0.0)
+        agree = np.array([r[0] for r in rows], float)
+        successes = int(agree.sum())
+        if not self.baseline:
+            return AuditState(n, successes / n, wilson(successes, n), None, False, None, 0.0)
+        p = np.array([r[1] for r in rows])
+        g = np.array([r[2] for r in rows])
+        variance = float((p * (1 - p)).sum())
+        z = (successes - p.sum()) / math.sqrt(variance) if variance > 0 else 0.0
+        drift = n >= self.min_rows and z < -self.drift_z
+        cost = (1 - agree) * g
+        accuracy = interval = None
+        if self.center_accuracy is not None and n >= self.min_rows:
+            accuracy = self.center_accuracy - kept * float(cost.mean())
+            interval = Z95 * kept * float(cost.std(ddof=1)) / math.sqrt(n) if n > 1 else 0.0
+        return AuditState(n, successes / n, wilson(successes, n), float(p.mean()), bool(drift),
+                          accuracy, interval or 0.0)
