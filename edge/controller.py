@@ -38,6 +38,7 @@ from serving.manifest import Calibration
 
 Clock = Callable[[], float]
 RECOMPUTE_S = 0.1  # the quantile is re-taken at most this often
+MIN_ROWS = 50  # rows seen before the quantile is trusted; until then the calibrated threshold
 
 
 def floor_threshold(calibration: Calibration, tolerance: float) -> float:
@@ -102,8 +103,10 @@ class Controller:
     def set_budget(self, budget: Budget) -> None:
         with self._lock:
             self._refill()
+            first = not self.budget.controlled
             self.budget = budget
-            self._tokens = min(self._tokens, self._burst())
+            # a first budget starts with a full bucket; a changed one keeps what is left
+            self._tokens = self._burst() if first else min(self._tokens, self._burst())
             self._computed = -math.inf
 
     @property
@@ -147,8 +150,11 @@ class Controller:
             now = self.clock()
             if self._threshold is None or now - self._computed >= RECOMPUTE_S:
                 rate = self._rate(now)
-                share = (self.target * self.budget.rows_per_s / rate) if rate > 0 else 1.0
-                wanted = quantile_threshold(np.fromiter(self._confidences, float), share)
+                if len(self._confidences) < MIN_ROWS or rate <= 0:
+                    wanted = self.calibrated
+                else:
+                    share = self.target * self.budget.rows_per_s / rate
+                    wanted = quantile_threshold(np.fromiter(self._confidences, float), share)
                 self._threshold = min(1.0, max(self.floor, wanted))
                 self._computed = now
             return self._threshold

@@ -19,6 +19,7 @@ from edge.escalation import CenterClient
 from edge.pipeline import EdgeService
 from edge.settings import EdgeSettings
 from serving import v2
+from serving.budget import Budget
 from serving.manifest import Calibration, Manifest
 from serving.repository import Resident
 from serving.scores import softmax
@@ -76,6 +77,7 @@ def center_answering(calls: list[dict[str, Any]], version: str = "9") -> Handler
 def edge(tmp_path: Path, handler: Handler, **settings: Any) -> EdgeService:
     center = CenterClient(["http://center.test"], 1.0, 3, 30.0,
                           transport=httpx.MockTransport(handler))
+    settings.setdefault("audit_share", 0.0)  # the audit's random sample only where asked for
     return EdgeService(EdgeSettings(store=tmp_path, **settings), center=center)
 
 
@@ -216,3 +218,50 @@ def test_each_model_call_is_finished_once_into_probabilities_and_confidence_metr
     assert registry.get_sample_value("edge_confidence_bucket", {**labels, "le": "0.6"}) == 1
     [report] = service.metrics.quality.drain()
     assert sum(b["count"] for b in report["confidence"]) == 3
+
+
+def test_over_budget_rows_are_shed_marked_and_counted_but_a_request_threshold_wins(
+        tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+    service, batcher = edge(tmp_path, center_answering(calls)), FixedBatcher()
+    r = resident(batcher)
+    service.set_budget("sentiment", Budget(True, rows_per_s=0.001, capacity_rows_s=0.002,
+                                           share=0.5))
+    answer = infer(service, r, parsed(UNSURE, SURE, UNSURE, UNSURE, UNSURE, UNSURE))
+    out = outputs(answer)
+    # the release has no curve: the floor is its threshold 0.9, so every UNSURE row is unsure;
+    # the first budget's bucket holds one row: one escalates, the other four are shed
+    assert out["tier"].count("center") == 1 and out["tier"].count("edge-shed") == 4
+    assert answer.parameters["shed"] == 4 and answer.parameters["escalated"] == 1
+    shed = [i for i, t in enumerate(out["tier"]) if t == "edge-shed"]
+    assert all(out["confidence"][i] == pytest.approx(0.5498, abs=1e-3) for i in shed)  # edge's
+    assert service.rows_by_tier.labels("sentiment", "3", "edge-shed")._value.get() == 4
+    assert len(calls) == 1
+    override = outputs(infer(service, r, parsed(UNSURE, UNSURE, threshold=1.0)))
+    assert override["tier"] == ["center", "center"]  # the request's own threshold: no budget
+
+
+def test_audit_rows_go_to_the_center_in_the_background_never_delaying_the_answer(
+        tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+    answering = center_answering(calls)
+
+    async def slow(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(0.8)
+        return answering(request)
+
+    service, batcher = edge(tmp_path, slow, audit_share=1.0, center_timeout_s=5), FixedBatcher()
+
+    async def scenario() -> tuple[float, list[str], int, int]:
+        started = asyncio.get_running_loop().time()
+        answer = await service.infer(resident(batcher), parsed(SURE, SURE, SURE))
+        took = asyncio.get_running_loop().time() - started
+        before = len(calls)
+        await asyncio.sleep(1.5)  # the audit call finishes after the answer
+        audited = service.auditors[("sentiment", 3)].audited
+        await service.stop()
+        return took, outputs(answer)["tier"], before, audited
+
+    took, tiers, before, audited = asyncio.run(scenario())
+    assert tiers == ["edge", "edge", "edge"] and took < 0.5  # the center takes 0.8 s
+    assert before == 0 and len(calls) == 1 and audited == 3  # one background call, 3 rows

@@ -1,0 +1,86 @@
+"""The live audit: agreement with the center held to the calibration's prediction, row by row."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from edge.audit import Auditor, wilson
+from serving.manifest import AgreementBin, Calibration
+
+BINS = [AgreementBin(0.7, 100, 0.80, 0.3), AgreementBin(0.9, 100, 0.95, 0.2),
+        AgreementBin(1.0, 100, 0.99, 0.1)]
+CALIBRATION = Calibration("labelled", 0.7, center_accuracy=0.85, agreement=BINS)
+
+
+def auditor(**kw: float) -> Auditor:
+    settings = {"share": 1.0, "window": 500, "drift_z": 3.0, "min_rows": 100} | kw
+    return Auditor(CALIBRATION, seed=0, **settings)  # type: ignore[arg-type]
+
+
+def feed(a: Auditor, rng: np.random.Generator, rows: int, agreement_scale: float = 1.0) -> None:
+    """Audited rows whose agreement is the calibration's, scaled."""
+    confidence = rng.uniform(0.6, 1.0, rows)
+    expected = np.array([0.80, 0.95, 0.99])[np.searchsorted([0.7, 0.9, 1.0], confidence)]
+    agree = rng.random(rows) < expected * agreement_scale
+    edge = np.zeros(rows, int)
+    a.record(confidence, edge, np.where(agree, 0, 1))
+
+
+def test_wilson_interval() -> None:
+    assert wilson(0, 0) == 0
+    assert wilson(90, 100) == pytest.approx(0.0594, abs=0.001)  # Wilson score, 95%
+
+
+def test_matched_traffic_raises_no_alarm_and_agrees_within_the_interval() -> None:
+    rng = np.random.default_rng(1)
+    alarms = 0
+    for _ in range(200):  # 200 independent windows of 500 audited rows
+        a = auditor()
+        feed(a, rng, 500)
+        state = a.state()
+        alarms += state.drift
+        assert state.expected is not None
+    assert alarms <= 2  # z = 3: about 0.1% of windows by chance
+
+
+def test_drift_is_raised_when_agreement_falls() -> None:
+    rng = np.random.default_rng(2)
+    a = auditor()
+    feed(a, rng, 400)
+    assert not a.state().drift
+    feed(a, rng, 300, agreement_scale=0.8)  # a fifth of the agreements gone
+    state = a.state()
+    assert state.drift and state.agreement < state.expected - state.interval  # type: ignore[operator]
+
+
+def test_no_verdict_before_min_rows_and_none_without_a_baseline() -> None:
+    rng = np.random.default_rng(3)
+    a = auditor()
+    feed(a, rng, 50, agreement_scale=0.5)
+    assert not a.state().drift and a.state().estimated_accuracy is None
+    bare = Auditor(Calibration("default", 0.9), share=1.0, window=500, drift_z=3.0,
+                   min_rows=10, seed=0)
+    feed(bare, rng, 200, agreement_scale=0.5)
+    state = bare.state()
+    assert not bare.baseline and state.rows == 200 and state.expected is None
+    assert not state.drift and state.estimated_accuracy is None
+
+
+def test_estimated_accuracy_is_center_minus_the_cost_of_kept_disagreements() -> None:
+    a = auditor(min_rows=1)
+    a.traffic(1000, 800)  # the edge answers 80%
+    a.kept_share = 0.8
+    # 100 rows in the first bin (gain 0.3), 10 of them disagree
+    a.record(np.full(100, 0.65), np.zeros(100, int), np.r_[np.ones(10, int), np.zeros(90, int)])
+    state = a.state()
+    assert state.agreement == pytest.approx(0.9)
+    assert state.estimated_accuracy == pytest.approx(0.85 - 0.8 * 0.1 * 0.3)
+    assert 0 < state.accuracy_interval < 0.05
+
+
+def test_pick_samples_about_its_share() -> None:
+    a = auditor(share=0.01)
+    picked = sum(len(a.pick(100)) for _ in range(1000))
+    assert 700 <= picked <= 1300
+    assert auditor(share=0.0).pick(100) == []

@@ -1,0 +1,81 @@
+"""Escalation budgets: the centers' capacity split over the edges, and the audited policy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from registry import audit, budgets
+from registry.budgets import Policy, Seen, changed, split
+from registry.catalog import Catalog
+from registry.db import connect
+from registry.errors import RegistryError
+from serving.budget import Budget
+
+
+def seen(node: str, tier: str, rows_per_s: float = 0.0, capacity: float = 0.0,
+         at: float = 100.0) -> Seen:
+    return Seen(node, tier, at, rows_per_s, capacity)
+
+
+def test_capacity_is_summed_and_split_by_traffic() -> None:
+    nodes = [seen("c1", "center", capacity=40), seen("c2", "center", capacity=20),
+             seen("e1", "edge", 300), seen("e2", "edge", 100)]
+    out = split(Policy(), nodes, now=101, stale_s=30)
+    assert sum(b.rows_per_s for b in out.values()) == pytest.approx(60)
+    assert 2.7 < out["e1"].rows_per_s / out["e2"].rows_per_s < 3  # 3:1, an idle share aside
+    assert out["e1"].controlled and out["e1"].capacity_rows_s == 60
+
+
+def test_an_idle_edge_gets_a_little_budget_not_none() -> None:
+    out = split(Policy(), [seen("c", "center", capacity=50), seen("busy", "edge", 200),
+                           seen("idle", "edge", 0)], now=100, stale_s=30)
+    assert 0 < out["idle"].rows_per_s < 0.1 * out["busy"].rows_per_s
+
+
+def test_equal_split_static_mode_and_operator_capacity() -> None:
+    nodes = [seen("c", "center", capacity=40), seen("e1", "edge", 300), seen("e2", "edge", 10)]
+    equal = split(Policy(split="equal"), nodes, now=100, stale_s=30)
+    assert equal["e1"].rows_per_s == equal["e2"].rows_per_s == 20
+    static = split(Policy(mode="static"), nodes, now=100, stale_s=30)
+    assert static == {"e1": Budget(False), "e2": Budget(False)}
+    fixed = split(Policy(capacity_rows_s=10), nodes, now=100, stale_s=30)
+    assert sum(b.rows_per_s for b in fixed.values()) == pytest.approx(10)
+
+
+def test_stale_or_missing_capacity_means_no_budget() -> None:
+    nodes = [seen("c", "center", capacity=40, at=0), seen("e", "edge", 100, at=99)]
+    assert split(Policy(), nodes, now=100, stale_s=30) == {"e": Budget(False)}
+    assert split(Policy(), [seen("e", "edge", 100)], now=100, stale_s=30) == {"e": Budget(False)}
+
+
+def test_hostile_report_figures_count_zero() -> None:
+    s = Seen.of("e", "edge", 1.0, {"rows": 1e300, "window_s": 1.0, "capacity_rows_s": -5})
+    assert s.rows_per_s == 0 and s.capacity_rows_s == 0
+    s = Seen.of("c", "center", 1.0, {"rows": 50, "window_s": 0.0, "capacity_rows_s": "NaN"})
+    assert s.rows_per_s == 0 and s.capacity_rows_s == 0
+
+
+def test_only_real_moves_are_pushed_again() -> None:
+    old = Budget(True, 20.0)
+    assert not changed(old, Budget(True, 20.5))
+    assert changed(old, Budget(True, 22.0))
+    assert changed(old, Budget(False)) and changed(None, Budget(False))
+    assert not changed(Budget(False), Budget(False))
+
+
+def test_policy_changes_are_audited_once_and_bad_ones_refused(tmp_path: Path) -> None:
+    catalog = Catalog(connect(tmp_path / "r.sqlite3"), "tester")
+    with pytest.raises(RegistryError, match="no model"):
+        budgets.set_policy(catalog.db, None, "tester", "ghost", Policy(mode="static"))
+    catalog.db.execute("INSERT INTO models (name, created_at) VALUES ('m', 'now')")
+    catalog.db.conn.commit()
+    budgets.set_policy(catalog.db, None, "tester", "m", Policy(mode="static"))
+    budgets.set_policy(catalog.db, None, "tester", "m", Policy(mode="static"))  # no change
+    with pytest.raises(RegistryError, match="capacity"):
+        budgets.set_policy(catalog.db, None, "tester", "m", Policy(capacity_rows_s=-1))
+    records = [r for r in audit.records(catalog.db) if r.action == "cascade-policy"]
+    assert len(records) == 1 and json.loads(records[0].payload)["to"]["mode"] == "static"
+    assert budgets.policies(catalog.db) == {"m": Policy(mode="static")}
