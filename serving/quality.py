@@ -12,7 +12,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -110,10 +110,14 @@ class QualityWindow:
         with self._lock:
             self._window(model, version).confidence += _counts(values, CONFIDENCE_BUCKETS)
 
-    def drain(self) -> list[dict[str, Any]]:
-        """One report per model version seen since the last drain; starts a new window."""
+    def drain(self, served: Sequence[tuple[str, int]] = ()) -> list[dict[str, Any]]:
+        """One report per model version seen since the last drain, and per ``served`` one
+        (an idle window: a center still reports its capacity, an idle edge its zero traffic);
+        starts a new window."""
         with self._lock:
             windows, self._windows = self._windows, {}
+            for key in served:
+                windows.setdefault(key, _Window())
             now = time.monotonic()
             span, self._started = now - self._started, now
         reports = [self._report(model, version, w, span)

@@ -333,7 +333,9 @@ class Subscriber:
     async def _report(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
-            for report in self.quality.drain():
+            served = [(m, v) for m in self.repository.models()
+                      if (v := self.repository.default_version(m)) is not None]
+            for report in self.quality.drain(served):
                 message = _report_message(report)
                 measured = self.repository.fidelity(message.model, message.version)
                 message.fidelity = measured.agreement if measured else 0.0

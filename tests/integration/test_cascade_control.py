@@ -1,0 +1,184 @@
+"""The cascade controller end to end: a real ``registry serve``, a center that reports its
+capacity and two edges, all syncing the tiny release over loopback. Budgets reach the edges
+over the sync stream, follow the capacity the registry is told, and rows over budget come back
+``edge-shed``. The tests share one fleet and run in file order."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import RegistryCli
+from tests.integration.test_sync import metric, wait_for
+from tests.servers import Server, start
+from tiered.processes import RegistryProcess, start_registry
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+TOKEN = "test-token-0123456789"
+CAPACITY = 40.0  # what the center says it takes (--capacity-rows-s)
+REGISTRY_ENV = {"REGISTRY_REPORT_INTERVAL_S": "0.5"}
+SYNC = ("--sync-backoff-max-s", "1")
+TEXTS = ["a great film", "dull and slow", "not bad at all", "the worst", "fine", "loved it",
+         "boring plot", "superb acting", "meh", "an instant classic"]
+
+
+@dataclass
+class Fleet:
+    cli: RegistryCli
+    registry: RegistryProcess
+    center: Server
+    edges: list[Server] = field(default_factory=list)
+
+
+def body(texts: list[str]) -> str:
+    return json.dumps({"inputs": [{"name": "text", "shape": [len(texts)], "datatype": "BYTES",
+                                   "data": texts}]})
+
+
+def infer(edge: Server, texts: list[str]) -> dict[str, Any]:
+    response = httpx.post(f"{edge.url}/v2/models/tiny/infer", content=body(texts),
+                          headers={"content-type": "application/json"}, timeout=10)
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+@contextmanager
+def traffic(edges: list[Server], rates: list[float]) -> Iterator[None]:
+    """Requests of one text each to every edge at about its rate (per second) until exit."""
+    stop = threading.Event()
+
+    def send(edge: Server, rate: float) -> None:
+        with httpx.Client(timeout=10) as client:
+            i = 0
+            while not stop.is_set():
+                client.post(f"{edge.url}/v2/models/tiny/infer", content=body([TEXTS[i % 10]]),
+                            headers={"content-type": "application/json"})
+                i += 1
+                stop.wait(1 / rate)
+
+    threads = [threading.Thread(target=send, args=(e, r), daemon=True)
+               for e, r in zip(edges, rates, strict=True)]
+    for t in threads:
+        t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(15)
+
+
+def _serves(server: Server) -> bool:
+    try:
+        return httpx.get(f"{server.url}/v2/models/tiny/ready", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def budgets(fleet: Fleet) -> list[float]:
+    return [metric(f"{e.url}/metrics", "edge_cascade_budget_rows_per_second", model="tiny")
+            for e in fleet.edges]
+
+
+def near(total: float) -> Callable[[Fleet], bool]:
+    return lambda fleet: abs(sum(budgets(fleet)) - total) <= 0.15 * total
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Iterator[Fleet]:
+    root = tmp_path_factory.mktemp("cascade")
+    cli = RegistryCli(root / "registry")
+    cli("publish", tiny_release, "--name", "tiny")
+    registry = start_registry(cli.home, root, TOKEN, env=REGISTRY_ENV)
+    servers: list[Server] = []
+    try:
+        center = start("center", root / "center", root, "--registry", registry.target, *SYNC,
+                       "--capacity-rows-s", str(CAPACITY), registry_secret=TOKEN)
+        servers.append(center)
+        fleet = Fleet(cli, registry, center)
+        for region in ("eu", "us"):
+            # floor tolerance 0: the floor is the calibrated threshold, which leaves most of
+            # the tiny model's rows unsure; every row the edge keeps is audited
+            fleet.edges.append(start(
+                "edge", root / f"edge-{region}", root, "--registry", registry.target, *SYNC,
+                "--region", region, "--center-url", center.url, "--cache-size", "0",
+                "--floor-tolerance", "0", "--audit-share", "1", registry_secret=TOKEN))
+            servers.append(fleet.edges[-1])
+        wait_for(lambda: all(_serves(s) for s in servers), 60, "the fleet to install tiny")
+        yield fleet
+    finally:
+        for server in reversed(servers):
+            server.stop()
+        registry.stop()
+
+
+def test_budgets_reach_the_edges_split_by_their_traffic(fleet: Fleet) -> None:
+    busy, quiet = fleet.edges
+    with traffic(fleet.edges, [40, 8]):
+        wait_for(lambda: near(CAPACITY)(fleet) and budgets(fleet)[0] > 2 * budgets(fleet)[1],
+                 40, "budgets summing to the center's capacity, the busy edge's the larger")
+        rows = {r["node"]: r for r in fleet.cli("status", "--json").json()}
+    center = rows[f"center-{fleet.center.port}"]
+    assert center["capacity_rows_s"] == CAPACITY
+    for edge in fleet.edges:
+        row = rows[f"edge-{edge.port}"]
+        assert row["budget_rows_s"] > 0 and 0 < row["threshold"] <= 1
+    text = fleet.cli("status").stdout
+    assert "tiny: cascade" in text and "40.0/s" in text
+
+
+def test_budgets_follow_a_change_of_capacity_and_policy_changes_are_audited(
+        fleet: Fleet) -> None:
+    with traffic(fleet.edges, [20, 20]):
+        fleet.cli("cascade", "tiny", "--capacity", "8")
+        wait_for(lambda: near(8)(fleet), 30, "budgets following capacity 8")
+        fleet.cli("cascade", "tiny", "--mode", "static")
+        wait_for(lambda: budgets(fleet) == [0.0, 0.0], 30, "no budget under a static policy")
+        shown = fleet.cli("cascade", "tiny", "--mode", "auto", "--measured", "--json").json()
+        assert shown == {"model": "tiny", "mode": "auto", "capacity_rows_s": None,
+                         "split": "traffic"}
+        wait_for(lambda: near(CAPACITY)(fleet), 30, "budgets back to the center's capacity")
+    records = [r for r in fleet.cli("audit", "--model", "tiny", "--json").json()
+               if r["action"] == "cascade-policy"]
+    assert len(records) == 3  # three changes; the budgets moving with reports are not audited
+    assert json.loads(records[0]["payload"])["to"]["capacity_rows_s"] == 8
+
+
+def test_rows_over_budget_are_answered_by_the_edge_marked_shed(fleet: Fleet) -> None:
+    edge = fleet.edges[0]
+    fleet.cli("cascade", "tiny", "--capacity", "0.5")
+    try:
+        wait_for(lambda: 0 < sum(budgets(fleet)) <= 0.6, 30, "a budget of 0.5 rows/s")
+        answer = infer(edge, TEXTS * 4)
+        tiers = answer["outputs"][[o["name"] for o in answer["outputs"]].index("tier")]["data"]
+        assert answer["parameters"]["shed"] == tiers.count("edge-shed") > 0
+        assert tiers.count("center") <= 2  # never more than the bucket holds
+        assert metric(f"{edge.url}/metrics", "edge_rows_total", tier="edge-shed") >= \
+            tiers.count("edge-shed")
+        with traffic([edge], [20]):  # reports cover 0.5 s: keep shedding while we look
+            wait_for(lambda: (({r["node"]: r for r in fleet.cli("status", "--json").json()}
+                               [f"edge-{edge.port}"].get("shed_rate") or 0) > 0), 20,
+                     "the shed rows in the edge's quality report")
+    finally:
+        fleet.cli("cascade", "tiny", "--measured")
+
+
+def test_the_live_audit_reaches_metrics_and_status(fleet: Fleet) -> None:
+    edge = fleet.edges[1]
+    for _ in range(10):
+        infer(edge, TEXTS)
+    wait_for(lambda: metric(f"{edge.url}/metrics", "edge_audit_rows_total") > 0, 20,
+             "audited rows")
+    wait_for(lambda: ({r["node"]: r for r in fleet.cli("status", "--json").json()}
+                      [f"edge-{edge.port}"].get("audit_rows") or 0) > 0, 20,
+             "the audit in registry status")
+    row = {r["node"]: r for r in fleet.cli("status", "--json").json()}[f"edge-{edge.port}"]
+    assert 0 <= row["audit_agreement"] <= 1 and row["audit_expected"] > 0
