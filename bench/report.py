@@ -13,7 +13,7 @@ from pathlib import Path
 from bench.kit import machine_line
 
 DOCS = Path("docs")
-ORDER = ["tiers", "profile", "quantization", "peers", "protocols", "cascade", "rollout", "chaos",
+ORDER = ["tiers", "profile", "quantization", "peers", "protocols", "cascade", "control", "rollout", "chaos",
          "fuzz", "swaps", "sites", "soak", "gpu"]
 
 

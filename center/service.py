@@ -36,12 +36,15 @@ class CenterService:
 
     def capacity(self, model: str, version: int) -> float | None:
         """Rows per second this center offers to escalations of ``model``: the setting, else
-        the measured throughput x headroom (None until measured)."""
+        the measured throughput at the latency target x headroom (None until measured)."""
         if self.settings.capacity_rows_s is not None:
             return self.settings.capacity_rows_s
         measured = self.metrics.throughput.get((model, version))
-        rate = measured.rows_per_s() if measured is not None else None
-        return None if rate is None else rate * self.settings.capacity_headroom
+        s = self.settings
+        # a batch waits for the one computing: each may take half the latency target
+        rate = (measured.rows_per_s(s.max_batch_size, s.latency_target_ms / 2000)
+                if measured is not None else None)
+        return None if rate is None else rate * s.capacity_headroom
 
     def _report(self, model: str, version: int) -> dict[str, Any]:
         capacity = self.capacity(model, version)

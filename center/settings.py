@@ -34,9 +34,14 @@ class CenterSettings(ServingSettings):
 
     capacity_rows_s: float | None = Field(default=None, gt=0)
     """Rows per second this center offers to escalations (reported to the registry, which
-    splits it into the edges' budgets); unset = measured: its batches' rows per second of
-    compute x ``capacity_headroom``."""
+    splits it into the edges' budgets); unset = measured from its batches: the rows per second
+    of the largest batch that computes within half of ``latency_target_ms``, x
+    ``capacity_headroom``."""
 
     capacity_headroom: float = Field(default=0.8, gt=0, le=1)
     """Share of the measured throughput offered: below 1 so the queue, and the latency, stay
     short at the budget."""
+
+    latency_target_ms: float = Field(default=1000.0, gt=0)
+    """Escalation latency the measured capacity is held to (a batch computes within half of
+    it while the next one waits); keep it under the edges' ``center_timeout_s``."""

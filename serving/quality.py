@@ -29,30 +29,42 @@ Source = Callable[[str, int], dict[str, Any]]
 
 
 class Throughput:
-    """Rows per second of model compute over the last ``THROUGHPUT_S`` seconds of batches: what
-    the model can take while busy (batches grow with load, so this grows too)."""
+    """What a model computes while busy, from its last ``THROUGHPUT_S`` seconds of batches.
+
+    Each batch's compute time is fitted as ``fixed + per_row x rows`` (least squares over the
+    batches' sizes; with one size only, all of it is per-row cost: conservative). The capacity
+    is then the rows per second of the largest batch that computes within ``budget_s`` (and at
+    most ``max_batch``): what the model takes while answering within its latency target."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._batches: deque[tuple[float, int, float]] = deque()
-        self._rows, self._seconds = 0, 0.0
+        self._seconds = 0.0
         self._lock = threading.Lock()
 
     def add(self, rows: int, seconds: float) -> None:
         with self._lock:
             now = self.clock()
             self._batches.append((now, rows, seconds))
-            self._rows += rows
             self._seconds += seconds
             while self._batches and self._batches[0][0] < now - THROUGHPUT_S:
-                _, r, s = self._batches.popleft()
-                self._rows -= r
-                self._seconds -= s
+                self._seconds -= self._batches.popleft()[2]
 
-    def rows_per_s(self) -> float | None:
+    def rows_per_s(self, max_batch: int = 1 << 30, budget_s: float = math.inf) -> float | None:
         """None until the window holds ``MIN_COMPUTE_S`` of compute."""
         with self._lock:
-            return self._rows / self._seconds if self._seconds >= MIN_COMPUTE_S else None
+            if self._seconds < MIN_COMPUTE_S:
+                return None
+            rows = np.array([b[1] for b in self._batches], float)
+            seconds = np.array([b[2] for b in self._batches])
+        fixed, per_row = 0.0, float(seconds.sum() / rows.sum())
+        if rows.min() != rows.max():
+            slope, intercept = np.polyfit(rows, seconds, 1)
+            if slope > 0:
+                fixed, per_row = max(float(intercept), 0.0), float(slope)
+        fits = int((budget_s - fixed) / per_row) if math.isfinite(budget_s) else max_batch
+        batch = max(1, min(max_batch, fits))
+        return batch / (fixed + per_row * batch)
 
 
 def psi(current: np.ndarray, baseline: np.ndarray, floor: float = 1e-4) -> float:

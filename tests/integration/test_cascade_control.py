@@ -121,7 +121,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Itera
 
 
 def test_budgets_reach_the_edges_split_by_their_traffic(fleet: Fleet) -> None:
-    busy, quiet = fleet.edges
     with traffic(fleet.edges, [40, 8]):
         wait_for(lambda: near(CAPACITY)(fleet) and budgets(fleet)[0] > 2 * budgets(fleet)[1],
                  40, "budgets summing to the center's capacity, the busy edge's the larger")
