@@ -265,3 +265,24 @@ def test_audit_rows_go_to_the_center_in_the_background_never_delaying_the_answer
     took, tiers, before, audited = asyncio.run(scenario())
     assert tiers == ["edge", "edge", "edge"] and took < 0.5  # the center takes 0.8 s
     assert before == 0 and len(calls) == 1 and audited == 3  # one background call, 3 rows
+
+
+def test_a_drifting_audit_is_noted_in_readiness_and_its_report(tmp_path: Path) -> None:
+    from serving.dataplane import DataPlane
+    from serving.manifest import AgreementBin
+
+    calibration = Calibration(source="labelled", threshold=0.9, center_accuracy=0.8,
+                              agreement=[AgreementBin(1.0, 200, 0.95, 0.5)])
+    manifest = msgspec.structs.replace(store_manifest(3), calibration=calibration)
+    service = edge(tmp_path, center_answering([]), audit_share=1.0, audit_min_rows=20)
+    auditor = service.auditor(manifest)
+    assert service.notes() == []
+    auditor.record(np.full(40, 0.99), np.zeros(40, int), np.r_[np.zeros(20, int),
+                                                               np.ones(20, int)])
+    (note,) = service.notes()  # 50% agreement where the calibration predicts 95%
+    assert note.startswith("drift: sentiment v3") and "95.0%" in note
+    assert DataPlane(service).notes() == [note]  # what /v2/health/ready carries
+    report = service._report("sentiment", 3)
+    assert report["drift"] and report["audit_rows"] == 40
+    assert report["audit_agreement"] == pytest.approx(0.5)
+    assert report["estimated_accuracy"] == pytest.approx(0.8 - 1.0 * 0.5 * 0.5)
