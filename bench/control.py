@@ -367,7 +367,9 @@ async def audit_state(client: httpx.AsyncClient, url: str) -> dict[str, float]:
             "agreement": metric(text, "edge_audit_agreement"),
             "expected": metric(text, "edge_audit_expected_agreement"),
             "estimate": metric(text, "edge_estimated_accuracy"),
-            "drift": metric(text, "edge_audit_drift")}
+            "drift": metric(text, "edge_audit_drift"),
+            "confidence_drift": metric(text, "edge_confidence_drift"),
+            "psi": metric(text, "edge_confidence_psi")}
 
 
 def scrambled(texts: list[str], rng: random.Random) -> list[str]:
@@ -384,13 +386,16 @@ class Audit:
     drift_requests: int | None  # mixed requests until the alarm (None: not within the cap)
     drift_audited: float
     ready_notes: list[str]
+    clean_psi: float  # the largest confidence PSI seen on clean traffic
+    drift_kind: str  # which test fired: agreement, confidence or both
+    drift_psi: float
 
 
 def audit_part(f: Fleet, texts: list[str], labels: list[str], quick: bool) -> Audit:
     url = f.edges[0].url
     items = list(zip(texts, labels, strict=True))
     checkpoints: list[Checkpoint] = []
-    alarms = {"checks": 0, "alarms": 0}
+    alarms: dict[str, float] = {"checks": 0, "alarms": 0}
 
     async def checkpoint(client: httpx.AsyncClient, sent: int, results: list[bool]) -> None:
         s = await audit_state(client, url)
@@ -401,7 +406,8 @@ def audit_part(f: Fleet, texts: list[str], labels: list[str], quick: bool) -> Au
     async def clean_check(client: httpx.AsyncClient, sent: int, results: list[bool]) -> None:
         s = await audit_state(client, url)
         alarms["checks"] += 1
-        alarms["alarms"] += bool(s["drift"])
+        alarms["alarms"] += bool(s["drift"] or s["confidence_drift"])
+        alarms["psi"] = max(alarms.get("psi", 0.0), s["psi"])
 
     asyncio.run(closed_loop(url, items, 250, checkpoint))  # pass 1, in order
     rng = random.Random(7)
@@ -416,15 +422,18 @@ def audit_part(f: Fleet, texts: list[str], labels: list[str], quick: bool) -> Au
 
     async def drift_check(client: httpx.AsyncClient, sent: int, results: list[bool]) -> None:
         s = await audit_state(client, url)
-        if s["drift"] and "sent" not in found:
-            found.update(sent=sent, audited=s["audited"])
+        if (s["drift"] or s["confidence_drift"]) and "sent" not in found:
+            found.update(sent=sent, audited=s["audited"], psi=s["psi"],
+                         agreement=s["drift"], confidence=s["confidence_drift"])
 
     before = asyncio.run(_audited(url))
     asyncio.run(closed_loop(url, mixed, 25, drift_check))
     ready = httpx.get(f"{url}/v2/health/ready", timeout=5).json()
-    return Audit(checkpoints, alarms["checks"], alarms["alarms"],
+    kinds = [k for k in ("agreement", "confidence") if found.get(k)]
+    return Audit(checkpoints, int(alarms["checks"]), int(alarms["alarms"]),
                  int(found["sent"]) if found else None,
-                 found.get("audited", 0.0) - before, ready.get("notes", []))
+                 found.get("audited", 0.0) - before, ready.get("notes", []),
+                 alarms.get("psi", 0.0), " + ".join(kinds), found.get("psi", 0.0))
 
 
 async def _audited(url: str) -> float:
@@ -638,11 +647,13 @@ def report(show: Shown, args: argparse.Namespace, calibration: dict[str, Any], c
          f"interval).")
     rate = audit.false_alarms / audit.clean_checks if audit.clean_checks else 0.0
     show(f"Drift alarm: clean traffic checked {audit.clean_checks} times (every {CHECK_EVERY} "
-         f"requests): {audit.false_alarms} false alarms ({rate:.1%}). Half the requests "
-         f"out-of-domain (words drawn at random from the split): alarm after "
-         + (f"{audit.drift_requests} requests ({audit.drift_audited:.0f} audited rows, of "
-            f"which about half drifted); at a 1% share, about {audit.drift_requests * 100:,} "
-            f"requests" if audit.drift_requests else "none within the 4,000 requests sent")
+         f"requests): {audit.false_alarms} false alarms ({rate:.1%}; largest confidence PSI "
+         f"{audit.clean_psi:.3f}). Half the requests out of domain (words drawn at random from "
+         f"the split): "
+         + (f"alarm after {audit.drift_requests} requests, by the {audit.drift_kind} test (PSI "
+            f"{audit.drift_psi:.3f}; {audit.drift_audited:.0f} rows audited meanwhile). The "
+            f"confidence test needs no audit, so the same holds at a 1% share"
+            if audit.drift_requests else "no alarm within the 4,000 requests sent")
          + (f". Readiness note (the Consul check's output): \"{audit.ready_notes[0]}\""
             if audit.ready_notes else ". No readiness note."))
 

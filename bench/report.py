@@ -13,8 +13,8 @@ from pathlib import Path
 from bench.kit import machine_line
 
 DOCS = Path("docs")
-ORDER = ["tiers", "profile", "quantization", "peers", "protocols", "cascade", "control", "rollout", "chaos",
-         "fuzz", "swaps", "sites", "soak", "gpu"]
+ORDER = ["tiers", "profile", "quantization", "peers", "protocols", "cascade", "control",
+         "rollout", "chaos", "fuzz", "swaps", "sites", "soak", "gpu"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -14,6 +14,12 @@ calibration bin (``registry.calibrate.agreement_bins``). Over the last ``window`
   of rows times the mean cost of the audited rows' disagreements, ``mean((1 - a) g)``. It
   assumes the center is as accurate as on the calibration split; the audit cannot see the
   center's own errors (docs/cascade.md says where this stops).
+
+Agreement cannot see a shift both models fail alike (the demo's edge is distilled from its
+center). So every row reaching the gate also counts towards **confidence drift**: the last
+``CONFIDENCE_WINDOW`` rows' edge confidences, binned by the calibration's bins (equal shares of
+the calibration split), against those shares: an alarm when a chi-square test rejects them
+(p < 0.001) and the shift is material (population stability index >= ``psi_floor``).
 """
 
 from __future__ import annotations
@@ -28,6 +34,16 @@ import numpy as np
 from serving.manifest import Calibration
 
 Z95 = 1.959964
+CONFIDENCE_WINDOW = 2000  # rows reaching the gate the confidence test looks at
+CONFIDENCE_MIN_ROWS = 500  # ... before any verdict
+Z999 = 3.090232  # one-sided 0.001
+
+
+def chi2_critical(df: int, z: float = Z999) -> float:
+    """The chi-square quantile for ``df`` degrees of freedom at the normal quantile ``z``
+    (Wilson-Hilferty; within 2% of the exact value from df 3 up)."""
+    k = 2 / (9 * df)
+    return float(df * (1 - k + z * math.sqrt(k)) ** 3)
 
 
 @dataclass(frozen=True)
@@ -39,6 +55,8 @@ class AuditState:
     drift: bool
     estimated_accuracy: float | None  # of the cascade, live
     accuracy_interval: float
+    confidence_psi: float | None = None  # live confidences vs the calibration's (None: too few)
+    confidence_drift: bool = False
 
 
 def wilson(successes: int, n: int, z: float = Z95) -> float:
@@ -53,14 +71,19 @@ class Auditor:
     """One release's audit on this edge. Thread-safe."""
 
     def __init__(self, calibration: Calibration, *, share: float, window: int, drift_z: float,
-                 min_rows: int, seed: int | None = None) -> None:
+                 min_rows: int, psi_floor: float = 0.05, seed: int | None = None) -> None:
         self.share, self.drift_z, self.min_rows = share, drift_z, min_rows
+        self.psi_floor = psi_floor
         self.center_accuracy = calibration.center_accuracy
         bins = calibration.agreement
         self._edges = np.array([b.le for b in bins])
         self._agreement = np.array([b.agreement for b in bins])
         self._gain = np.array([b.gain for b in bins])
         self._rows: deque[tuple[bool, float, float]] = deque(maxlen=window)
+        total = sum(b.rows for b in bins)
+        self._shares = np.array([b.rows / total for b in bins]) if total else np.zeros(0)
+        self._seen: deque[int] = deque()  # bin of each recent gate row
+        self._seen_counts = np.zeros(len(bins), np.int64)
         self._lock = threading.Lock()
         self._rng = np.random.default_rng(seed)
         self.kept_share = 1.0  # share of rows the edge answers itself (moving average)
@@ -78,6 +101,29 @@ class Auditor:
             return []
         with self._lock:
             return np.flatnonzero(self._rng.random(rows) < self.share).tolist()
+
+    def observe(self, confidence: np.ndarray) -> None:
+        """Rows that reached the gate: their edge confidence (for the confidence drift)."""
+        if not self.baseline or not len(confidence):
+            return
+        at = np.searchsorted(self._edges, confidence, side="left").clip(0, len(self._edges) - 1)
+        with self._lock:
+            self._seen.extend(at.tolist())
+            self._seen_counts += np.bincount(at, minlength=len(self._edges))
+            while len(self._seen) > CONFIDENCE_WINDOW:
+                self._seen_counts[self._seen.popleft()] -= 1
+
+    def _confidence_shift(self) -> tuple[float | None, bool]:
+        counts = self._seen_counts.astype(float)
+        n = counts.sum()
+        if n < CONFIDENCE_MIN_ROWS or len(counts) < 2:
+            return None, False
+        expected = self._shares * n
+        chi2 = float((((counts - expected) ** 2) / np.maximum(expected, 1e-9)).sum())
+        p = np.maximum(counts / n, 1e-4)
+        q = np.maximum(self._shares, 1e-4)
+        psi = float(((p - q) * np.log(p / q)).sum())
+        return psi, chi2 > chi2_critical(len(counts) - 1) and psi >= self.psi_floor
 
     def traffic(self, rows: int, kept: int) -> None:
         """A request's rows, ``kept`` of them answered by the edge (any edge tier)."""
@@ -103,13 +149,15 @@ class Auditor:
         with self._lock:
             rows = list(self._rows)
             kept = self.kept_share
+            psi, shifted = self._confidence_shift()
         n = len(rows)
         if not n:
-            return AuditState(0, 0.0, 0.0, None, False, None, 0.0)
+            return AuditState(0, 0.0, 0.0, None, False, None, 0.0, psi, shifted)
         agree = np.array([r[0] for r in rows], float)
         successes = int(agree.sum())
         if not self.baseline:
-            return AuditState(n, successes / n, wilson(successes, n), None, False, None, 0.0)
+            return AuditState(n, successes / n, wilson(successes, n), None, False, None, 0.0,
+                              psi, shifted)
         p = np.array([r[1] for r in rows])
         g = np.array([r[2] for r in rows])
         variance = float((p * (1 - p)).sum())
@@ -121,4 +169,4 @@ class Auditor:
             accuracy = self.center_accuracy - kept * float(cost.mean())
             interval = Z95 * kept * float(cost.std(ddof=1)) / math.sqrt(n) if n > 1 else 0.0
         return AuditState(n, successes / n, wilson(successes, n), float(p.mean()), bool(drift),
-                          accuracy, interval or 0.0)
+                          accuracy, interval or 0.0, psi, shifted)

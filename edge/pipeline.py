@@ -11,7 +11,7 @@ import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 
 from edge import gate
-from edge.audit import Auditor
+from edge.audit import Auditor, AuditState
 from edge.cache import Cached, ResponseCache
 from edge.controller import Controller
 from edge.escalation import CenterClient, CenterUnavailable
@@ -82,6 +82,12 @@ class EdgeService:
                                  registry=r)
         self.estimated_accuracy = Gauge("edge_estimated_accuracy", "Live cascade accuracy "
                                         "estimated from the audit (no labels)", MV, registry=r)
+        self.confidence_psi = Gauge("edge_confidence_psi", "PSI of the last 2,000 rows' edge "
+                                    "confidences against the calibration split's", MV,
+                                    registry=r)
+        self.confidence_drift = Gauge("edge_confidence_drift", "1 while the edge's "
+                                      "confidences have shifted from the calibration split's",
+                                      MV, registry=r)
         self.controllers: dict[str, Controller] = {}
         self.auditors: dict[tuple[str, int], Auditor] = {}
         self.budgets: dict[str, Budget] = {}  # the registry's latest, per model
@@ -218,7 +224,7 @@ class EdgeService:
                 del self.auditors[old]  # one version at a time: a new calibration, a new audit
             found = self.auditors[key] = Auditor(
                 manifest.calibration, share=s.audit_share, window=s.audit_window,
-                drift_z=s.drift_z, min_rows=s.audit_min_rows)
+                drift_z=s.drift_z, min_rows=s.audit_min_rows, psi_floor=s.drift_psi)
         return found
 
     def _sample(self, resident: Resident, parsed: v2.Parsed, rows: list[np.ndarray],
@@ -228,6 +234,7 @@ class EdgeService:
         background: the client's answer never waits for it, and it is skipped (not queued) when
         audits are already in flight or the budget has no room."""
         auditor = self.auditor(resident.manifest)
+        auditor.observe(confidence)
         kept = [j for j, a in enumerate(answers) if a.tier == "edge"]
         auditor.traffic(len(answers), sum(a.tier != "center" for a in answers))
         picked = [kept[k] for k in auditor.pick(len(kept))]
@@ -261,6 +268,12 @@ class EdgeService:
         self.audit_drift.labels(*labels).set(1 if state.drift else 0)
         if state.estimated_accuracy is not None:
             self.estimated_accuracy.labels(*labels).set(state.estimated_accuracy)
+        self._export_confidence(labels, state)
+
+    def _export_confidence(self, labels: tuple[str, str], state: AuditState) -> None:
+        if state.confidence_psi is not None:
+            self.confidence_psi.labels(*labels).set(state.confidence_psi)
+            self.confidence_drift.labels(*labels).set(1 if state.confidence_drift else 0)
 
     def _report(self, model: str, version: int) -> dict[str, Any]:
         """The controller's and the audit's part of a quality report."""
@@ -272,8 +285,12 @@ class EdgeService:
         if budget is not None and budget.controlled:
             out["budget_rows_s"] = budget.rows_per_s
         auditor = self.auditors.get((model, version))
-        if auditor is not None and auditor.audited:
-            state = auditor.state()
+        state = auditor.state() if auditor is not None else None
+        if state is not None and state.confidence_psi is not None:
+            out |= {"confidence_psi": state.confidence_psi,
+                    "confidence_drift": state.confidence_drift}
+            self._export_confidence((model, str(version)), state)
+        if auditor is not None and state is not None and auditor.audited:
             out |= {"audit_rows": state.rows, "audit_agreement": state.agreement,
                     "audit_interval": state.interval, "drift": state.drift}
             if state.expected is not None:
@@ -292,6 +309,10 @@ class EdgeService:
                 notes.append(f"drift: {model} v{version} agrees with the center on "
                              f"{state.agreement:.1%} ± {state.interval:.1%} of audited rows, "
                              f"calibration predicts {state.expected:.1%}")
+            if state.confidence_drift and state.confidence_psi is not None:
+                notes.append(f"drift: {model} v{version} edge confidences moved from the "
+                             f"calibration split's (PSI {state.confidence_psi:.2f} over the "
+                             f"last rows)")
         return notes
 
     def _finisher(self, manifest: Manifest) -> Finish:

@@ -98,6 +98,10 @@ class EdgeSettings(ServingSettings):
     """Drift alarm: live agreement this many standard deviations below what the calibration
     split predicts for the same rows."""
 
+    drift_psi: float = Field(default=0.05, gt=0)
+    """Confidence drift: the last 2,000 rows' edge confidences must differ from the calibration
+    split's by at least this population stability index (and significantly, p < 0.001)."""
+
     audit_in_flight: int = Field(default=4, ge=1, le=256)
     """Audit calls to the center at once; audit rows beyond them are skipped, never queued."""
 

@@ -20,7 +20,7 @@ from registry.db import now, transaction
 STATES = ("DOWNLOADING", "ACTIVE", "FAILED", "REFUSED")
 CASCADE = ("capacity_rows_s", "threshold", "budget_rows_s", "shed_rate", "degraded_rate",
            "audit_rows", "audit_agreement", "audit_expected", "audit_interval", "drift",
-           "estimated_accuracy", "accuracy_interval")
+           "estimated_accuracy", "accuracy_interval", "confidence_psi", "confidence_drift")
 """Report fields about the cascade controller and the live audit (docs/cascade.md)."""
 REFUSED = "refused:"
 """Prefix of the stored reason of a release the node refused (its state is recorded as FAILED)."""

@@ -252,7 +252,15 @@ def _cascade_cells(r: dict[str, Any]) -> list[str]:
             pct(r["escalation_rate"]) if edge else "-",
             pct(r.get("shed_rate")) if edge else "-", agreement,
             pct(r.get("audit_expected")) if audited and r.get("audit_expected") else "-",
-            accuracy, ("[red]DRIFT[/]" if r.get("drift") else "no") if audited else "-"]
+            accuracy, _drift(r) if edge else "-"]
+
+
+def _drift(r: dict[str, Any]) -> str:
+    kinds = [kind for kind, key in (("agreement", "drift"), ("confidence", "confidence_drift"))
+             if r.get(key)]
+    psi = r.get("confidence_psi")
+    seen = f" (PSI {psi:.2f})" if psi else ""
+    return (f"[red]{' + '.join(kinds)}[/]" if kinds else "no") + seen
 
 
 def status_tables(console: Console, rows: list[dict[str, Any]]) -> None:

@@ -26,6 +26,10 @@ QUALITY = {  # report field -> (series, help, scale)
     "audit_expected": ("audit_expected_agreement", "Agreement the calibration predicts for "
                        "the same rows", 1.0),
     "drift": ("drift", "1 while an edge's audit says its traffic drifted", 1.0),
+    "confidence_psi": ("confidence_psi", "PSI of an edge's recent confidences against the "
+                       "calibration split's", 1.0),
+    "confidence_drift": ("confidence_drift", "1 while an edge's confidences have shifted",
+                         1.0),
     "estimated_accuracy": ("estimated_accuracy", "Live cascade accuracy estimated from the "
                            "audit", 1.0),
     "fidelity": ("fidelity", "Top-1 agreement with the fp32 reference on the release probe, "

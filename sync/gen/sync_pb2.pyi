@@ -83,7 +83,7 @@ class Bucket(_message.Message):
     def __init__(self, le: _Optional[float] = ..., count: _Optional[int] = ...) -> None: ...
 
 class QualityReport(_message.Message):
-    __slots__ = ("model", "version", "window_s", "requests", "rows", "escalation_rate", "degraded_rate", "confidence", "mean_tokens", "tokens", "length_drift", "p50_ms", "p99_ms", "fidelity", "capacity_rows_s", "threshold", "budget_rows_s", "shed_rate", "audit_rows", "audit_agreement", "audit_expected", "audit_interval", "drift", "estimated_accuracy", "accuracy_interval")
+    __slots__ = ("model", "version", "window_s", "requests", "rows", "escalation_rate", "degraded_rate", "confidence", "mean_tokens", "tokens", "length_drift", "p50_ms", "p99_ms", "fidelity", "capacity_rows_s", "threshold", "budget_rows_s", "shed_rate", "audit_rows", "audit_agreement", "audit_expected", "audit_interval", "drift", "estimated_accuracy", "accuracy_interval", "confidence_psi", "confidence_drift")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     WINDOW_S_FIELD_NUMBER: _ClassVar[int]
@@ -109,6 +109,8 @@ class QualityReport(_message.Message):
     DRIFT_FIELD_NUMBER: _ClassVar[int]
     ESTIMATED_ACCURACY_FIELD_NUMBER: _ClassVar[int]
     ACCURACY_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_PSI_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_DRIFT_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     window_s: float
@@ -134,7 +136,9 @@ class QualityReport(_message.Message):
     drift: bool
     estimated_accuracy: float
     accuracy_interval: float
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., window_s: _Optional[float] = ..., requests: _Optional[int] = ..., rows: _Optional[int] = ..., escalation_rate: _Optional[float] = ..., degraded_rate: _Optional[float] = ..., confidence: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., mean_tokens: _Optional[float] = ..., tokens: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., length_drift: _Optional[float] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., fidelity: _Optional[float] = ..., capacity_rows_s: _Optional[float] = ..., threshold: _Optional[float] = ..., budget_rows_s: _Optional[float] = ..., shed_rate: _Optional[float] = ..., audit_rows: _Optional[int] = ..., audit_agreement: _Optional[float] = ..., audit_expected: _Optional[float] = ..., audit_interval: _Optional[float] = ..., drift: _Optional[bool] = ..., estimated_accuracy: _Optional[float] = ..., accuracy_interval: _Optional[float] = ...) -> None: ...
+    confidence_psi: float
+    confidence_drift: bool
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., window_s: _Optional[float] = ..., requests: _Optional[int] = ..., rows: _Optional[int] = ..., escalation_rate: _Optional[float] = ..., degraded_rate: _Optional[float] = ..., confidence: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., mean_tokens: _Optional[float] = ..., tokens: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., length_drift: _Optional[float] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., fidelity: _Optional[float] = ..., capacity_rows_s: _Optional[float] = ..., threshold: _Optional[float] = ..., budget_rows_s: _Optional[float] = ..., shed_rate: _Optional[float] = ..., audit_rows: _Optional[int] = ..., audit_agreement: _Optional[float] = ..., audit_expected: _Optional[float] = ..., audit_interval: _Optional[float] = ..., drift: _Optional[bool] = ..., estimated_accuracy: _Optional[float] = ..., accuracy_interval: _Optional[float] = ..., confidence_psi: _Optional[float] = ..., confidence_drift: _Optional[bool] = ...) -> None: ...
 
 class NodeMessage(_message.Message):
     __slots__ = ("hello", "ack", "report")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edge.audit import Auditor, wilson
+from edge.audit import Auditor, chi2_critical, wilson
 from serving.manifest import AgreementBin, Calibration
 
 BINS = [AgreementBin(0.7, 100, 0.80, 0.3), AgreementBin(0.9, 100, 0.95, 0.2),
@@ -84,3 +84,32 @@ def test_pick_samples_about_its_share() -> None:
     picked = sum(len(a.pick(100)) for _ in range(1000))
     assert 700 <= picked <= 1300
     assert auditor(share=0.0).pick(100) == []
+
+
+def test_chi2_critical_is_close_to_the_table() -> None:
+    assert chi2_critical(9) == pytest.approx(27.877, rel=0.02)
+    assert chi2_critical(2) == pytest.approx(13.816, rel=0.05)
+
+
+def test_confidences_like_the_calibration_split_raise_no_alarm_and_shifted_ones_do() -> None:
+    rng = np.random.default_rng(5)
+    # the calibration's bins hold equal shares: (.., 0.7], (0.7, 0.9], (0.9, 1.0]
+    def like_calibration(n: int) -> np.ndarray:
+        return np.choose(rng.integers(0, 3, n), [rng.uniform(0.5, 0.7, n),
+                                                 rng.uniform(0.7, 0.9, n),
+                                                 rng.uniform(0.9, 1.0, n)])
+    alarms = 0
+    for _ in range(100):
+        a = auditor()
+        a.observe(like_calibration(2000))
+        state = a.state()
+        assert state.confidence_psi is not None and state.confidence_psi < 0.01
+        alarms += state.confidence_drift
+    assert alarms <= 1
+    a = auditor()
+    a.observe(like_calibration(400))
+    assert a.state().confidence_psi is None  # too few rows for a verdict
+    a.observe(rng.uniform(0.5, 0.7, 1600))  # inputs the edge is unsure about
+    state = a.state()
+    assert state.confidence_drift and state.confidence_psi > 0.3  # type: ignore[operator]
+    assert not state.drift  # nothing audited: agreement says nothing
