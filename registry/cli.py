@@ -335,7 +335,8 @@ def cascade_cmd(ctx: Context, name: str, mode: str | None, capacity: float | Non
         raise click.UsageError("--capacity and --measured contradict each other")
     catalog = ctx.catalog
     check_name(name)
-    policy = budgets.policies(catalog.db).get(name, budgets.Policy())
+    policy = budgets.policies(catalog.db).get(name, budgets.Policy(
+        split=ctx.settings.budget_split))
     if mode or capacity is not None or measured or split:
         policy = budgets.set_policy(catalog.db, catalog.anchor, ctx.settings.actor, name,
                                     budgets.Policy(

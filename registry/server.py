@@ -288,7 +288,8 @@ class SyncService(pb_grpc.SyncServicer):
     def rebalance(self, model: str) -> None:
         """Recompute ``model``'s escalation budgets; push those that moved enough."""
         seen = self.seen.get(model, {})
-        found = budgets.split(self.policies.get(model, Policy()), list(seen.values()),
+        policy = self.policies.get(model, Policy(split=self.settings.budget_split))
+        found = budgets.split(policy, list(seen.values()),
                               time.monotonic(), 3 * self.settings.report_interval_s)
         for node_id, budget in found.items():
             session = self.sessions.get(node_id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import getpass
 import socket
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -82,6 +83,11 @@ class RegistrySettings(ConsulSettings):
 
     report_interval_s: float = Field(default=10.0, gt=0)
     """How often subscribers send quality reports (told to them on connect)."""
+
+    budget_split: Literal["traffic", "equal"] = "traffic"
+    """How ``registry serve`` splits the centers' capacity over the edges when a model has no
+    policy of its own (``registry cascade MODEL --split``): by each edge's traffic, or
+    equally."""
 
     actor: str = Field(default_factory=_default_actor)
     """Who the audit log names for changes made from this process (default ``user@host``)."""

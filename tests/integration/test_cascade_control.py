@@ -151,6 +151,20 @@ def test_budgets_follow_a_change_of_capacity_and_policy_changes_are_audited(
     assert json.loads(records[0]["payload"])["to"]["capacity_rows_s"] == 8
 
 
+def test_a_center_joining_and_leaving_moves_the_budgets(fleet: Fleet, tmp_path: Path) -> None:
+    with traffic(fleet.edges, [20, 20]):
+        wait_for(lambda: near(CAPACITY)(fleet), 30, "budgets at the first center's capacity")
+        second = start("center", tmp_path / "center-2", tmp_path, "--registry",
+                       fleet.registry.target, *SYNC, "--capacity-rows-s", "20",
+                       registry_secret=TOKEN, timeout=90)
+        try:
+            wait_for(lambda: _serves(second) and near(CAPACITY + 20)(fleet), 60,
+                     "budgets growing with the second center")
+        finally:
+            second.stop()
+        wait_for(lambda: near(CAPACITY)(fleet), 30, "budgets back once it left")
+
+
 def test_rows_over_budget_are_answered_by_the_edge_marked_shed(fleet: Fleet) -> None:
     edge = fleet.edges[0]
     fleet.cli("cascade", "tiny", "--capacity", "0.5")
