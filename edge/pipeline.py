@@ -280,10 +280,10 @@ class EdgeService:
         out: dict[str, Any] = {}
         found = self.controllers.get(model)
         budget = self.budgets.get(model)
-        if found is not None:
+        if found is not None:  # the controller runs here: its threshold and what it holds to
             out["threshold"] = found.threshold()
-        if budget is not None and budget.controlled:
-            out["budget_rows_s"] = budget.rows_per_s
+            if budget is not None and budget.controlled:
+                out["budget_rows_s"] = budget.rows_per_s
         auditor = self.auditors.get((model, version))
         state = auditor.state() if auditor is not None else None
         if state is not None and state.confidence_psi is not None:

@@ -23,6 +23,7 @@ CONFIDENCE_BUCKETS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, math.inf)
 MAX_LATENCIES = 20_000  # per window; enough for a p99, bounded memory
 THROUGHPUT_S = 60.0  # a center's capacity is measured over its last minute of batches
 MIN_COMPUTE_S = 0.2  # ... once they took at least this much compute
+MAX_BATCHES = 50_000  # and at most this many batches of it (bounded memory)
 
 Source = Callable[[str, int], dict[str, Any]]
 """More fields for one model version's report (the edge's controller and audit, say)."""
@@ -38,13 +39,15 @@ class Throughput:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self._batches: deque[tuple[float, int, float]] = deque()
+        self._batches: deque[tuple[float, int, float]] = deque(maxlen=MAX_BATCHES)
         self._seconds = 0.0
         self._lock = threading.Lock()
 
     def add(self, rows: int, seconds: float) -> None:
         with self._lock:
             now = self.clock()
+            if len(self._batches) == MAX_BATCHES:  # the oldest falls out: keep the sum right
+                self._seconds -= self._batches[0][2]
             self._batches.append((now, rows, seconds))
             self._seconds += seconds
             while self._batches and self._batches[0][0] < now - THROUGHPUT_S:

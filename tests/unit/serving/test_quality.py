@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from serving.quality import QualityWindow, psi
 
@@ -39,3 +40,29 @@ def test_length_drift_compares_with_what_the_node_saw_before() -> None:
     assert q.drain()[0]["length_drift"] < 0.01
     q.rows("m", 1, [200] * 100, ["edge"] * 100)
     assert q.drain()[0]["length_drift"] > 1.0
+
+
+def test_throughput_fits_a_fixed_and_a_per_row_cost_and_forgets_old_batches() -> None:
+    from serving.quality import THROUGHPUT_S, Throughput
+
+    now = [0.0]
+    t = Throughput(clock=lambda: now[0])
+    assert t.rows_per_s() is None
+    for rows in (1, 1, 1, 1, 1):
+        t.add(rows, 0.1)
+    assert t.rows_per_s(32, 0.5) == pytest.approx(10.0)  # one size: all per-row cost
+    for rows in (2, 4, 8):
+        t.add(rows, 0.1 * rows)
+    assert t.rows_per_s(32, 0.35) == pytest.approx(10.0, rel=0.01)  # 3 rows fit 0.35 s
+    now[0] = THROUGHPUT_S + 10
+    for _ in range(10):
+        t.add(4, 0.1)  # a faster model now: only the last minute counts
+    assert t.rows_per_s(4) == pytest.approx(40.0, rel=0.01)
+
+
+def test_idle_served_versions_still_report_and_sources_add_fields() -> None:
+    window = QualityWindow()
+    window.sources.append(lambda model, version: {"capacity_rows_s": 12.5})
+    (report,) = window.drain([("m", 3)])
+    assert report["model"] == "m" and report["rows"] == 0 and report["capacity_rows_s"] == 12.5
+    assert report["shed_rate"] == 0.0
