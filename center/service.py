@@ -32,7 +32,7 @@ class CenterService:
         store = ModelStore(settings.store, node_verifier(settings.release_key, "center"))
         self.repository = Repository(store, "center", load, settings, self.metrics,
                                      finisher=lambda _: classify.softmax)
-        self.metrics.quality.sources.append(self._report)
+        self.metrics.quality.add_source(self._report, idle=True)  # capacity, also idle
 
     def capacity(self, model: str, version: int) -> float | None:
         """Rows per second this center offers to escalations of ``model``: the setting, else

@@ -92,7 +92,7 @@ class EdgeService:
         self.auditors: dict[tuple[str, int], Auditor] = {}
         self.budgets: dict[str, Budget] = {}  # the registry's latest, per model
         self._audits: set[asyncio.Task[None]] = set()
-        self.metrics.quality.sources.append(self._report)
+        self.metrics.quality.add_source(self._report)
 
     async def infer(self, resident: Resident, parsed: v2.Parsed) -> v2.InferResponse:
         m = resident.manifest

@@ -102,6 +102,7 @@ class QualityWindow:
         self._baselines: dict[tuple[str, int], np.ndarray] = {}
         self._started = time.monotonic()
         self.sources: list[Source] = []
+        self.idle_sources: list[Source] = []
 
     def _window(self, model: str, version: int) -> _Window:
         return self._windows.setdefault((model, version), _Window())
@@ -125,22 +126,36 @@ class QualityWindow:
         with self._lock:
             self._window(model, version).confidence += _counts(values, CONFIDENCE_BUCKETS)
 
+    def add_source(self, source: Source, idle: bool = False) -> None:
+        """Fields ``source`` adds to each report; with ``idle``, also to a report of a served
+        version that saw no traffic in the window (sent only when such a source has something
+        to say: a center's capacity must stay visible while no edge escalates, but an idle
+        edge's last traffic report should not be replaced by an empty one)."""
+        self.sources.append(source)
+        if idle:
+            self.idle_sources.append(source)
+
     def drain(self, served: Sequence[tuple[str, int]] = ()) -> list[dict[str, Any]]:
-        """One report per model version seen since the last drain, and per ``served`` one
-        (an idle window: a center still reports its capacity, an idle edge its zero traffic);
-        starts a new window."""
+        """One report per model version seen since the last drain, and per idle ``served`` one
+        that an idle source adds fields to; starts a new window."""
         with self._lock:
             windows, self._windows = self._windows, {}
-            for key in served:
-                windows.setdefault(key, _Window())
+            idle = sorted(set(served) - set(windows))
             now = time.monotonic()
             span, self._started = now - self._started, now
-        reports = [self._report(model, version, w, span)
-                   for (model, version), w in sorted(windows.items())]
-        for report in reports:
+        reports = []
+        for (model, version), w in sorted(windows.items()):
+            report = self._report(model, version, w, span)
             for source in self.sources:
-                report |= source(report["model"], report["version"])
-        return reports
+                report |= source(model, version)
+            reports.append(report)
+        for model, version in idle:
+            extra: dict[str, Any] = {}
+            for source in self.idle_sources:
+                extra |= source(model, version)
+            if extra:
+                reports.append(self._report(model, version, _Window(), span) | extra)
+        return sorted(reports, key=lambda r: (r["model"], r["version"]))
 
     def _report(self, model: str, version: int, w: _Window, span: float) -> dict[str, Any]:
         rows = sum(w.tiers.values())

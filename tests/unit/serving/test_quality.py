@@ -60,9 +60,14 @@ def test_throughput_fits_a_fixed_and_a_per_row_cost_and_forgets_old_batches() ->
     assert t.rows_per_s(4) == pytest.approx(40.0, rel=0.01)
 
 
-def test_idle_served_versions_still_report_and_sources_add_fields() -> None:
+def test_idle_versions_report_only_what_an_idle_source_says() -> None:
     window = QualityWindow()
-    window.sources.append(lambda model, version: {"capacity_rows_s": 12.5})
+    window.add_source(lambda model, version: {"threshold": 0.7})  # an edge's: traffic only
+    assert window.drain([("m", 3)]) == []  # idle edge: its last traffic report stands
+    window.add_source(lambda model, version: {"capacity_rows_s": 12.5}, idle=True)
     (report,) = window.drain([("m", 3)])
     assert report["model"] == "m" and report["rows"] == 0 and report["capacity_rows_s"] == 12.5
-    assert report["shed_rate"] == 0.0
+    assert "threshold" not in report and report["shed_rate"] == 0.0
+    window.rows("m", 3, [5, 6], ["edge", "edge-shed"])
+    (busy,) = window.drain([("m", 3)])
+    assert busy["threshold"] == 0.7 and busy["shed_rate"] == 0.5
