@@ -138,7 +138,7 @@ def test_single_torchscript_file(registry_cli: RegistryCli, tiny_release: Path) 
                                        "escalation_rate": None, "center_accuracy": None,
                                        "edge_accuracy": None, "cascade_accuracy": None,
                                        "tolerance": None, "confidence": None, "rows": 0,
-                                       "curve": []}
+                                       "curve": [], "agreement": []}
     assert manifest["fidelity"]["inputs"] == "generated"
     assert manifest["fidelity"]["rows"] == generated_inputs().rows
     assert manifest["inputs"][0] == {"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]}
