@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from serving.manifest import Calibration
+from serving.quality import psi
 
 Z95 = 1.959964
 CONFIDENCE_WINDOW = 2000  # rows reaching the gate the confidence test looks at
@@ -88,12 +89,15 @@ class Auditor:
         self._rng = np.random.default_rng(seed)
         self.kept_share = 1.0  # share of rows the edge answers itself (moving average)
         self.audited = 0  # rows compared since start
-        self.failed = 0  # audit calls no center answered
 
     @property
     def baseline(self) -> bool:
         """Whether the release carries the calibration's agreement baseline."""
         return len(self._edges) > 0
+
+    def _bin(self, confidence: np.ndarray) -> np.ndarray:
+        """The calibration bin of each confidence (the last bin takes anything above it)."""
+        return np.searchsorted(self._edges, confidence, side="left").clip(0, len(self._edges) - 1)
 
     def pick(self, rows: int) -> list[int]:
         """Which of ``rows`` rows the edge answered itself go to the audit."""
@@ -106,7 +110,7 @@ class Auditor:
         """Rows that reached the gate: their edge confidence (for the confidence drift)."""
         if not self.baseline or not len(confidence):
             return
-        at = np.searchsorted(self._edges, confidence, side="left").clip(0, len(self._edges) - 1)
+        at = self._bin(confidence)
         with self._lock:
             self._seen.extend(at.tolist())
             self._seen_counts += np.bincount(at, minlength=len(self._edges))
@@ -120,10 +124,8 @@ class Auditor:
             return None, False
         expected = self._shares * n
         chi2 = float((((counts - expected) ** 2) / np.maximum(expected, 1e-9)).sum())
-        p = np.maximum(counts / n, 1e-4)
-        q = np.maximum(self._shares, 1e-4)
-        psi = float(((p - q) * np.log(p / q)).sum())
-        return psi, chi2 > chi2_critical(len(counts) - 1) and psi >= self.psi_floor
+        shift = psi(counts, self._shares)
+        return shift, chi2 > chi2_critical(len(counts) - 1) and shift >= self.psi_floor
 
     def traffic(self, rows: int, kept: int) -> None:
         """A request's rows, ``kept`` of them answered by the edge (any edge tier)."""
@@ -135,7 +137,7 @@ class Auditor:
     def record(self, confidence: np.ndarray, edge: np.ndarray, center: np.ndarray) -> None:
         """Audited rows: edge confidence, edge and center answers (class indices)."""
         if self.baseline:
-            at = np.searchsorted(self._edges, confidence, side="left").clip(0, len(self._edges) - 1)
+            at = self._bin(confidence)
             expected, gain = self._agreement[at], self._gain[at]
         else:
             expected = gain = np.full(len(confidence), math.nan)

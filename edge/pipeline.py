@@ -255,8 +255,7 @@ class EdgeService:
                      rows: list[np.ndarray], confidence: np.ndarray, edge: np.ndarray) -> None:
         try:
             answer = await self.center.classify(m.name, texts, rows, None, len(m.labels))
-        except CenterUnavailable:
-            auditor.failed += len(rows)
+        except CenterUnavailable:  # no center: nothing to compare, the row is not counted
             return
         auditor.record(confidence, edge, answer.probabilities.argmax(axis=1))
         labels = (m.name, str(m.version))
