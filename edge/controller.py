@@ -123,12 +123,9 @@ class Controller:
                                self._tokens + (now - self._refilled) * self.budget.rows_per_s)
         self._refilled = now
 
-    def rate(self) -> float:
-        """Rows per second reaching the gate, over the last ``horizon_s`` (at least 1 s)."""
-        with self._lock:
-            return self._rate(self.clock())
-
     def _rate(self, now: float) -> float:
+        """Rows per second reaching the gate, over the last ``horizon_s`` (at least 1 s); under
+        the lock."""
         while self._arrivals and self._arrivals[0][0] < now - self.horizon_s:
             self._arrived -= self._arrivals.popleft()[1]
         span = min(self.horizon_s, max(now - self._started, 1.0))

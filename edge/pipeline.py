@@ -284,12 +284,14 @@ class EdgeService:
             if budget is not None and budget.controlled:
                 out["budget_rows_s"] = budget.rows_per_s
         auditor = self.auditors.get((model, version))
-        state = auditor.state() if auditor is not None else None
-        if state is not None and state.confidence_psi is not None:
+        if auditor is None:
+            return out
+        state = auditor.state()
+        if state.confidence_psi is not None:
             out |= {"confidence_psi": state.confidence_psi,
                     "confidence_drift": state.confidence_drift}
             self._export_confidence((model, str(version)), state)
-        if auditor is not None and state is not None and auditor.audited:
+        if auditor.audited:
             out |= {"audit_rows": state.rows, "audit_agreement": state.agreement,
                     "audit_interval": state.interval, "drift": state.drift}
             if state.expected is not None:

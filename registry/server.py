@@ -268,12 +268,10 @@ class SyncService(pb_grpc.SyncServicer):
             return
         data = MessageToDict(report, preserving_proto_field_name=True,
                              always_print_fields_with_no_presence=True)
-        for key in ("version", "requests", "rows"):  # proto JSON writes 64-bit ints as strings
-            data[key] = int(data[key])
+        for key in ("version", "requests", "rows", "audit_rows"):  # proto JSON writes 64-bit
+            data[key] = int(data[key])  # ints as strings
         if not (math.isfinite(report.fidelity) and 0 <= report.fidelity <= 1):
             data["fidelity"] = 0.0
-        for key in ("audit_rows",):
-            data[key] = int(data[key])
         for key, value in data.items():  # proto JSON writes NaN and infinities as strings
             if isinstance(value, str) and key != "model":
                 data[key] = 0.0
