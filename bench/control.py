@@ -426,7 +426,7 @@ def audit_part(f: Fleet, texts: list[str], labels: list[str], quick: bool) -> Au
             found.update(sent=sent, audited=s["audited"], psi=s["psi"],
                          agreement=s["drift"], confidence=s["confidence_drift"])
 
-    before = asyncio.run(_audited(url))
+    before = asyncio.run(audit_now(url))["audited"]
     asyncio.run(closed_loop(url, mixed, 25, drift_check))
     ready = httpx.get(f"{url}/v2/health/ready", timeout=5).json()
     kinds = [k for k in ("agreement", "confidence") if found.get(k)]
@@ -436,9 +436,10 @@ def audit_part(f: Fleet, texts: list[str], labels: list[str], quick: bool) -> Au
                  alarms.get("psi", 0.0), " + ".join(kinds), found.get("psi", 0.0))
 
 
-async def _audited(url: str) -> float:
+async def audit_now(url: str) -> dict[str, float]:
+    """``audit_state`` on a client of its own (between the closed loops)."""
     async with httpx.AsyncClient(timeout=10) as client:
-        return (await audit_state(client, url))["audited"]
+        return await audit_state(client, url)
 
 
 # --- report ----------------------------------------------------------------------------------
@@ -560,7 +561,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 asyncio.run(ramp(f, traffic, rates, args.phase_s))
                 runs[name] = traffic
                 if name == "controller":
-                    state = asyncio.run(_final_audit(f))
+                    state = asyncio.run(audit_now(f.edges[0].url))
                     results["ramp_audit"] = state
         results["phases"] = {name: [asdict(p) for p in phases(t, rates, args.phase_s)]
                              for name, t in runs.items()}
@@ -578,11 +579,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.json is not None:
         args.json.write_text(json.dumps(results | {"audit": asdict(audit)}, indent=2,
                                         default=str))
-
-
-async def _final_audit(f: Fleet) -> dict[str, float]:
-    async with httpx.AsyncClient(timeout=10) as client:
-        return await audit_state(client, f.edges[0].url)
 
 
 def report(show: Shown, args: argparse.Namespace, calibration: dict[str, Any], capacity: float,
