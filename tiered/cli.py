@@ -27,7 +27,7 @@ from serving import discovery
 from serving.discovery import SERVICES
 from serving.flags import options
 from tiered import demo as demo_run
-from tiered import netns
+from tiered import netns, releases
 from tiered.commands import BIN, registry_cli
 from tiered.settings import TieredSettings
 from tiered.sites import Sites
@@ -58,14 +58,16 @@ def cli() -> None:
               help="Seconds to wait for every health check.")
 def up_cmd(http_port: int | None, grpc_port: int | None, consul_port: int | None,
            root: Path | None, otlp_endpoint: str | None, timeout: float) -> None:
-    """Install what is missing, publish the demo if the registry has no release, start Consul
-    (dev), registry serve, a center, two edges (eu, us) and nginx; wait until all are healthy;
-    restart a registry, center or edge that dies; Ctrl-C stops everything."""
+    """Install what is missing, publish the demo if the registry has no release (the full one
+    when it is built, else the quick one, with the full one trained behind and rolled out when
+    done), start Consul (dev), registry serve, a center, two edges (eu, us) and nginx; wait
+    until all are healthy; restart a registry, center or edge that dies; Ctrl-C stops
+    everything."""
     s = settings_from(http_port=http_port, grpc_port=grpc_port, consul_port=consul_port,
                       root=root, otlp_endpoint=otlp_endpoint)
     started = time.monotonic()
     ensure_tools()
-    ensure_release(s)
+    choice = ensure_release(s)
     token = s.registry_token.get_secret_value() if s.registry_token else secrets.token_hex(16)
     stack = Stack(s.root.resolve(), s.registry_home.resolve(), token, s.http_port,
                   s.consul_port, grpc_port=s.grpc_port, tracing=tracing_env(s, os.environ),
@@ -74,6 +76,8 @@ def up_cmd(http_port: int | None, grpc_port: int | None, consul_port: int | None
     def start() -> None:
         stack.up(timeout)
         summary(stack, s, time.monotonic() - started)
+        if choice.train_behind:
+            releases.Behind(stack, s).start()
 
     run_until_stopped(stack, start, "the stack")
 
@@ -140,27 +144,33 @@ def ensure_tools() -> None:
     subprocess.run(["bash", str(script)], check=True)
 
 
-def ensure_release(s: TieredSettings) -> None:
-    """Build the demo release and publish it unless the registry already has the model."""
-    from registry.catalog import Catalog
-    from registry.db import connect
-
-    catalog = Catalog(connect(registry_database(s.registry_home)), "tiered")
-    published = any(m["name"] == s.model and m["production"] for m in catalog.models())
-    catalog.db.conn.close()
+def ensure_release(s: TieredSettings) -> releases.Choice:
+    """Publish the demo release the stack starts on, unless the registry has it already: the
+    full release when it is built, else the quick one (built in under a minute) when nothing
+    is published. Says whether to train the full one behind."""
+    choice = releases.choose(s)
     env = {"PATH": f"{BIN}:/usr/bin:/bin", "REGISTRY_HOME": str(s.registry_home),
            "HOME": str(Path.home())}
-    if published:
+    if choice.start is releases.Start.PUBLISHED:
         # a registry from before signing: the stack's nodes refuse unsigned releases
         subprocess.run(registry_cli(s.registry_home, "sign", s.model), check=True, env=env,
                        stdout=subprocess.DEVNULL)
-        return
-    err.print(f"no {s.model} release in {s.registry_home}: building the demo (first time ~6 "
-              f"min) and publishing it")
-    subprocess.run([str(BIN / "python"), "-m", "examples.sentiment.build", "--out",
-                    str(s.release)], check=True, env=env)
-    subprocess.run(registry_cli(s.registry_home, "publish", str(s.release), "--name", s.model,
-                                "--skip-existing"), check=True, env=env)
+        if choice.train_behind:
+            err.print(f"{s.model}: starting on the quick release; the full one trains behind")
+        return choice
+    if choice.start is releases.Start.FULL:
+        folder = s.release
+        err.print(f"{s.model}: the full demo release is built in {folder}; publishing it "
+                  f"unless it is published already")
+    else:
+        folder = s.quick_release
+        err.print(f"no {s.model} release in {s.registry_home}: building the quick demo release "
+                  f"(under a minute) and publishing it"
+                  + ("; the full one trains behind once the stack is up"
+                     if choice.train_behind else ""))
+    subprocess.run(releases.build_argv(choice.start.value, folder), check=True, env=env)
+    subprocess.run(releases.publish_argv(s, folder), check=True, env=env)
+    return choice
 
 
 def summary(stack: Stack, s: TieredSettings, seconds: float) -> None:
@@ -219,7 +229,7 @@ def sites_cmd(root: Path | None, edge_sites: str, edges_per_site: int, prefix: s
         raise click.BadParameter(str(exc), param_hint="--prefix") from exc
     started = time.monotonic()
     ensure_tools()
-    ensure_release(s)
+    ensure_release(s.model_copy(update={"train_behind": False}))
     token = s.registry_token.get_secret_value() if s.registry_token else secrets.token_hex(16)
     sites = Sites(s.root.resolve() / "sites", s.registry_home.resolve(), token,
                   network=network, edge_sites=regions,
@@ -269,8 +279,10 @@ def demo_cmd(url: str | None, rows: int, concurrency: int, region: str | None,
     state = load_state(s.root) or {}
     target = url or state.get("url") or f"http://127.0.0.1:{s.http_port}"
     outcome = asyncio.run(demo_run.run(target, s.model, rows, concurrency, region))
+    home = Path(state.get("registry_home", s.registry_home))
     data = {"url": target, "sent": outcome.sent, "failed": outcome.failed,
-            "accuracy": outcome.accuracy, "rows_by_tier": dict(outcome.rows_by_tier),
+            "accuracy": outcome.accuracy, "by_version": by_version(outcome, s, home),
+            "rows_by_tier": dict(outcome.rows_by_tier),
             "by_node": dict(outcome.by_node), "by_region": dict(outcome.by_region),
             "p50_ms": outcome.percentile(50), "p99_ms": outcome.percentile(99),
             "seconds": outcome.seconds, "errors": dict(outcome.errors)}
@@ -280,6 +292,18 @@ def demo_cmd(url: str | None, rows: int, concurrency: int, region: str | None,
         out.print(demo_view(data))
     if outcome.failed:
         raise SystemExit(1)
+
+
+def by_version(outcome: demo_run.Outcome, s: TieredSettings,
+               home: Path) -> dict[str, dict[str, Any]]:
+    """Which release answered: rows and accuracy per model version, and whether the version is
+    the demo's quick or full release (read from the registry at ``home`` where it is here)."""
+    versions = [int(v) for v in outcome.by_version if v.isdigit()]
+    kinds = (releases.kinds(s.model_copy(update={"registry_home": home}), versions)
+             if registry_database(home).is_file() else {})  # else: --url of another machine
+    return {v: {"rows": n, "accuracy": outcome.correct_by_version[v] / n,
+                "release": kinds.get(int(v)) if v.isdigit() else None}
+            for v, n in sorted(outcome.by_version.items())}
 
 
 @cli.command("status")
@@ -318,6 +342,8 @@ def status_cmd(as_json: bool, of_sites: bool) -> None:
         click.echo(json.dumps(rows, indent=2))
         return
     out.print(status_view(rows, consul, out.width))
+    for what, note in state.get("notes", {}).items():  # e.g. the full release trained behind
+        out.print(f"{what}: {note['state']} (since {note['since']}): {note['detail']}")
 
 
 def consul_headers(state: dict[str, Any]) -> dict[str, str]:

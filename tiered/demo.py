@@ -22,6 +22,8 @@ class Outcome:
     rows_by_tier: Counter[str] = field(default_factory=Counter)
     by_node: Counter[str] = field(default_factory=Counter)
     by_region: Counter[str] = field(default_factory=Counter)
+    by_version: Counter[str] = field(default_factory=Counter)  # model version that answered
+    correct_by_version: Counter[str] = field(default_factory=Counter)
     latencies_ms: list[float] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
@@ -81,7 +83,11 @@ async def _worker(client: httpx.AsyncClient, model: str,
             continue
         answer = response.json()
         outputs = {o["name"]: o["data"] for o in answer["outputs"]}
-        outcome.correct += outputs["label"][0] == label
+        correct = outputs["label"][0] == label
+        version = str(answer.get("model_version", "?"))
+        outcome.correct += correct
+        outcome.by_version[version] += 1
+        outcome.correct_by_version[version] += correct
         outcome.rows_by_tier[outputs["tier"][0]] += 1
         parameters = answer.get("parameters", {})
         outcome.by_node[str(parameters.get("node_id", "?"))] += 1

@@ -35,7 +35,15 @@ class TieredSettings(BaseSettings):
     """The model the stack serves; built from the demo and published if the registry lacks it."""
 
     release: Path = Path("./var/demo/release")
-    """Where the demo release folder is built (make demo's output)."""
+    """Where the full demo release folder is built (make demo's output)."""
+
+    quick_release: Path = Path("./var/demo/quick")
+    """Where the quick demo release folder is built (pretrained MiniLM, logistic heads; under a
+    minute): what a machine without the full release starts on."""
+
+    train_behind: bool = True
+    """Started on the quick release, train the full one at low priority and roll it out when it
+    is done (false: keep serving the quick release)."""
 
     registry_home: Path = Field(default=Path("./var/registry"),
                                 validation_alias=AliasChoices("registry_home", "REGISTRY_HOME"))

@@ -116,11 +116,11 @@ class Sites(Stack):
         return env
 
     def spawn(self, name: str, argv: list[str], port: int | None = None,
-              role: str = "") -> Child:
+              role: str = "", env: dict[str, str] | None = None) -> Child:
         host = self.placement[name]
         if argv[:3] != ["ip", "netns", "exec"]:
             argv = host.argv(*argv)
-        return super().spawn(name, argv, port, role)
+        return super().spawn(name, argv, port, role, env)
 
     # -- building ----------------------------------------------------------------------
 

@@ -41,6 +41,8 @@ STATE = "stack.json"
 
 
 RESTARTED = ("registry", "center", "edge")  # roles the supervisor brings back
+JOB = "job"  # a child that runs to its end (the full release trained behind): never restarted,
+# its exit never stops the stack
 RESTART_DELAY_S = 0.5
 
 
@@ -73,9 +75,12 @@ class Stack:
     tracing: dict[str, str] = field(default_factory=dict)  # OTEL_* variables for the tiers
     echo: Echo | None = None
     children: dict[str, Child] = field(default_factory=dict)
+    notes: dict[str, dict[str, str]] = field(default_factory=dict)  # e.g. the full release
+    # trained behind the quick one: shown by ``tiered status`` (stack.json)
     cancelled: threading.Event = field(default_factory=threading.Event)  # Ctrl-C while starting
     stopping: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _saving: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def consul(self) -> str:
@@ -102,6 +107,8 @@ class Stack:
             env = registry_env(env, self.token, self.tls)
         elif role in ("center", "edge"):
             env = tier_env(env, role, name, self.token, self.tls / "ca.pem") | self.tracing
+        elif role == JOB:
+            env |= {"HOME": str(self.root)}
         consul = self.consul_token or self.consul_tokens.get(CHILD_CONSUL_ROLE.get(role, ""))
         return env | ({"CONSUL_HTTP_TOKEN": consul} if consul else {})
 
@@ -124,12 +131,12 @@ class Stack:
         return time.monotonic() - started
 
     def spawn(self, name: str, argv: list[str], port: int | None = None,
-              role: str = "") -> Child:
+              role: str = "", env: dict[str, str] | None = None) -> Child:
         (self.root / "logs").mkdir(parents=True, exist_ok=True)
         log = self.root / "logs" / f"{name}.log"
         log.touch()
         process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   env=self.env(name, role), cwd=self.root,
+                                   env=self.env(name, role) | (env or {}), cwd=self.root,
                                    start_new_session=True)
         child = Child(name, port or 0, process, log, role, argv)
         assert process.stdout is not None
@@ -271,7 +278,7 @@ class Stack:
     def dead(self) -> list[Child]:
         """Children that exited and are not brought back (Consul, nginx)."""
         return [c for c in self.children.values()
-                if c.role not in RESTARTED and c.process.poll() is not None]
+                if c.role not in (*RESTARTED, JOB) and c.process.poll() is not None]
 
     # -- health ------------------------------------------------------------------------
 
@@ -311,7 +318,7 @@ class Stack:
             if self.cancelled.is_set():
                 raise RuntimeError(f"interrupted while waiting for {what}")
             dead = [c for c in ([child] if child else self.children.values())
-                    if c.process.poll() is not None]
+                    if c.role != JOB and c.process.poll() is not None]
             if dead:
                 raise RuntimeError(f"{dead[0].name} exited with status "
                                    f"{dead[0].process.returncode}; see {dead[0].log}")
@@ -331,10 +338,12 @@ class Stack:
                 "consul_token_file": str(self.consul_token_file) if self.consul_acl else None,
                 "registry_home": str(self.registry_home),
                 "children": {n: {"pid": c.pid, "port": c.port, "role": c.role}
-                             for n, c in self.children.items()}}
+                             for n, c in self.children.items()},
+                "notes": self.notes}
 
     def save(self) -> None:
-        (self.root / STATE).write_text(json.dumps(self.state(), indent=2))
+        with self._saving:  # the supervisor and the release trained behind both save
+            (self.root / STATE).write_text(json.dumps(self.state(), indent=2))
 
     def stop(self) -> None:
         """Newest first: nginx (its renderer stops nginx), edges, centers, registry, Consul."""

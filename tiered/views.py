@@ -103,6 +103,9 @@ def demo_view(d: Mapping[str, Any]) -> Table:
     answered = d["sent"] - d["failed"]
     pairs = [("answered", f"{answered} ({d['failed']} failed {d['errors'] or ''})"),
              ("accuracy", f"{d['accuracy'] * 100:.2f}%")]
+    pairs += [(f"release v{v}" + (f" ({r['release']})" if r.get("release") else ""),
+               f"{r['rows']} answered, accuracy {r['accuracy'] * 100:.2f}%")
+              for v, r in d.get("by_version", {}).items()]
     pairs += [(f"answered by {tier}", f"{n} ({n / max(answered, 1) * 100:.1f}%)")
               for tier, n in sorted(d["rows_by_tier"].items())]
     pairs.append(("latency", f"p50 {d['p50_ms']:.1f} ms, p99 {d['p99_ms']:.1f} ms "

@@ -83,8 +83,7 @@ def build(out: Path, cfg: BuildConfig) -> dict[str, Any]:
     tokenizer = load_tokenizer(encoder.tokenizer_path(), cfg.max_length)
     with _progress() as progress:
         def bar(title: str, total: int) -> Any:
-            task = progress.add_task(title, total=total)
-            return lambda n: progress.advance(task, n)
+            return _advance(progress, title, total)
 
         marker = out / TRAIN_MARKER
         if not (marker.is_file() and marker.read_text().strip() == trained):
@@ -99,6 +98,12 @@ def build(out: Path, cfg: BuildConfig) -> dict[str, Any]:
               **figures}
     cached.write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def is_trained(out: Path, cfg: BuildConfig | None = None) -> bool:
+    """Whether ``out`` holds the models this code trains with these settings."""
+    marker = out / TRAIN_MARKER
+    return marker.is_file() and marker.read_text().strip() == train_key(cfg or BuildConfig())
 
 
 def train(out: Path, cfg: BuildConfig, dataset: data.Dataset, tokenizer: Any,
@@ -153,6 +158,22 @@ def evaluate(out: Path, dataset: data.Dataset, tokenizer: Any, tokenizer_length:
         latency = report.latency(center, run_int8, tokenizer, dataset.test.texts)
     return {**sizes, **latency,
             **report.figures(logits, dataset.val.labels, dataset.test.labels)}
+
+
+def _advance(progress: Progress, title: str, total: int) -> Any:
+    """The bar's advance; where the output is no terminal (a log, ``tiered up``'s prefixed
+    lines), also a plain line at every tenth of the way."""
+    task = progress.add_task(title, total=total)
+    done = 0
+
+    def advance(n: int) -> None:
+        nonlocal done
+        progress.advance(task, n)
+        tenths, done = done * 10 // total, done + n
+        if not console.is_terminal and done * 10 // total > tenths:
+            console.print(f"{title.strip()}: {done}/{total} ({done * 100 // total}%)")
+
+    return advance
 
 
 def _progress() -> Progress:

@@ -1,0 +1,210 @@
+"""Which demo release ``tiered up`` starts on, and the full one it trains behind it.
+
+Serve first, train behind: on a machine without the full demo release, ``tiered up`` builds and
+publishes the quick release (``examples.sentiment.quick``: pretrained MiniLM, logistic heads,
+under a minute), starts the fleet on it, and trains the full release
+(``examples.sentiment.build``, ~12 minutes on 2 cores) in a child process at the lowest CPU
+priority. When that is done it is published like any release and the running fleet rolls it
+out: the registry pushes it, every node verifies, probes and swaps it in without dropping a
+request. A machine whose full release is already built starts on it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+from tiered.commands import BIN, registry_cli
+from tiered.settings import TieredSettings
+from tiered.stack import JOB, Stack
+
+QUICK, FULL = "quick", "full"
+ROLLOUT_TIMEOUT_S = 600.0
+
+
+class Start(Enum):
+    FULL = "full"  # the full release is built: publish it (once) and serve it
+    QUICK = "quick"  # nothing published: publish the quick release, train the full one behind
+    PUBLISHED = "published"  # the registry's production release, whatever it is
+
+
+@dataclass(frozen=True)
+class Choice:
+    start: Start
+    train_behind: bool
+
+
+def choose(s: TieredSettings) -> Choice:
+    """What to start on: the full release when it is built; else what is published (training
+    the full one behind only when that is the quick release); else the quick release."""
+    from examples.sentiment import build
+
+    if build.is_trained(s.release):
+        return Choice(Start.FULL, False)
+    production = production_source(s.registry_home, s.model)
+    if production is None:
+        return Choice(Start.QUICK, s.train_behind)
+    return Choice(Start.PUBLISHED, s.train_behind and production == source_digest(s.quick_release))
+
+
+def production_source(home: Path, model: str) -> str | None:
+    """The source digest of ``model``'s production release in the registry at ``home``."""
+    from registry.catalog import Catalog
+    from registry.db import connect
+    from registry.errors import NotFound
+    from tiered.views import registry_database
+
+    catalog = Catalog(connect(registry_database(home)), "tiered")
+    try:
+        if not any(m["name"] == model and m["production"] for m in catalog.models()):
+            return None
+        return catalog.resolve(model).manifest.source_sha256
+    except NotFound:
+        return None
+    finally:
+        catalog.db.conn.close()
+
+
+def source_digest(folder: Path) -> str | None:
+    """What ``registry publish`` records as a release folder's source digest (None: no such
+    release folder)."""
+    from registry.errors import InvalidRelease
+    from registry.source import load_source
+
+    try:
+        return load_source(folder).digest if (folder / "tiered.json").is_file() else None
+    except InvalidRelease:
+        return None
+
+
+def kinds(s: TieredSettings, versions: list[int]) -> dict[int, str]:
+    """``quick`` or ``full`` for each of ``model``'s versions published from the demo's
+    folders (others are left out)."""
+    from registry.catalog import Catalog
+    from registry.db import connect
+    from registry.errors import NotFound
+    from tiered.views import registry_database
+
+    folders = {d: k for k, d in ((QUICK, source_digest(s.quick_release)),
+                                 (FULL, source_digest(s.release))) if d}
+    found: dict[int, str] = {}
+    catalog = Catalog(connect(registry_database(s.registry_home)), "tiered")
+    try:
+        for version in versions:
+            try:
+                digest = catalog.resolve(s.model, str(version)).manifest.source_sha256
+            except NotFound:
+                continue
+            if digest in folders:
+                found[version] = folders[digest]
+    finally:
+        catalog.db.conn.close()
+    return found
+
+
+def build_argv(kind: str, out: Path) -> list[str]:
+    module = "examples.sentiment.quick" if kind == QUICK else "examples.sentiment.build"
+    return [str(BIN / "python"), "-m", module, "--out", str(out)]
+
+
+def publish_argv(s: TieredSettings, folder: Path) -> list[str]:
+    return registry_cli(s.registry_home, "publish", str(folder), "--name", s.model,
+                        "--skip-existing")
+
+
+class Behind(threading.Thread):
+    """Trains the full release in a child process (``nice -n 19``), publishes it, then follows
+    the rollout in the registry until every node of the stack runs it. Its children are the
+    stack's (logged, echoed with a prefix, stopped by PID with the stack); its progress is in
+    ``stack.json`` for ``tiered status``."""
+
+    def __init__(self, stack: Stack, s: TieredSettings, build: list[str] | None = None,
+                 publish_env: dict[str, str] | None = None) -> None:
+        """``build``: the command that writes the full release into ``s.release`` (default:
+        ``examples.sentiment.build``), run at the lowest CPU priority; ``publish_env``: extra
+        REGISTRY_* settings for its publish."""
+        super().__init__(name="train-behind", daemon=True)
+        self.stack, self.s = stack, s
+        self.build = build or build_argv(FULL, s.release)
+        self.publish_env = publish_env or {}
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except Exception as exc:  # reported; the stack keeps serving
+            self.note("failed", f"{type(exc).__name__}: {exc}")
+
+    def _run(self) -> None:
+        self.note("training", f"the full release, at low priority (log: "
+                              f"{self.stack.root / 'logs' / 'trainer.log'})")
+        build = self.stack.spawn("trainer", ["nice", "-n", "19", *self.build], role=JOB)
+        if build.process.wait() != 0:
+            if not self.stack.stopping.is_set():
+                self.note("failed", f"training exited with status {build.process.returncode}")
+            return
+        self.note("publishing", "the full release")
+        publish = self.stack.spawn("publisher", publish_argv(self.s, self.s.release), role=JOB,
+                                   env=self.publish_env)
+        if publish.process.wait() != 0:
+            if not self.stack.stopping.is_set():
+                self.note("failed", f"publish exited with status {publish.process.returncode}")
+            return
+        version = published_version(self.s)
+        self.note("rolling out", f"version {version}, the full release")
+        started = time.monotonic()
+        while not self.stack.stopping.wait(1.0):
+            behind = self.lagging(version)
+            if not behind:
+                self.note("live", f"version {version}, the full release, on every node in "
+                                  f"{time.monotonic() - started:.0f} s")
+                return
+            if time.monotonic() - started > ROLLOUT_TIMEOUT_S:
+                self.note("stalled", f"version {version} not active on {', '.join(behind)}")
+                return
+
+    def lagging(self, version: int) -> list[str]:
+        """The stack's centers and edges not yet serving ``version``."""
+        from registry.catalog import Catalog
+        from registry.db import connect
+        from registry.nodes import NodeBook
+        from tiered.views import registry_database
+
+        catalog = Catalog(connect(registry_database(self.s.registry_home)), "tiered")
+        try:
+            active = {r["node"] for r in NodeBook(catalog.db).status(catalog)
+                      if r["model"] == self.s.model and r["version"] == version
+                      and r["state"] == "ACTIVE"}
+        finally:
+            catalog.db.conn.close()
+        nodes = [c.name for c in self.stack.children.values() if c.role in ("center", "edge")]
+        return [n for n in nodes if n not in active]
+
+    def note(self, state: str, detail: str) -> None:
+        if self.stack.stopping.is_set():
+            return
+        self.stack.notes["full release"] = {"state": state, "detail": detail,
+                                            "since": time.strftime("%H:%M:%S")}
+        self.stack.save()
+        if self.stack.echo is not None:
+            self.stack.echo("tiered", f"full release: {state}: {detail}")
+
+
+def published_version(s: TieredSettings) -> int:
+    """The version the full release folder was published as (the newest from its source)."""
+    from registry.catalog import Catalog
+    from registry.db import connect
+    from tiered.views import registry_database
+
+    digest = source_digest(s.release)
+    catalog = Catalog(connect(registry_database(s.registry_home)), "tiered")
+    try:
+        rows = catalog.db.execute("SELECT MAX(version) FROM versions WHERE model = ? AND "
+                                  "source_sha256 = ?", [s.model, digest]).fetchone()
+    finally:
+        catalog.db.conn.close()
+    if not rows or rows[0] is None:
+        raise RuntimeError(f"the registry has no {s.model} version from {s.release}")
+    return int(rows[0])
