@@ -4,7 +4,7 @@ BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO  := var/demo/release
 
-.PHONY: up sites demo serve bench test compose-test sites-test test-fast lint typecheck check clean
+.PHONY: up sites demo serve bench test compose-test sites-test demo-test test-fast lint typecheck check clean
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh scripts/install_tools.sh
 	bash scripts/bootstrap.sh
@@ -63,6 +63,12 @@ compose-test: demo
 ## tiny releases); not part of `make test`
 sites-test: $(STAMP)
 	$(BIN)/python -m pytest tests/sites --sites -s -p no:cacheprovider
+
+## demo-test: make up on a fresh registry, end to end with the real demo release: the quick
+## release answers first, the full one is trained behind (~12 min), published and rolled out
+## under load with no failed request; prints the timings (~20 min); not part of `make test`
+demo-test: $(STAMP)
+	$(BIN)/python -m pytest tests/demo --demo -s -p no:cacheprovider
 
 ## test-fast: skip the slow tests
 test-fast: $(STAMP)

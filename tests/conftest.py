@@ -21,6 +21,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--containers", action="store_true", default=False,
                      help="run the container tests (build every image, run the compose stack "
                           "on a private dockerd; root, 3-5 min): make compose-test")
+    parser.addoption("--demo", action="store_true", default=False,
+                     help="run the full demo release end to end (make up on a fresh registry: "
+                          "the quick release first, the full one trained behind and rolled "
+                          "out under load; ~20 min): make demo-test")
     parser.addoption("--sites", action="store_true", default=False,
                      help="run the sites test (three sites as network namespaces, partitions "
                           "1-5 under load; root, ~4 min): make sites-test")
@@ -28,6 +32,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 OPT_IN = {"containers": "builds every image and runs the compose stack on a private dockerd "
                         "(3-5 min): make compose-test",
+          "demo": "trains the full demo release behind the quick one and rolls it out under "
+                  "load (~20 min): make demo-test",
           "sites": "three sites as network namespaces, partitions 1-5 under load (root, "
                    "~4 min): make sites-test"}
 
