@@ -17,6 +17,7 @@ from serving.flags import options
 from serving.httpserver import AdoptingServer, GatheringHttpToolsProtocol
 from serving.logs import configure
 from serving.process import Process
+from serving.quality_pool import QualityPool
 from serving.rpc import GrpcTransport
 from serving.signing import SigningError
 
@@ -49,6 +50,7 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
             process.node.primary = False
         elif s.grpc_port:
             process.transports.append(GrpcTransport(process.plane, s))
+        _pool_quality(process, worker)
         app = create_app(process.plane, process)
         tracing.configure(f"tiered-{name}", s.node_id)  # OTEL_* variables; off when unset
         # uvicorn owns SIGINT/SIGTERM: it stops accepting, drains in-flight requests (up to the
@@ -71,6 +73,19 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
                             f"Protocol V2 over HTTP and gRPC).",
                             context_settings={"help_option_names": ["-h", "--help"]})
     return options(settings_cls)(command)
+
+
+def _pool_quality(process: Process, worker: int | None) -> None:
+    """With several workers, worker 0's quality reports count every worker's traffic."""
+    folder = workers.shared_folder()
+    if worker is None or folder is None:
+        return
+    pool = QualityPool(folder / "quality", worker)
+    quality = process.plane.metrics.quality
+    if worker:
+        process.transports.append(pool.shipper(quality))
+    else:
+        quality.inflows.append(pool.take)
 
 
 def _listen(host: str, port: int) -> socket.socket:

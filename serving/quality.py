@@ -103,6 +103,7 @@ class QualityWindow:
         self._started = time.monotonic()
         self.sources: list[Source] = []
         self.idle_sources: list[Source] = []
+        self.inflows: list[Callable[[QualityWindow], None]] = []  # run first in each drain
 
     def _window(self, model: str, version: int) -> _Window:
         return self._windows.setdefault((model, version), _Window())
@@ -138,6 +139,8 @@ class QualityWindow:
     def drain(self, served: Sequence[tuple[str, int]] = ()) -> list[dict[str, Any]]:
         """One report per model version seen since the last drain, and per idle ``served`` one
         that an idle source adds fields to; starts a new window."""
+        for inflow in self.inflows:  # e.g. the other workers' windows (serving/quality_pool.py)
+            inflow(self)
         with self._lock:
             windows, self._windows = self._windows, {}
             idle = sorted(set(served) - set(windows))
@@ -156,6 +159,31 @@ class QualityWindow:
             if extra:
                 reports.append(self._report(model, version, _Window(), span) | extra)
         return sorted(reports, key=lambda r: (r["model"], r["version"]))
+
+    def export(self) -> list[dict[str, Any]]:
+        """The windows as they are (JSON-ready), for another process to :meth:`absorb`;
+        starts new ones."""
+        with self._lock:
+            windows, self._windows = self._windows, {}
+        return [{"model": model, "version": version, "requests": w.requests,
+                 "latencies": w.latencies, "tiers": w.tiers, "tokens": w.tokens.tolist(),
+                 "token_sum": w.token_sum, "confidence": w.confidence.tolist()}
+                for (model, version), w in windows.items()]
+
+    def absorb(self, exported: list[dict[str, Any]]) -> None:
+        """Add windows :meth:`export` gave (another worker's traffic) to this window."""
+        with self._lock:
+            for e in exported:
+                w = self._window(str(e["model"]), int(e["version"]))
+                w.requests += int(e["requests"])
+                room = max(0, MAX_LATENCIES - len(w.latencies))
+                w.latencies.extend(float(x) for x in e["latencies"][:room])
+                for tier, count in e["tiers"].items():
+                    w.tiers[str(tier)] = w.tiers.get(str(tier), 0) + int(count)
+                w.tokens += np.asarray(e["tokens"], np.int64).reshape(w.tokens.shape)
+                w.token_sum += int(e["token_sum"])
+                w.confidence += np.asarray(e["confidence"], np.int64).reshape(
+                    w.confidence.shape)
 
     def _report(self, model: str, version: int, w: _Window, span: float) -> dict[str, Any]:
         rows = sum(w.tiers.values())

@@ -54,6 +54,12 @@ def index() -> int | None:
     return int(value) if value.isdigit() else None
 
 
+def shared_folder() -> Path | None:
+    """The supervisor's private folder the workers share (metrics, quality windows)."""
+    value = os.environ.get(METRICS, "")
+    return Path(value) if value and index() is not None else None
+
+
 def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
