@@ -8,6 +8,7 @@ usually read as a real shift).
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import time
@@ -24,6 +25,7 @@ MAX_LATENCIES = 20_000  # per window; enough for a p99, bounded memory
 THROUGHPUT_S = 60.0  # a center's capacity is measured over its last minute of batches
 MIN_COMPUTE_S = 0.2  # ... once they took at least this much compute
 MAX_BATCHES = 50_000  # and at most this many batches of it (bounded memory)
+SMALL = 32  # values up to which a histogram is counted in Python, not numpy
 
 Source = Callable[[str, int], dict[str, Any]]
 """More fields for one model version's report (the edge's controller and audit, say)."""
@@ -82,6 +84,17 @@ def _counts(values: list[float] | list[int], buckets: tuple[float, ...]) -> np.n
     return np.bincount(np.searchsorted(buckets, values, side="left"), minlength=len(buckets))
 
 
+def _add_counts(counts: np.ndarray, values: list[float] | list[int],
+                buckets: tuple[float, ...]) -> None:
+    """``counts += _counts(values, buckets)``; a request's few rows bisected one by one (the
+    numpy calls cost more than the work below a few dozen values: once per request)."""
+    if len(values) > SMALL:
+        counts += _counts(values, buckets)
+        return
+    for value in values:
+        counts[bisect.bisect_left(buckets, value)] += 1
+
+
 @dataclass
 class _Window:
     requests: int = 0
@@ -118,14 +131,14 @@ class QualityWindow:
     def rows(self, model: str, version: int, lengths: list[int], tiers: list[str]) -> None:
         with self._lock:
             w = self._window(model, version)
-            w.tokens += _counts(lengths, TOKEN_BUCKETS)
+            _add_counts(w.tokens, lengths, TOKEN_BUCKETS)
             w.token_sum += sum(lengths)
             for tier in tiers:
                 w.tiers[tier] = w.tiers.get(tier, 0) + 1
 
     def confidence(self, model: str, version: int, values: list[float]) -> None:
         with self._lock:
-            self._window(model, version).confidence += _counts(values, CONFIDENCE_BUCKETS)
+            _add_counts(self._window(model, version).confidence, values, CONFIDENCE_BUCKETS)
 
     def add_source(self, source: Source, idle: bool = False) -> None:
         """Fields ``source`` adds to each report; with ``idle``, also to a report of a served
