@@ -171,7 +171,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                     f"max_length {release.max_length}, labels {labels}")
         console.log("raw single-row onnxruntime, in-process")
         single = single_row(release, texts, 1.0 if args.quick else 3.0)
-        console.log(f"raw single-row: {single.rows_per_s:.1f} rows/s")
+        # spinning intra-op threads make it the measure most hurt by a busy machine
+        console.log(f"raw single-row: {single.rows_per_s:.1f} rows/s (other processes "
+                    f"{single.other_cores:.2f} cores)")
         plan = Plan(wrk_path, work, bodies, args.duration, warmup, 0)
         multi = Plan(wrk_path, work, write_bodies(texts, work / "bodies-32.jsonl", threshold=0,
                                                   rows=MULTI_ROWS), args.duration, warmup, 0)
