@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -90,6 +91,16 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = 60) -> N
         time.sleep(0.2)
 
 
+def wait_all_ready(server: Server, workers: int = 2) -> None:
+    """Until every worker has started serving (the acceptor hands a worker connections only
+    then; the tier answers ready as soon as one does)."""
+    def started() -> int:
+        return sum(1 for x in server.log.read_text().splitlines()
+                   if '"Application startup complete."' in x)
+
+    wait_for(lambda: started() >= workers, f"{workers} workers to start serving")
+
+
 def test_workers_take_connections_in_turn_restart_and_stop_together(
         stores: Path, tmp_path: Path) -> None:
     server = start("edge", stores / "edge", tmp_path, "--workers", "2", "--cache-size", "0",
@@ -101,6 +112,7 @@ def test_workers_take_connections_in_turn_restart_and_stop_together(
         cores = len(os.sched_getaffinity(0))
         assert f"starting 2 workers, {max(1, cores // 2)} intra-op threads each; one " \
                f"acceptor" in log
+        wait_all_ready(server)
         # four kept-alive connections: two to each worker, each served by one worker only
         keep_alive(server.url, CONNECTIONS, PER_CONNECTION)
         by_connection = workers_by_connection(access_lines(server))
@@ -140,10 +152,13 @@ def test_quality_reports_count_every_workers_traffic(tmp_path: Path, tiny_releas
     registry = start_registry(cli.home, tmp_path, TOKEN,
                               env={"REGISTRY_REPORT_INTERVAL_S": "0.5"})
     try:
+        # a store holding the release already: both workers serve it from the start
+        shutil.copytree(stores / "edge", tmp_path / "edge")
         server = start("edge", tmp_path / "edge", tmp_path, "--workers", "2", "--cache-size",
                        "0", "--registry", registry.target, "--sync-backoff-max-s", "1",
                        registry_secret=TOKEN, env=ENV)
         try:
+            wait_all_ready(server)
             keep_alive(server.url, CONNECTIONS, PER_CONNECTION)
             answered = {x["worker"] for x in access_lines(server)}
             assert answered == {0, 1}
