@@ -92,6 +92,7 @@ class EdgeService:
         self.auditors: dict[tuple[str, int], Auditor] = {}
         self.budgets: dict[str, Budget] = {}  # the registry's latest, per model
         self._audits: set[asyncio.Task[None]] = set()
+        self._tier_counters: dict[tuple[str, int, str], Any] = {}
         self.metrics.quality.add_source(self._report)
 
     async def infer(self, resident: Resident, parsed: v2.Parsed) -> v2.InferResponse:
@@ -126,12 +127,12 @@ class EdgeService:
                  answers: list[Cached], threshold: float, cached: int) -> v2.InferResponse:
         """Merge the rows' answers (in request order) into the response; count them."""
         m = resident.manifest
-        labels = {"model": m.name, "version": str(resident.version)}
         tiers = [a.tier for a in answers]
-        self.cache_hits.labels(**labels).inc(cached)
+        if cached:
+            self.cache_hits.labels(m.name, str(resident.version)).inc(cached)
         self.metrics.quality.rows(m.name, resident.version, [len(r) for r in rows], tiers)
         for tier in set(tiers):
-            self.rows_by_tier.labels(**labels, tier=tier).inc(tiers.count(tier))
+            self._tier_rows(m.name, resident.version, tier).inc(tiers.count(tier))
         parameters: dict[str, Any] = {
             "edge_version": resident.version, "threshold": threshold,
             "escalated": tiers.count("center"), "degraded": tiers.count("edge-degraded"),
@@ -151,6 +152,16 @@ class EdgeService:
         probabilities = (np.stack([a.probabilities for a in answers]) if answers
                          else np.zeros((0, len(m.labels)), dtype=np.float32))
         return classify.response(resident, parsed, probabilities, tiers, parameters)
+
+    def _tier_rows(self, model: str, version: int, tier: str) -> Any:
+        """The ``edge_rows`` child for these labels, looked up once (a labels() call per
+        request was a measurable share of the hot path)."""
+        key = (model, version, tier)
+        found = self._tier_counters.get(key)
+        if found is None:
+            found = self._tier_counters[key] = self.rows_by_tier.labels(model, str(version),
+                                                                        tier)
+        return found
 
     async def _cascade(self, resident: Resident, parsed: v2.Parsed, rows: list[np.ndarray],
                        indices: list[int], threshold: float,

@@ -78,8 +78,10 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
                 span.set(**{"http.response.status_code": status})
                 if status >= 500 or status == 0:
                     span.fail(f"HTTP {status}")
+                client = scope.get("client") or ("", 0)  # which connection: --workers spreads them
                 log.info("%s %s %s", method, scope["path"], status, extra={"fields": {
-                    "status": status, "ms": round((time.perf_counter() - started) * 1000, 2)}})
+                    "status": status, "ms": round((time.perf_counter() - started) * 1000, 2),
+                    "client": f"{client[0]}:{client[1]}"}})
                 request_id.reset(token)
 
     return middleware

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -10,12 +11,13 @@ import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
-from serving import tracing, workers
+from serving import handoff, tracing, workers
 from serving.app import create_app
 from serving.flags import options
-from serving.httpserver import GatheringHttpToolsProtocol
+from serving.httpserver import AdoptingServer, GatheringHttpToolsProtocol
 from serving.logs import configure
 from serving.process import Process
+from serving.quality_pool import QualityPool
 from serving.rpc import GrpcTransport
 from serving.signing import SigningError
 
@@ -36,7 +38,7 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
         configure(name, s.log_level, s.log_file, s.log_max_bytes, s.log_backups)
         worker = workers.index()
         if s.workers > 1 and worker is None:  # the supervisor: N copies of this command
-            raise SystemExit(workers.supervise(s.workers, s.threads))
+            raise SystemExit(workers.supervise(_listen(s.host, s.port), s.workers, s.threads))
         if worker is not None:
             settings = s = settings.model_copy(update={
                 "threads": workers.threads_per_worker(s.threads, s.workers)})
@@ -48,6 +50,7 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
             process.node.primary = False
         elif s.grpc_port:
             process.transports.append(GrpcTransport(process.plane, s))
+        _pool_quality(process, worker)
         app = create_app(process.plane, process)
         tracing.configure(f"tiered-{name}", s.node_id)  # OTEL_* variables; off when unset
         # uvicorn owns SIGINT/SIGTERM: it stops accepting, drains in-flight requests (up to the
@@ -57,14 +60,12 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
                                 log_config=None, access_log=False,
                                 timeout_graceful_shutdown=10, ssl_certfile=s.tls_cert,
                                 ssl_keyfile=s.tls_key)
+        channel = handoff.channel_fd()
         try:
-            sockets = ([workers.reuse_port_socket(s.host, s.port)] if worker is not None
-                       else None)
-        except OSError as exc:
-            raise click.ClickException(f"cannot listen on {s.host}:{s.port}: "
-                                       f"{exc.strerror or exc}") from exc
-        try:
-            uvicorn.Server(config).run(sockets=sockets)
+            if channel is None:
+                uvicorn.Server(config).run()
+            else:  # one of several workers: the supervisor accepts and hands connections on
+                AdoptingServer(config, socket.socket(fileno=channel)).run()
         finally:
             tracing.shutdown()  # the spans still batched go out
 
@@ -72,3 +73,24 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
                             f"Protocol V2 over HTTP and gRPC).",
                             context_settings={"help_option_names": ["-h", "--help"]})
     return options(settings_cls)(command)
+
+
+def _pool_quality(process: Process, worker: int | None) -> None:
+    """With several workers, worker 0's quality reports count every worker's traffic."""
+    folder = workers.shared_folder()
+    if worker is None or folder is None:
+        return
+    pool = QualityPool(folder / "quality", worker)
+    quality = process.plane.metrics.quality
+    if worker:
+        process.transports.append(pool.shipper(quality))
+    else:
+        quality.inflows.append(pool.take)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    try:
+        return workers.listen(host, port)
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {host}:{port}: "
+                                   f"{exc.strerror or exc}") from exc

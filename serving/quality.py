@@ -8,6 +8,7 @@ usually read as a real shift).
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import time
@@ -24,6 +25,7 @@ MAX_LATENCIES = 20_000  # per window; enough for a p99, bounded memory
 THROUGHPUT_S = 60.0  # a center's capacity is measured over its last minute of batches
 MIN_COMPUTE_S = 0.2  # ... once they took at least this much compute
 MAX_BATCHES = 50_000  # and at most this many batches of it (bounded memory)
+SMALL = 32  # values up to which a histogram is counted in Python, not numpy
 
 Source = Callable[[str, int], dict[str, Any]]
 """More fields for one model version's report (the edge's controller and audit, say)."""
@@ -82,6 +84,17 @@ def _counts(values: list[float] | list[int], buckets: tuple[float, ...]) -> np.n
     return np.bincount(np.searchsorted(buckets, values, side="left"), minlength=len(buckets))
 
 
+def _add_counts(counts: np.ndarray, values: list[float] | list[int],
+                buckets: tuple[float, ...]) -> None:
+    """``counts += _counts(values, buckets)``; a request's few rows bisected one by one (the
+    numpy calls cost more than the work below a few dozen values: once per request)."""
+    if len(values) > SMALL:
+        counts += _counts(values, buckets)
+        return
+    for value in values:
+        counts[bisect.bisect_left(buckets, value)] += 1
+
+
 @dataclass
 class _Window:
     requests: int = 0
@@ -103,6 +116,7 @@ class QualityWindow:
         self._started = time.monotonic()
         self.sources: list[Source] = []
         self.idle_sources: list[Source] = []
+        self.inflows: list[Callable[[QualityWindow], None]] = []  # run first in each drain
 
     def _window(self, model: str, version: int) -> _Window:
         return self._windows.setdefault((model, version), _Window())
@@ -117,14 +131,14 @@ class QualityWindow:
     def rows(self, model: str, version: int, lengths: list[int], tiers: list[str]) -> None:
         with self._lock:
             w = self._window(model, version)
-            w.tokens += _counts(lengths, TOKEN_BUCKETS)
+            _add_counts(w.tokens, lengths, TOKEN_BUCKETS)
             w.token_sum += sum(lengths)
             for tier in tiers:
                 w.tiers[tier] = w.tiers.get(tier, 0) + 1
 
     def confidence(self, model: str, version: int, values: list[float]) -> None:
         with self._lock:
-            self._window(model, version).confidence += _counts(values, CONFIDENCE_BUCKETS)
+            _add_counts(self._window(model, version).confidence, values, CONFIDENCE_BUCKETS)
 
     def add_source(self, source: Source, idle: bool = False) -> None:
         """Fields ``source`` adds to each report; with ``idle``, also to a report of a served
@@ -138,6 +152,8 @@ class QualityWindow:
     def drain(self, served: Sequence[tuple[str, int]] = ()) -> list[dict[str, Any]]:
         """One report per model version seen since the last drain, and per idle ``served`` one
         that an idle source adds fields to; starts a new window."""
+        for inflow in self.inflows:  # e.g. the other workers' windows (serving/quality_pool.py)
+            inflow(self)
         with self._lock:
             windows, self._windows = self._windows, {}
             idle = sorted(set(served) - set(windows))
@@ -156,6 +172,31 @@ class QualityWindow:
             if extra:
                 reports.append(self._report(model, version, _Window(), span) | extra)
         return sorted(reports, key=lambda r: (r["model"], r["version"]))
+
+    def export(self) -> list[dict[str, Any]]:
+        """The windows as they are (JSON-ready), for another process to :meth:`absorb`;
+        starts new ones."""
+        with self._lock:
+            windows, self._windows = self._windows, {}
+        return [{"model": model, "version": version, "requests": w.requests,
+                 "latencies": w.latencies, "tiers": w.tiers, "tokens": w.tokens.tolist(),
+                 "token_sum": w.token_sum, "confidence": w.confidence.tolist()}
+                for (model, version), w in windows.items()]
+
+    def absorb(self, exported: list[dict[str, Any]]) -> None:
+        """Add windows :meth:`export` gave (another worker's traffic) to this window."""
+        with self._lock:
+            for e in exported:
+                w = self._window(str(e["model"]), int(e["version"]))
+                w.requests += int(e["requests"])
+                room = max(0, MAX_LATENCIES - len(w.latencies))
+                w.latencies.extend(float(x) for x in e["latencies"][:room])
+                for tier, count in e["tiers"].items():
+                    w.tiers[str(tier)] = w.tiers.get(str(tier), 0) + int(count)
+                w.tokens += np.asarray(e["tokens"], np.int64).reshape(w.tokens.shape)
+                w.token_sum += int(e["token_sum"])
+                w.confidence += np.asarray(e["confidence"], np.int64).reshape(
+                    w.confidence.shape)
 
     def _report(self, model: str, version: int, w: _Window, span: float) -> dict[str, Any]:
         rows = sum(w.tiers.values())

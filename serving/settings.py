@@ -145,7 +145,7 @@ class ServingSettings(ConsulSettings):
     worker; with several, this machine's usable cores divided among them, at least 1)."""
 
     workers: int = Field(default=1, ge=1, le=256)
-    """Serving processes on the one port (SO_REUSEPORT: the kernel spreads connections), each
+    """Serving processes on the one port (one acceptor hands them connections in turn), each
     with its own model session; the first also joins the fleet (Consul, sync, gRPC) and the
     others follow the model store. Metrics are summed across them (/metrics)."""
 

@@ -222,6 +222,14 @@ class Spec:
             return f"{self.workers + 1} (a supervisor + {self.workers} serving workers)"
         return "1"
 
+    @property
+    def serving(self) -> int:
+        """Processes that serve requests (a supervisor that only accepts does not count):
+        the goal compares servers with as many."""
+        if self.kind == "mlserver":
+            return self.workers + 1 if self.workers else 1
+        return max(1, self.workers)
+
 
 @dataclass(frozen=True)
 class Handle:
@@ -461,8 +469,9 @@ class Verdict:
         return self.assessed and self.tiered_errors == 0 and all(v.met for v in self.levels)
 
     def line(self, labels: dict[str, str]) -> str:
-        goal = (f"Goal: {labels[self.tiered]} >= {GOAL_RATIO:g}x the best peer's req/s at "
-                f"equal or lower p99 at every concurrency >= {GOAL_FROM}, zero errors")
+        goal = (f"Goal: {labels[self.tiered]} >= {GOAL_RATIO:g}x the req/s of the best peer "
+                f"with as many serving processes, at equal or lower p99, at every concurrency "
+                f">= {GOAL_FROM}, zero errors")
         if not self.assessed:
             return f"{goal}: not assessed (no run at concurrency >= {GOAL_FROM})"
         parts = [f"c={v.concurrency}: {v.ratio:.2f}x {labels[v.best_peer]} "
@@ -478,8 +487,10 @@ def verdicts(outcomes: Sequence[Outcome]) -> list[Verdict]:
 
 
 def verdict(outcomes: Sequence[Outcome], key: str = "tiered") -> Verdict:
+    """``key`` against the best peer with as many serving processes, at each concurrency."""
     tiered = next(o for o in outcomes if o.spec.key == key)
-    peers = [r for o in outcomes if o.spec.kind != "tiered" for r in o.results if r.rows == 1]
+    peers = [r for o in outcomes if o.spec.kind != "tiered" and o.spec.serving ==
+             tiered.spec.serving for r in o.results if r.rows == 1]
     levels = []
     for mine in (r for r in tiered.results if r.rows == 1):
         rivals = [r for r in peers if r.concurrency == mine.concurrency]

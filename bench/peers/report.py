@@ -25,6 +25,7 @@ from bench.peers.measure import (
     Outcome,
     Verdict,
 )
+from bench.tiers import GOAL_OVER_RAW, GOAL_WORKERS_OVER_RAW, SATURATION, Raw
 
 # --- report ----------------------------------------------------------------------------------
 
@@ -50,6 +51,87 @@ def results_table(outcomes: Sequence[Outcome]) -> Table:
 
 
 @dataclass(frozen=True)
+class Ratio:
+    """One goal's measure at one concurrency: Tiered's req/s over a reference's."""
+
+    what: str
+    concurrency: int
+    tiered_rps: float
+    reference: str
+    reference_rps: float
+    tiered_p99_ms: float
+    reference_p99_ms: float  # nan: the reference has none (the raw runtime)
+    goal: float  # nan: shown, not judged
+
+    @property
+    def ratio(self) -> float:
+        return self.tiered_rps / self.reference_rps if self.reference_rps else math.inf
+
+    @property
+    def verdict(self) -> str:
+        if math.isnan(self.goal):
+            return "-"
+        p99_ok = math.isnan(self.reference_p99_ms) or self.tiered_p99_ms <= self.reference_p99_ms
+        return "met" if self.ratio >= self.goal and p99_ok else "missed"
+
+
+def ratios(outcomes: Sequence[Outcome], results: Sequence[Verdict],
+           single: Raw | None) -> list[Ratio]:
+    """The three goals side by side: one Tiered process and ``--workers 2`` vs raw single-row
+    onnxruntime (judged at concurrency SATURATION), Tiered vs the best peer with as many
+    serving processes (at every concurrency >= GOAL_FROM, p99 no higher)."""
+    labels = {o.spec.key: o.spec.label for o in outcomes}
+    out = []
+    if single is not None:
+        goals = {1: GOAL_OVER_RAW, 2: GOAL_WORKERS_OVER_RAW}
+        for o in outcomes:
+            if o.spec.kind != "tiered":
+                continue
+            for r in o.results:
+                if r.rows != 1 or r.concurrency < GOAL_FROM:
+                    continue
+                goal = goals.get(o.spec.serving, math.nan) if r.concurrency == SATURATION \
+                    else math.nan
+                out.append(Ratio(f"{o.spec.label} vs raw single-row", r.concurrency,
+                                 r.load.rps, "onnxruntime, 1 row per call",
+                                 single.rows_per_s, r.load.p99_ms, math.nan, goal))
+    for result in results:
+        for v in result.levels:
+            out.append(Ratio(f"{labels[result.tiered]} vs best peer, same processes",
+                             v.concurrency, v.tiered_rps, labels[v.best_peer], v.peer_rps,
+                             v.tiered_p99_ms, v.peer_p99_ms, GOAL_RATIO))
+    return out
+
+
+def ratios_table(found: Sequence[Ratio]) -> Table:
+    table = Table(title="Goals, one run: Tiered vs raw single-row onnxruntime and vs the best "
+                        "peer")
+    for column in ("measure", "conc", "Tiered req/s", "reference", "ref req/s", "ratio",
+                   "Tiered p99 ms", "ref p99 ms", "goal", "verdict"):
+        table.add_column(column, justify="left" if column in ("measure", "reference")
+                         else "right")
+    for r in found:
+        table.add_row(r.what, str(r.concurrency), fmt(r.tiered_rps), r.reference,
+                      fmt(r.reference_rps), f"{r.ratio:.2f}x", fmt(r.tiered_p99_ms, 2),
+                      fmt(r.reference_p99_ms, 2),
+                      "-" if math.isnan(r.goal) else f">= {r.goal:g}x", r.verdict)
+    return table
+
+
+def ratios_markdown(found: Sequence[Ratio]) -> list[str]:
+    lines = ["| measure | concurrency | Tiered req/s | reference | reference req/s | ratio | "
+             "Tiered p99 ms | reference p99 ms | goal | verdict |",
+             "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in found:
+        lines.append(f"| {r.what} | {r.concurrency} | {fmt(r.tiered_rps)} | {r.reference} | "
+                     f"{fmt(r.reference_rps)} | {r.ratio:.2f}x | {fmt(r.tiered_p99_ms, 2)} | "
+                     f"{fmt(r.reference_p99_ms, 2)} | "
+                     f"{'-' if math.isnan(r.goal) else f'>= {r.goal:g}x'} | "
+                     f"{'**' + r.verdict + '**' if r.verdict != '-' else '-'} |")
+    return [*lines, ""]
+
+
+@dataclass(frozen=True)
 class Context:
     """Everything the report says besides the numbers."""
 
@@ -67,7 +149,8 @@ class Context:
     agreement: dict[str, Agreement]  # CHECK_PARALLEL requests in flight
 
 
-def markdown(context: Context, outcomes: Sequence[Outcome], results: Sequence[Verdict]) -> str:
+def markdown(context: Context, outcomes: Sequence[Outcome], results: Sequence[Verdict],
+             found: Sequence[Ratio] = ()) -> str:
     labels = {o.spec.key: o.spec.label for o in outcomes}
     lines = ["## Tiered edge vs MLServer and KServe", "",
              f"Measured {context.date} on {context.machine}, git {context.commit}; "
@@ -105,6 +188,10 @@ def markdown(context: Context, outcomes: Sequence[Outcome], results: Sequence[Ve
                          f"| {fmt(r.peak_rss_mib, 0)} |")
     busy = max((r.usage.other_cores for o in outcomes for r in o.results), default=0.0)
     lines.append("")
+    if found:
+        lines += ["Goals, measured in this run (raw single-row: the same texts through "
+                  "onnxruntime in-process, one row per call, before the servers started):",
+                  "", *ratios_markdown(found)]
     for result in results:
         lines += [result.line(labels), ""]
     lines += [f"{line}\n" for line in multi_lines(outcomes)]

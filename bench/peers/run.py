@@ -53,7 +53,16 @@ from bench.peers.measure import (
     run_server,
     verdicts,
 )
-from bench.peers.report import Context, as_json, markdown, multi_lines, results_table
+from bench.peers.report import (
+    Context,
+    as_json,
+    markdown,
+    multi_lines,
+    ratios,
+    ratios_table,
+    results_table,
+)
+from bench.tiers import single_row
 
 # --- main ------------------------------------------------------------------------------------
 
@@ -160,6 +169,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                                                        else CHECK_TEXTS]
         console.log(f"{MODEL} version {release.folder.name}: {release.model_file.name}, "
                     f"max_length {release.max_length}, labels {labels}")
+        console.log("raw single-row onnxruntime, in-process")
+        single = single_row(release, texts, 1.0 if args.quick else 3.0)
+        # spinning intra-op threads make it the measure most hurt by a busy machine
+        console.log(f"raw single-row: {single.rows_per_s:.1f} rows/s (other processes "
+                    f"{single.other_cores:.2f} cores)")
         plan = Plan(wrk_path, work, bodies, args.duration, warmup, 0)
         multi = Plan(wrk_path, work, write_bodies(texts, work / "bodies-32.jsonl", threshold=0,
                                                   rows=MULTI_ROWS), args.duration, warmup, 0)
@@ -194,8 +208,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         console.print(result.line(labels_by_key).replace("**", ""))
     for line in multi_lines(outcomes):
         console.print(line)
+    found = ratios(outcomes, results, single)
+    console.print(ratios_table(found))
     if args.markdown:
-        args.markdown.write_text(markdown(context, outcomes, results) + "\n")
+        args.markdown.write_text(markdown(context, outcomes, results, found) + "\n")
         console.log(f"wrote {args.markdown}")
     if args.json:
         args.json.write_text(json.dumps(as_json(context, outcomes, results), indent=2) + "\n")

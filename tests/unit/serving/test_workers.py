@@ -1,4 +1,5 @@
-"""``--workers N`` settings: the cores shared out as intra-op threads, a fixed port."""
+"""``--workers N`` settings: the cores shared out as intra-op threads, a fixed port, the
+acceptor's socket."""
 
 from __future__ import annotations
 
@@ -26,16 +27,16 @@ def test_several_workers_need_a_fixed_port() -> None:
     assert ServingSettings(workers=2, port=8123).workers == 2
 
 
-def test_two_sockets_bind_the_same_port() -> None:
-    first = workers.reuse_port_socket("127.0.0.1", 0)
-    port = first.getsockname()[1]
+def test_the_acceptor_socket_holds_the_port_but_refuses_until_a_worker_is_ready() -> None:
+    sock = workers.listen("127.0.0.1", 0)
+    port = sock.getsockname()[1]
     try:
-        second = workers.reuse_port_socket("127.0.0.1", port)
-        second.close()
-        with socket.socket() as plain, pytest.raises(OSError):  # without SO_REUSEPORT: taken
+        with socket.socket() as plain, pytest.raises(OSError):  # the port is taken
             plain.bind(("127.0.0.1", port))
+        with socket.socket() as client, pytest.raises(ConnectionRefusedError):
+            client.connect(("127.0.0.1", port))  # not listening yet: refused, not hanging
     finally:
-        first.close()
+        sock.close()
 
 
 def test_the_worker_index_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
