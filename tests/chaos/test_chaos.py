@@ -1,4 +1,4 @@
-"""Chaos replay, bounded: 500 recorded requests (the demo's test split through nginx) replayed
+"""Chaos replay, bounded: 300 recorded requests (the demo's test split through nginx) replayed
 against a real stack (Consul, registry serve, a center, two edges, nginx; the tiny release)
 while connections drop, bodies arrive corrupted, edges die every 100 requests, the center dies
 once and registry serve dies twice during a publish. The full report: ``python -m bench.chaos``.
@@ -15,7 +15,7 @@ from bench.chaos.run import Outcome, session, tables
 from bench.markdown import table_markdown
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-REQUESTS = 500
+REQUESTS = 300
 
 
 @pytest.fixture(scope="module")

@@ -71,11 +71,16 @@ class Collector(trace_service_pb2_grpc.TraceServiceServicer):
             return [s for s in self.spans if s.span.trace_id.hex() == trace_id]
 
     def wait(self, trace_id: str, services: set[str], names: set[str],
-             timeout: float = 20) -> list[Exported]:
+             timeout: float = 20, kinds: frozenset[tuple[str, int]] = frozenset()
+             ) -> list[Exported]:
+        """The trace's spans once every service, span name and (service, kind) is in: each
+        process exports on its own schedule (an edge's client span can come before its server
+        span)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             spans = self.trace(trace_id)
-            if {s.service for s in spans} >= services and {s.span.name for s in spans} >= names:
+            if ({s.service for s in spans} >= services and {s.span.name for s in spans} >= names
+                    and {(s.service, s.span.kind) for s in spans} >= kinds):
                 return spans
             time.sleep(0.1)
         raise AssertionError(f"trace {trace_id}: {[(s.service, s.span.name) for s in spans]}")
@@ -121,7 +126,10 @@ def test_an_escalated_request_is_one_trace_from_the_client_through_edge_and_cent
                         headers={"traceparent": f"00-{TRACE}-{CLIENT_SPAN}-01",
                                  "tracestate": "vendor=opaque", "x-request-id": "traced-1"})
     assert answer.status_code == 200, answer.text
-    spans = traced.collector.wait(TRACE, {"tiered-edge", "tiered-center"}, {"gate", "POST"})
+    spans = traced.collector.wait(TRACE, {"tiered-edge", "tiered-center"}, {"gate", "POST"},
+                                  kinds=frozenset({("tiered-edge", Span.SPAN_KIND_SERVER),
+                                                   ("tiered-edge", Span.SPAN_KIND_CLIENT),
+                                                   ("tiered-center", Span.SPAN_KIND_SERVER)}))
     by = {(s.service, s.span.kind): s for s in spans}
     edge = by["tiered-edge", Span.SPAN_KIND_SERVER]
     call = by["tiered-edge", Span.SPAN_KIND_CLIENT]
