@@ -13,13 +13,19 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tiered.commands import BIN, registry_cli
 from tiered.settings import TieredSettings
 from tiered.stack import JOB, Stack
+
+if TYPE_CHECKING:  # the registry is imported only when a release is chosen (tiered starts fast)
+    from registry.catalog import Catalog
 
 QUICK, FULL = "quick", "full"
 ROLLOUT_TIMEOUT_S = 600.0
@@ -37,6 +43,20 @@ class Choice:
     train_behind: bool
 
 
+@contextmanager
+def opened(home: Path) -> Iterator[Catalog]:
+    """The registry at ``home``, read by the launcher (closed after)."""
+    from registry.catalog import Catalog
+    from registry.db import connect
+    from tiered.views import registry_database
+
+    catalog = Catalog(connect(registry_database(home)), "tiered")
+    try:
+        yield catalog
+    finally:
+        catalog.db.conn.close()
+
+
 def choose(s: TieredSettings) -> Choice:
     """What to start on: the full release when it is built; else what is published (training
     the full one behind only when that is the quick release); else the quick release."""
@@ -52,20 +72,15 @@ def choose(s: TieredSettings) -> Choice:
 
 def production_source(home: Path, model: str) -> str | None:
     """The source digest of ``model``'s production release in the registry at ``home``."""
-    from registry.catalog import Catalog
-    from registry.db import connect
     from registry.errors import NotFound
-    from tiered.views import registry_database
 
-    catalog = Catalog(connect(registry_database(home)), "tiered")
-    try:
-        if not any(m["name"] == model and m["production"] for m in catalog.models()):
+    with opened(home) as catalog:
+        try:
+            if not any(m["name"] == model and m["production"] for m in catalog.models()):
+                return None
+            return catalog.resolve(model).manifest.source_sha256
+        except NotFound:
             return None
-        return catalog.resolve(model).manifest.source_sha256
-    except NotFound:
-        return None
-    finally:
-        catalog.db.conn.close()
 
 
 def source_digest(folder: Path) -> str | None:
@@ -83,16 +98,12 @@ def source_digest(folder: Path) -> str | None:
 def kinds(s: TieredSettings, versions: list[int]) -> dict[int, str]:
     """``quick`` or ``full`` for each of ``model``'s versions published from the demo's
     folders (others are left out)."""
-    from registry.catalog import Catalog
-    from registry.db import connect
     from registry.errors import NotFound
-    from tiered.views import registry_database
 
     folders = {d: k for k, d in ((QUICK, source_digest(s.quick_release)),
                                  (FULL, source_digest(s.release))) if d}
     found: dict[int, str] = {}
-    catalog = Catalog(connect(registry_database(s.registry_home)), "tiered")
-    try:
+    with opened(s.registry_home) as catalog:
         for version in versions:
             try:
                 digest = catalog.resolve(s.model, str(version)).manifest.source_sha256
@@ -100,8 +111,6 @@ def kinds(s: TieredSettings, versions: list[int]) -> dict[int, str]:
                 continue
             if digest in folders:
                 found[version] = folders[digest]
-    finally:
-        catalog.db.conn.close()
     return found
 
 
@@ -167,18 +176,12 @@ class Behind(threading.Thread):
 
     def lagging(self, version: int) -> list[str]:
         """The stack's centers and edges not yet serving ``version``."""
-        from registry.catalog import Catalog
-        from registry.db import connect
         from registry.nodes import NodeBook
-        from tiered.views import registry_database
 
-        catalog = Catalog(connect(registry_database(self.s.registry_home)), "tiered")
-        try:
+        with opened(self.s.registry_home) as catalog:
             active = {r["node"] for r in NodeBook(catalog.db).status(catalog)
                       if r["model"] == self.s.model and r["version"] == version
                       and r["state"] == "ACTIVE"}
-        finally:
-            catalog.db.conn.close()
         nodes = [c.name for c in self.stack.children.values() if c.role in ("center", "edge")]
         return [n for n in nodes if n not in active]
 
@@ -194,17 +197,11 @@ class Behind(threading.Thread):
 
 def published_version(s: TieredSettings) -> int:
     """The version the full release folder was published as (the newest from its source)."""
-    from registry.catalog import Catalog
-    from registry.db import connect
-    from tiered.views import registry_database
 
     digest = source_digest(s.release)
-    catalog = Catalog(connect(registry_database(s.registry_home)), "tiered")
-    try:
+    with opened(s.registry_home) as catalog:
         rows = catalog.db.execute("SELECT MAX(version) FROM versions WHERE model = ? AND "
                                   "source_sha256 = ?", [s.model, digest]).fetchone()
-    finally:
-        catalog.db.conn.close()
     if not rows or rows[0] is None:
         raise RuntimeError(f"the registry has no {s.model} version from {s.release}")
     return int(rows[0])
