@@ -86,7 +86,7 @@ def build(out: Path, cfg: BuildConfig) -> dict[str, Any]:
             return _advance(progress, title, total)
 
         marker = out / TRAIN_MARKER
-        if not (marker.is_file() and marker.read_text().strip() == trained):
+        if not is_trained(out, cfg):
             marker.unlink(missing_ok=True)
             train(out, cfg, dataset, tokenizer, bar)
             marker.write_text(trained + "\n")
