@@ -39,7 +39,7 @@ from bench.cascade.measure import production, test_split
 from bench.harness import BIN, MODEL, ROOT, console
 from bench.kit import machine
 from bench.markdown import Shown
-from tiered.processes import RegistryProcess, TierProcess, start_registry, start_tier
+from harness.processes import RegistryProcess, TierProcess, start_registry, start_tier
 
 TOKEN = "bench-control-token-0123456789"
 PHASES = (0.5, 1.5, 3.0, 1.5, 0.5)  # x the rows/s the center absorbs at the calibrated threshold
@@ -659,7 +659,7 @@ def _floor_accuracy(calibration: dict[str, Any], tolerance: float = 0.01) -> flo
     import msgspec
 
     from edge.controller import floor_threshold
-    from serving.manifest import Calibration
+    from serving.release.manifest import Calibration
 
     cal = msgspec.convert(calibration, Calibration)
     floor = floor_threshold(cal, tolerance)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import httpx
 
+from harness.processes import BIN, RegistryProcess, TierProcess, start_registry, start_tier
 from registry.catalog import Catalog
 from registry.db import connect
-from tiered.processes import BIN, RegistryProcess, TierProcess, start_registry, start_tier
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "var" / "demo" / "release"

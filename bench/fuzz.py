@@ -10,11 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 import struct
-import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +34,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from bench.markdown import Shown
-from tiered.processes import BIN, TierProcess, start_tier
+from harness.stores import fill_stores, tiers
 
 POSITIVE_CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
                    response_schema_conformance]
@@ -430,35 +427,6 @@ def fuzz_tier(tier: str, base_url: str, examples: int, seed_: int) -> list[Tally
             if operation.method.upper() == "POST":
                 tallies.append(fuzz_bodies(operation, target))
         return tallies
-
-
-def _registry(home: Path, *args: str | Path) -> None:
-    subprocess.run([str(BIN / "registry"), *map(str, args)], check=True, capture_output=True,
-                   env={"PATH": str(BIN), "REGISTRY_HOME": str(home), "HOME": str(home),
-                        "REGISTRY_ACTOR": "bench@fuzz"}, timeout=300)
-
-
-def fill_stores(root: Path, release: Path, model: str = "tiny") -> None:
-    """Publish ``release`` to a registry under ``root`` and pull it into both tiers' stores."""
-    home = root / "registry"
-    _registry(home, "publish", release, "--name", model)
-    for tier in ("center", "edge"):
-        _registry(home, "pull", model, "--tier", tier, "--store", root / tier)
-
-
-@contextmanager
-def tiers(root: Path, env: dict[str, str] | None = None) -> Iterator[tuple[TierProcess,
-                                                                            TierProcess]]:
-    """A center and an edge escalating to it, serving the stores under ``root``."""
-    center = start_tier("center", root / "center", root, env=env)
-    try:
-        edge = start_tier("edge", root / "edge", root, "--center-url", center.url, env=env)
-        try:
-            yield center, edge
-        finally:
-            edge.stop()
-    finally:
-        center.stop()
 
 
 def table(tallies: list[Tally], examples: int, seed_: int) -> Table:

@@ -31,7 +31,7 @@ from bench.harness import (
     wrk,
 )
 from bench.kit import write_bodies
-from tiered.processes import start_tier
+from harness.processes import start_tier
 
 CONCURRENCY = (1, 4, 16, 64, 128, 256)
 REGISTRY = Path("var/registry")

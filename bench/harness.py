@@ -22,7 +22,7 @@ import httpx
 from rich.console import Console
 
 from bench.loadgen import wrk_summary
-from tiered.processes import TierProcess, start_tier
+from harness.processes import TierProcess, start_tier
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent

@@ -14,7 +14,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from serving import hardware
+from serving.release import hardware
 
 ROOT = Path(__file__).resolve().parent.parent
 BUSY_OTHERS = 0.1  # cores used by other processes above which a figure is flagged

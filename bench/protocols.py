@@ -49,8 +49,8 @@ from bench.harness import (
 )
 from bench.kit import machine
 from bench.markdown import Shown
-from serving import v2
-from tiered.processes import free_port
+from harness.processes import free_port
+from serving.protocol import v2
 
 CONCURRENCY = (1, 8, 32)
 ROWS = (1, 32)

@@ -93,7 +93,7 @@ def prepare(release: Path, work: Path) -> int:
     from registry.export import export_onnx
     from registry.source import load_source
     from registry.validate import text_inputs
-    from serving.text import pad
+    from serving.model.text import pad
 
     source = load_source(release)
     assert source.calibration is not None and source.tokenizer is not None

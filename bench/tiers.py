@@ -41,7 +41,7 @@ from bench.harness import (
 )
 from bench.kit import BUSY_OTHERS, cores, machine, write_bodies, wrk_version
 from bench.markdown import Shown
-from tiered.processes import TierProcess
+from harness.processes import TierProcess
 
 RAW_BATCHES = (1, 8, 32)
 CONCURRENCY = (1, 8, 32)
@@ -75,7 +75,8 @@ class Raw:
     ms_per_batch: float
     padded_len: float  # token positions computed per row
     other_cores: float
-    grouped: bool = False  # split by length into calls as the batcher does (serving.batcher.plan)
+    # split by length into calls as the batcher does (serving.runtime.batcher.plan)
+    grouped: bool = False
     calls: float = 1.0  # model calls per batch
 
     @property
@@ -111,8 +112,8 @@ def raw_runs(tier: str, release: Release, texts: Sequence[str], seconds: float,
              sizes: Sequence[int] = RAW_BATCHES) -> list[Raw]:
     """Each batch size padded to its longest row, then (from 8 rows) split by length into
     calls as the server's batcher does: the same texts, in the same batches."""
-    from serving.batcher import plan
-    from serving.text import load_tokenizer, pad, token_rows, unpadded
+    from serving.model.text import load_tokenizer, pad, token_rows, unpadded
+    from serving.runtime.batcher import plan
 
     predict = load_predict(tier, release)
     tokenizer = unpadded(load_tokenizer(release.tokenizer, release.max_length))

@@ -6,7 +6,7 @@ from center.service import CenterService
 from center.settings import CenterSettings
 from serving.cli import tier_command
 from serving.dataplane import DataPlane
-from serving.node import Node
+from serving.fleet.node import Node
 from serving.process import Process
 from sync.subscriber import subscribe
 

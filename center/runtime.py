@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from serving import torchscript
-from serving.text import Encoded
+from serving.model import torchscript
+from serving.model.text import Encoded
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 

@@ -7,13 +7,15 @@ from typing import Any
 
 from center.runtime import TorchScriptRuntime, pick_device
 from center.settings import CenterSettings
-from serving import classify, tracing, v2
-from serving.discovery import OnChange
-from serving.manifest import Manifest
-from serving.metrics import Metrics
-from serving.repository import Repository, Resident
-from serving.signing import node_verifier
-from serving.store import ModelStore
+from serving.fleet.discovery import OnChange
+from serving.protocol import v2
+from serving.release.manifest import Manifest
+from serving.release.signing import node_verifier
+from serving.release.store import ModelStore
+from serving.runtime import classify
+from serving.runtime.repository import Repository, Resident
+from serving.telemetry import tracing
+from serving.telemetry.metrics import Metrics
 
 
 class CenterService:

@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from serving.settings import ServingSettings
+from serving.config.settings import ServingSettings
 
 
 class CenterSettings(ServingSettings):

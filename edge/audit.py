@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from serving.manifest import Calibration
-from serving.quality import psi
+from serving.release.manifest import Calibration
+from serving.telemetry.quality import psi
 
 Z95 = 1.959964
 CONFIDENCE_WINDOW = 2000  # rows reaching the gate the confidence test looks at

@@ -6,7 +6,7 @@ from edge.pipeline import EdgeService
 from edge.settings import EdgeSettings
 from serving.cli import tier_command
 from serving.dataplane import DataPlane
-from serving.node import Node
+from serving.fleet.node import Node
 from serving.process import Process
 from sync.subscriber import subscribe
 

@@ -33,8 +33,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from serving.budget import Budget
-from serving.manifest import Calibration
+from serving.protocol.budget import Budget
+from serving.release.manifest import Calibration
 
 Clock = Callable[[], float]
 RECOMPUTE_S = 0.1  # the quantile is re-taken at most this often

@@ -22,9 +22,10 @@ import numpy as np
 from edge.breaker import CircuitBreaker
 from edge.errors import CenterUnavailable
 from edge.settings import GRPC_SCHEMES, TLS_SCHEMES
-from serving import tracing, v2
-from serving.discovery import CENTER_TLS_NAME
-from serving.text import pad
+from serving.fleet.discovery import CENTER_TLS_NAME
+from serving.model.text import pad
+from serving.protocol import v2
+from serving.telemetry import tracing
 
 # The TLS server name of a center's certificate (registry.pki): checked in the handshake,
 # before the request, so a registry's certificate from the same CA cannot pass for a center.

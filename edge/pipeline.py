@@ -17,16 +17,18 @@ from edge.controller import Controller
 from edge.escalation import CenterClient, CenterUnavailable
 from edge.runtime import OnnxRuntime
 from edge.settings import EdgeSettings
-from serving import classify, tracing, v2
-from serving.batcher import Finish
-from serving.budget import Budget
-from serving.discovery import SERVICES, Instance, OnChange, host_port
-from serving.logs import request_id
-from serving.manifest import Manifest
-from serving.metrics import MV, Metrics
-from serving.repository import Repository, Resident
-from serving.signing import node_verifier
-from serving.store import ModelStore
+from serving.fleet.discovery import SERVICES, Instance, OnChange, host_port
+from serving.protocol import v2
+from serving.protocol.budget import Budget
+from serving.release.manifest import Manifest
+from serving.release.signing import node_verifier
+from serving.release.store import ModelStore
+from serving.runtime import classify
+from serving.runtime.batcher import Finish
+from serving.runtime.repository import Repository, Resident
+from serving.telemetry import tracing
+from serving.telemetry.logs import request_id
+from serving.telemetry.metrics import MV, Metrics
 
 log = logging.getLogger(__name__)
 CONFIDENCE = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)

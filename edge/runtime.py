@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from serving.text import Encoded
+from serving.model.text import Encoded
 
 
 class OnnxRuntime:

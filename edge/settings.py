@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from serving.settings import ServingSettings
+from serving.config.settings import ServingSettings
 
 # how a center URL says which protocol reaches it, and which of those are TLS
 GRPC_SCHEMES = ("grpc://", "grpcs://")

@@ -25,10 +25,10 @@ from pathlib import Path
 import click
 import uvloop
 
-from serving import discovery
-from serving.discovery import Instance
-from serving.logs import configure
-from serving.tokens import read_secret
+from serving.config.tokens import read_secret
+from serving.fleet import discovery
+from serving.fleet.discovery import Instance
+from serving.telemetry.logs import configure
 
 log = logging.getLogger("nginx.render")
 TEMPLATE = Path(__file__).with_name("nginx.conf.template")

@@ -39,8 +39,8 @@ from registry.db import now, transaction
 from registry.errors import AnchorError
 from registry.keys import Signer
 from registry.settings import RegistrySettings
-from serving.signing import key_id
-from serving.store import write_durably
+from serving.release.signing import key_id
+from serving.release.store import write_durably
 
 log = logging.getLogger(__name__)
 FILE, LOCK = "audit-head.json", ".audit-head.lock"

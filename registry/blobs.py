@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from registry.errors import IntegrityError, NotFound
-from serving.store import CHUNK, file_sha256
+from serving.release.store import CHUNK, file_sha256
 
 STALE_TEMP_SECONDS = 3600
 

@@ -23,7 +23,7 @@ from registry import audit
 from registry.anchor import Anchor, audited
 from registry.db import now
 from registry.errors import RegistryError
-from serving.budget import MAX_ROWS_S, Budget
+from serving.protocol.budget import MAX_ROWS_S, Budget
 
 Mode = Literal["auto", "static"]
 Split = Literal["traffic", "equal"]

@@ -17,8 +17,8 @@ import math
 
 import numpy as np
 
-from serving.manifest import AgreementBin, Calibration, CurvePoint
-from serving.scores import softmax
+from serving.model.scores import softmax
+from serving.release.manifest import AgreementBin, Calibration, CurvePoint
 
 DEFAULT_THRESHOLD = 0.9
 """Threshold used when no labelled calibration data is given (escalate below 90% confidence)."""

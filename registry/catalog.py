@@ -16,8 +16,8 @@ from registry.anchor import Anchor, audited
 from registry.db import now
 from registry.errors import InvalidName, NotFound, RegistryError
 from registry.keys import Signer
-from serving.manifest import Manifest, decode, encode, is_valid_name
-from serving.signing import decode_signature, encode_signature
+from serving.release.manifest import Manifest, decode, encode, is_valid_name
+from serving.release.signing import decode_signature, encode_signature
 
 PRODUCTION = "production"
 CANARY = "canary"

@@ -23,9 +23,9 @@ from registry.errors import AuditChainBroken, RegistryError
 from registry.nodes import NodeBook
 from registry.pull import pull
 from registry.settings import RegistrySettings
-from serving.flags import options as settings_options
-from serving.store import ModelStore, StoreError
-from serving.tokens import NODE_ID, TokenError, node_token, write_secret
+from serving.config.flags import options as settings_options
+from serving.config.tokens import NODE_ID, TokenError, node_token, write_secret
+from serving.release.store import ModelStore, StoreError
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)

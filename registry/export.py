@@ -10,7 +10,7 @@ import torch
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from registry.errors import InvalidRelease
-from serving.manifest import Quantization
+from serving.release.manifest import Quantization
 
 INPUT_NAMES = ["input_ids", "attention_mask"]
 OPSET = 17

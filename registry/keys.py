@@ -17,7 +17,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from registry.errors import SigningKeyError
 from registry.settings import RegistrySettings
-from serving.signing import SigningError, key_id, public_pem, read_key_file
+from serving.release.signing import SigningError, key_id, public_pem, read_key_file
 
 PRIVATE, PUBLIC = "signing.key", "signing.pub"
 

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from serving.tokens import write_secret
+from serving.config.tokens import write_secret
 
 ROLES = ("registry", "center")
 ROLE_DOMAIN = "tiered.invalid"  # RFC 2606: never resolves, so only TLS ever matches it

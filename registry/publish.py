@@ -34,9 +34,16 @@ from registry.validate import (
     run_torchscript,
     text_inputs,
 )
-from serving import hardware, probe
-from serving.manifest import Artifact, Calibration, Fidelity, Manifest, Preprocessing, TensorSpec
-from serving.text import Encoded, pad
+from serving.model.text import Encoded, pad
+from serving.release import hardware, probe
+from serving.release.manifest import (
+    Artifact,
+    Calibration,
+    Fidelity,
+    Manifest,
+    Preprocessing,
+    TensorSpec,
+)
 
 Step = Callable[[str], AbstractContextManager[None]]
 

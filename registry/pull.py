@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from registry.blobs import BlobStore
-from serving.manifest import Artifact, Manifest
-from serving.store import ModelStore, Tier
+from serving.release.manifest import Artifact, Manifest
+from serving.release.store import ModelStore, Tier
 
 
 def pull(blobs: BlobStore, manifest: Manifest, tier: Tier, store: ModelStore,

@@ -15,8 +15,8 @@ from rich.text import Text
 from registry.anchor import SignedHead
 from registry.audit import Finding, Record
 from registry.catalog import VersionRow
-from serving.manifest import Manifest
-from serving.signing import encode_signature
+from serving.release.manifest import Manifest
+from serving.release.signing import encode_signature
 
 if TYPE_CHECKING:
     from registry.publish import PublishResult

@@ -12,8 +12,8 @@ from prometheus_client import start_http_server
 
 from registry.server import SyncServer
 from registry.settings import RegistrySettings
-from serving import discovery
-from serving.logs import configure
+from serving.fleet import discovery
+from serving.telemetry.logs import configure
 from sync.metrics import SyncMetrics
 
 log = logging.getLogger("registry.serve")

@@ -32,11 +32,11 @@ from registry.catalog import Catalog, Node, Target
 from registry.db import connect
 from registry.nodes import STATES, Held, Measured, NodeBook
 from registry.settings import RegistrySettings
-from serving import probe
-from serving.budget import Budget
-from serving.manifest import is_valid_name
-from serving.tokens import NODE_ID, Verifier
-from serving.wire import Malformed, ParseInterceptor
+from serving.config.tokens import NODE_ID, Verifier
+from serving.protocol.budget import Budget
+from serving.protocol.wire import Malformed, ParseInterceptor
+from serving.release import probe
+from serving.release.manifest import is_valid_name
 from sync import auth, directive
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc

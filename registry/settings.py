@@ -10,8 +10,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from serving.settings import ConsulSettings, RegistrySecret
-from serving.tokens import check_secret, read_secret
+from serving.config.settings import ConsulSettings, RegistrySecret
+from serving.config.tokens import check_secret, read_secret
 
 
 def _default_actor() -> str:

@@ -22,7 +22,7 @@ from typing import Literal
 import msgspec
 
 from registry.errors import InvalidRelease
-from serving.store import file_sha256
+from serving.release.store import file_sha256
 
 SPEC_FILE = "tiered.json"
 

@@ -18,8 +18,8 @@ import torch
 
 from registry.errors import InvalidRelease
 from registry.export import INPUT_NAMES
-from serving import torchscript
-from serving.text import Encoded, encode, load_tokenizer
+from serving.model import torchscript
+from serving.model.text import Encoded, encode, load_tokenizer
 
 BATCH = 32
 GENERATED_ROWS = 256

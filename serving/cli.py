@@ -11,15 +11,16 @@ import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
-from serving import handoff, tracing, workers
-from serving.app import create_app
-from serving.flags import options
-from serving.httpserver import AdoptingServer, GatheringHttpToolsProtocol
-from serving.logs import configure
+from serving.config.flags import options
 from serving.process import Process
-from serving.quality_pool import QualityPool
-from serving.rpc import GrpcTransport
-from serving.signing import SigningError
+from serving.release.signing import SigningError
+from serving.telemetry import tracing
+from serving.telemetry.logs import configure
+from serving.telemetry.quality_pool import QualityPool
+from serving.transport import handoff, workers
+from serving.transport.httpserver import AdoptingServer, GatheringHttpToolsProtocol
+from serving.transport.rest import create_app
+from serving.transport.rpc import GrpcTransport
 
 
 def tier_command(name: str, settings_cls: type[BaseSettings],

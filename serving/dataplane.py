@@ -1,6 +1,6 @@
 """The data plane both tiers serve, whatever the transport: infer, metadata, readiness and the
-request accounting. The HTTP app (``serving/app.py``) and any later transport only decode a
-request into a :class:`Request` and encode what comes back.
+request accounting. The HTTP app (``serving/transport/rest.py``) and any later transport only
+decode a request into a :class:`Request` and encode what comes back.
 
 It sits on the tier's :class:`Service` (the edge's cascade, the center's model) and starts and
 stops the model repository: ``start`` serves what the store holds, ``stop`` drains the batchers.
@@ -15,12 +15,14 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
-from serving import classify, tracing, v2
-from serving.discovery import OnChange
+from serving.config.settings import ServingSettings
 from serving.errors import NotReady, ServingError
-from serving.metrics import Metrics
-from serving.repository import Repository, Resident
-from serving.settings import ServingSettings
+from serving.fleet.discovery import OnChange
+from serving.protocol import v2
+from serving.runtime import classify
+from serving.runtime.repository import Repository, Resident
+from serving.telemetry import tracing
+from serving.telemetry.metrics import Metrics
 
 VERSION = "0.1.0"
 # Requests above this many bytes are parsed in a worker thread, off the event loop, so health

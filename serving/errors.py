@@ -2,7 +2,7 @@
 clients: the transports map each to ``{"error": ...}`` with its status, once. The others are
 the node's own (store, signatures, probe, discovery, tokens) and never leave it as such.
 
-Standard library only: ``serving/tokens.py`` runs under the system Python too.
+Standard library only: ``serving/config/tokens.py`` runs under the system Python too.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from serving.hardware import Platform
-    from serving.probe import Measured
+    from serving.release.hardware import Platform
+    from serving.release.probe import Measured
 
 
 class ServingError(Exception):

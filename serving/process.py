@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from serving.dataplane import DataPlane
-from serving.node import Node
+from serving.fleet.node import Node
 
 
 class Transport(Protocol):

@@ -1,5 +1,5 @@
-"""Who may talk to the registry: each node's own bearer token (``serving.tokens``), checked on
-every call, and TLS credentials for both ends.
+"""Who may talk to the registry: each node's own bearer token (``serving.config.tokens``), checked
+on every call, and TLS credentials for both ends.
 
 A token proves one node id: the Sync stream's hello must name that node, so a node cannot
 connect, ack, report or subscribe as another. The registry's own secret is not a node token
@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from serving.tokens import NodeToken, TokenError, Verifier, parse
+from serving.config.tokens import NodeToken, TokenError, Verifier, parse
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 OnDenied = Callable[[str, str], Awaitable[None]]  # (method, peer)

@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
-from serving.signing import SigningError, Verifier
-from serving.store import write_durably
+from serving.release.signing import SigningError, Verifier
+from serving.release.store import write_durably
 from sync.errors import DirectiveError
 
 log = logging.getLogger(__name__)

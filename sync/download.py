@@ -22,8 +22,8 @@ from typing import BinaryIO
 import grpc
 from prometheus_client import CollectorRegistry, Counter
 
-from serving.manifest import Artifact
-from serving.store import ModelStore, file_sha256
+from serving.release.manifest import Artifact
+from serving.release.store import ModelStore, file_sha256
 from sync.errors import TransferError
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc

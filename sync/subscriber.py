@@ -24,18 +24,18 @@ from dataclasses import dataclass
 import grpc
 from prometheus_client import CollectorRegistry, Gauge
 
-from serving import hardware
-from serving.budget import Budget
+from serving.config.settings import ServingSettings
 from serving.errors import FidelityRefused
-from serving.manifest import Manifest, decode, is_valid_name
-from serving.metrics import Metrics
-from serving.node import Node
-from serving.probe import Measured
-from serving.quality import QualityWindow
-from serving.repository import Repository
-from serving.settings import ServingSettings
-from serving.signing import SigningError
-from serving.store import StoreError, check_release
+from serving.fleet.node import Node
+from serving.protocol.budget import Budget
+from serving.release import hardware
+from serving.release.manifest import Manifest, decode, is_valid_name
+from serving.release.probe import Measured
+from serving.release.signing import SigningError
+from serving.release.store import StoreError, check_release
+from serving.runtime.repository import Repository
+from serving.telemetry.metrics import Metrics
+from serving.telemetry.quality import QualityWindow
 from sync import auth, directive
 from sync.directive import DirectiveError, Directives
 from sync.download import Downloader, DownloadMetrics, TransferError

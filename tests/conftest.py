@@ -57,7 +57,7 @@ def tiny_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_stores(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``tiny_release`` published (model ``tiny``) and pulled into ``<root>/edge`` and
     ``<root>/center``, shared read-only by the tests that only serve it."""
-    from bench.fuzz import fill_stores
+    from harness.stores import fill_stores
 
     root = tmp_path_factory.mktemp("tiny-stores")
     fill_stores(root, tiny_release)

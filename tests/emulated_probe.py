@@ -17,8 +17,8 @@ from pathlib import Path
 from numpy._core._multiarray_umath import __cpu_features__
 
 from edge.runtime import OnnxRuntime
-from serving import probe
-from serving.store import ModelStore
+from serving.release import probe
+from serving.release.store import ModelStore
 
 
 def main(store: Path, model: str, version: int) -> None:

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from examples.sentiment.bert import TINY, BertClassifier
-from serving import torchscript
+from serving.model import torchscript
 
 
 class WrongSignature(nn.Module):

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tiered.processes import BIN, RegistryProcess, TierProcess, start_registry, start_tier
+from harness.processes import BIN, RegistryProcess, TierProcess, start_registry, start_tier
 
 Server = TierProcess
 # For the RSS bounds: glibc makes up to 8 malloc arenas per core and the model runtimes size

@@ -23,9 +23,9 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from serving import discovery
-from serving.discovery import SERVICES
-from serving.flags import options
+from serving.config.flags import options
+from serving.fleet import discovery
+from serving.fleet.discovery import SERVICES
 from tiered import demo as demo_run
 from tiered import netns, releases
 from tiered.commands import BIN, registry_cli

@@ -1,7 +1,7 @@
 """One command line (and environment) per role: ``registry serve``, a tier (``center`` or
-``edge``), the nginx renderer, and the registry's one-shot commands. ``tiered.processes`` (the
-tests' and benchmarks' launcher) and ``tiered.stack`` (``tiered up``) both build theirs here, so
-a role starts the same way whoever starts it. Secrets go in the environment, never in argv
+``edge``), the nginx renderer, and the registry's one-shot commands. ``harness.processes``
+(the tests' and benchmarks' launcher) and ``tiered.stack`` (``tiered up``) both build theirs
+here, so a role starts the same way whoever starts it. Secrets go in the environment, never in argv
 (``ps`` shows argv to anyone)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from serving.tokens import node_token
+from serving.config.tokens import node_token
 
 BIN = Path(sys.executable).parent
 LOOPBACK = "127.0.0.1"

@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from serving.settings import RegistrySecret
+from serving.config.settings import RegistrySecret
 
 
 class TieredSettings(BaseSettings):

@@ -31,8 +31,8 @@ from typing import Any
 import httpx
 
 from registry import pki
-from serving.discovery import SERVICES
-from serving.tokens import write_secret
+from serving.config.tokens import write_secret
+from serving.fleet.discovery import SERVICES
 from tiered.commands import BIN, nginx_argv, registry_argv, tier_argv
 from tiered.netns import Host, Network
 from tiered.stack import Child, Stack, registry_public_key

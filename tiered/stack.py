@@ -19,8 +19,8 @@ from typing import IO, Any
 import httpx
 
 from registry import pki
-from serving.discovery import SERVICES
-from serving.tokens import write_secret
+from serving.config.tokens import write_secret
+from serving.fleet.discovery import SERVICES
 from tiered.commands import (
     BIN,
     nginx_argv,

@@ -16,7 +16,7 @@ from rich.text import Text
 
 from registry.render import table_or_blocks
 from registry.settings import RegistrySettings
-from serving.settings import REGION
+from serving.config.settings import REGION
 
 STATUS_COLUMNS = ("service", "node", "address", "site", "region", "health", "version",
                   "desired", "sync", "escalation", "p99")

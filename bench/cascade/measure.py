@@ -34,7 +34,7 @@ from bench.harness import (
     process_cpu_s,
     wrk,
 )
-from tiered.processes import TierProcess, start_tier
+from harness.processes import TierProcess, start_tier
 
 SELECTED = (0.0, 0.10, 0.20, 0.35, 0.50, 1.0)  # escalation rates shown in the tables
 LIVE_CONCURRENCY = 8  # the V2 client's requests in flight (as `tiered demo`)

@@ -26,7 +26,7 @@ import httpx
 
 from bench.chaos import faults
 from bench.chaos.record import Recorded, labels_of
-from tiered.processes import BIN
+from harness.processes import BIN
 from tiered.stack import Child, Stack
 
 

@@ -35,8 +35,8 @@ from bench.harness import (
     wrk,
 )
 from bench.kit import ROOT
-from serving.workers import threads_per_worker
-from tiered.processes import free_port, start_tier
+from harness.processes import free_port, start_tier
+from serving.transport.workers import threads_per_worker
 
 HERE = Path(__file__).resolve().parent
 VENVS = ROOT / "var" / "bench" / "venvs"

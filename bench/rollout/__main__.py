@@ -39,7 +39,7 @@ from bench.rollout.measure import (
     swap,
 )
 from bench.rollout.report import log_levels, machine_info, report, write_json
-from tiered.processes import (
+from harness.processes import (
     RegistryProcess,
     TierProcess,
     start_registry,

@@ -38,19 +38,19 @@ from bench.harness import (
 )
 from bench.kit import ROOT
 from bench.loadgen import MIB
-from serving.manifest import decode
-from serving.store import ModelStore
-from serving.tokens import node_token
-from sync import auth
-from sync.download import Downloader, DownloadMetrics
-from sync.gen import sync_pb2 as pb
-from sync.gen import sync_pb2_grpc as pb_grpc
-from tiered.processes import (
+from harness.processes import (
     BIN,
     RegistryProcess,
     TierProcess,
     start_tier,
 )
+from serving.config.tokens import node_token
+from serving.release.manifest import decode
+from serving.release.store import ModelStore
+from sync import auth
+from sync.download import Downloader, DownloadMetrics
+from sync.gen import sync_pb2 as pb
+from sync.gen import sync_pb2_grpc as pb_grpc
 
 RELEASE = ROOT / "var" / "demo" / "release"
 TOKEN = "bench-sync-token-0123456789"

@@ -28,8 +28,8 @@ from examples.sentiment.release import write_release
 from examples.sentiment.train import fine_tune, predict_logits, seed_everything
 from registry.export import export_onnx, quantize_int8
 from registry.validate import run_onnx, run_torchscript, text_inputs
-from serving import torchscript
-from serving.text import load_tokenizer
+from serving.model import torchscript
+from serving.model.text import load_tokenizer
 
 REPORT = "build.json"
 TRAIN_MARKER = "train.key"  # written last: its presence means the models are complete

@@ -31,7 +31,7 @@ from examples.sentiment import data, encoder
 from examples.sentiment.bert import BertClassifier, load_pretrained
 from examples.sentiment.release import write_release
 from examples.sentiment.train import _batch, seed_everything
-from serving.text import load_tokenizer
+from serving.model.text import load_tokenizer
 
 MARKER = "quick.key"  # written last: its presence means the folder is complete
 HERE = Path(__file__).parent

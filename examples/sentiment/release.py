@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from examples.sentiment.data import LABELS, Split
-from serving import torchscript
+from serving.model import torchscript
 
 CENTER, EDGE, TOKENIZER, CALIBRATION = "center.pt", "edge.pt", "tokenizer.json", \
     "calibration.jsonl"

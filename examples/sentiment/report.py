@@ -14,8 +14,8 @@ from rich.table import Table
 from tokenizers import Tokenizer
 
 from registry.calibrate import calibrate
-from serving.scores import softmax
-from serving.text import encode
+from serving.model.scores import softmax
+from serving.model.text import encode
 
 Model = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 THRESHOLDS = [0.6, 0.7, 0.8, 0.9, 0.95, 0.99]

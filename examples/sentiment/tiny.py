@@ -16,7 +16,7 @@ from examples.sentiment import data, encoder
 from examples.sentiment.bert import TINY, BertClassifier
 from examples.sentiment.release import write_release
 from examples.sentiment.train import fine_tune, seed_everything
-from serving.text import load_tokenizer
+from serving.model.text import load_tokenizer
 
 MAX_LENGTH = 32
 

@@ -11,7 +11,7 @@ from tokenizers import Tokenizer
 from torch import nn
 from torch.nn import functional as F
 
-from serving.text import encode
+from serving.model.text import encode
 
 Progress = Callable[[int], None]
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from serving.hardware import cpu
-from tiered.processes import BIN, free_port
+from harness.processes import BIN, free_port
+from serving.release.hardware import cpu
 
 pytestmark = [pytest.mark.demo, pytest.mark.integration, pytest.mark.slow]
 BODY = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",

@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
+from harness.processes import RegistryProcess, start_registry
 from tests.conftest import RegistryCli
 from tests.integration.test_sync import metric, wait_for
 from tests.servers import Server, start
-from tiered.processes import RegistryProcess, start_registry
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKEN = "test-token-0123456789"

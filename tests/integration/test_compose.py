@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from serving.tokens import node_token
+from serving.config.tokens import node_token
 
 pytestmark = pytest.mark.integration
 
@@ -235,7 +235,7 @@ def test_tracing_is_off_unless_an_otlp_endpoint_is_given(compose: Any, tmp_path:
         return {services[n]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"]
                 for n in ("center", "edge-eu", "edge-us")}
 
-    assert endpoints(None) == {""}  # empty: serving.tracing stays off
+    assert endpoints(None) == {""}  # empty: serving.telemetry.tracing stays off
     env_file = tmp_path / ".env"
     env_file.write_text("".join(f"{k}={v}\n" for k, v in {
         **CONSUL_SECRETS, "REGISTRY_TOKEN": TOKEN,
@@ -329,13 +329,14 @@ def test_edge_requirements_are_project_dependencies_without_torch() -> None:
 # installs: the edge and nginx images a requirements file next to `pip install --no-deps .`, the
 # registry and center images the project with its declared dependencies (no test extras).
 IMAGES = {
-    "edge": (("edge.cli", "serving.rpc", "serving.tracing", "sync.subscriber",
+    "edge": (("edge.cli", "serving.transport.rpc", "serving.telemetry.tracing", "sync.subscriber",
               "opentelemetry.exporter.otlp.proto.grpc.trace_exporter"),
              lambda: _requirements(ROOT / "docker/edge-requirements.txt")),
     "nginx": (("nginx.render",), lambda: _requirements(ROOT / "docker/nginx-requirements.txt")),
     "registry": (("registry.cli", "registry.serve", "registry.server", "registry.publish"),
                  _project_requirements),
-    "center": (("center.cli", "serving.rpc", "serving.tracing", "sync.subscriber"),
+    "center": (("center.cli", "serving.transport.rpc", "serving.telemetry.tracing",
+                "sync.subscriber"),
                _project_requirements),
 }
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tiered.processes import BIN, free_port
+from harness.processes import BIN, free_port
 from tiered.stack import CONSUL_CONFIG, CONSUL_ROLES, Stack
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ import pytest
 from registry import audit
 from registry.blobs import BlobStore
 from registry.db import connect, integrity_check
-from serving.store import file_sha256
+from serving.release.store import file_sha256
 from tests.conftest import REGISTRY, RegistryCli
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

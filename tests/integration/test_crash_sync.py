@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.processes import RegistryProcess, start_registry, start_tier
 from registry.catalog import Catalog
 from tests.conftest import REGISTRY, RegistryCli
 from tests.integration.test_crash import check_consistent
@@ -40,7 +41,6 @@ from tests.integration.test_sync import (
     wait_for,
 )
 from tests.servers import Server
-from tiered.processes import RegistryProcess, start_registry, start_tier
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SEED = 20261201

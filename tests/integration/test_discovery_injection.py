@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.processes import free_port
 from tests.faults import JsonHandler, http_peer
 from tests.integration.test_sync import wait_for
-from tiered.processes import free_port
 from tiered.stack import Stack
 
 pytestmark = pytest.mark.integration

@@ -18,8 +18,8 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from serving.manifest import Artifact
-from serving.store import ModelStore
+from serving.release.manifest import Artifact
+from serving.release.store import ModelStore
 from sync.download import Downloader, DownloadMetrics, TransferError
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from examples.sentiment.release import EDGE
+from harness.processes import RegistryProcess, start_registry
 from tests.conftest import RegistryCli
 from tests.integration.test_sync import (
     SYNC_FLAGS,
@@ -29,7 +30,6 @@ from tests.integration.test_sync import (
 )
 from tests.models import fragile_classifier, save_script
 from tests.servers import Server, start
-from tiered.processes import RegistryProcess, start_registry
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 BODY = json.dumps({"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES",

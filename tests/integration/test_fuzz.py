@@ -22,24 +22,17 @@ import numpy as np
 import pytest
 from litestar.testing import TestClient
 
-from bench.fuzz import (
-    MAX_BODY,
-    fill_stores,
-    fuzz_hostile,
-    fuzz_tier,
-    hostile_binary_bodies,
-    hostile_bodies,
-    tiers,
-)
+from bench.fuzz import MAX_BODY, fuzz_hostile, fuzz_tier, hostile_binary_bodies, hostile_bodies
 from center.service import CenterService
 from center.settings import CenterSettings
 from edge.pipeline import EdgeService
 from edge.settings import EdgeSettings
-from serving.app import create_app
+from harness.processes import BIN, TierProcess
+from harness.stores import fill_stores, tiers
 from serving.dataplane import DataPlane
-from serving.manifest import Manifest
-from serving.text import Encoded
-from tiered.processes import BIN, TierProcess
+from serving.model.text import Encoded
+from serving.release.manifest import Manifest
+from serving.transport.rest import create_app
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 EXAMPLES = 20  # per operation and mode: ~10 s a tier here

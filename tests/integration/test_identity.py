@@ -18,15 +18,15 @@ import grpc
 import httpx
 import pytest
 
+from harness.processes import BIN, free_port, start_registry, start_tier
 from registry import pki
-from serving.tokens import node_token
+from serving.config.tokens import node_token
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 from tests.conftest import RegistryCli
 from tests.faults import JsonHandler, http_peer
 from tests.integration.test_sync import wait_for
 from tests.servers import start
-from tiered.processes import BIN, free_port, start_registry, start_tier
 from tiered.stack import Stack
 
 pytestmark = pytest.mark.integration
@@ -289,7 +289,7 @@ def test_grpc_escalations_go_only_to_centers_with_a_center_certificate(
         tmp_path: Path, tiny_release: Path) -> None:
     """``grpcs://`` centers with ``--center-ca``: the TLS handshake checks the center role, so
     a real center process holding the registry's certificate (same CA) gets no rows."""
-    from bench.fuzz import fill_stores
+    from harness.stores import fill_stores
 
     fill_stores(tmp_path, tiny_release)
     tls = tmp_path / "tls"

@@ -16,11 +16,11 @@ import torch
 from center.runtime import TorchScriptRuntime
 from edge.runtime import OnnxRuntime
 from examples.sentiment import data
-from serving.batcher import Batcher, BatchStats
-from serving.repository import Runtime
-from serving.scores import softmax
-from serving.store import ModelStore
-from serving.text import load_tokenizer, pad, token_rows, unpadded
+from serving.model.scores import softmax
+from serving.model.text import load_tokenizer, pad, token_rows, unpadded
+from serving.release.store import ModelStore
+from serving.runtime.batcher import Batcher, BatchStats
+from serving.runtime.repository import Runtime
 
 pytestmark = pytest.mark.slow
 REQUESTS = 48

@@ -28,9 +28,9 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
-from bench.fuzz import fill_stores
+from harness.processes import free_port
+from harness.stores import fill_stores
 from tests.servers import Server, log_lines, start
-from tiered.processes import free_port
 
 pytestmark = pytest.mark.integration
 TEXTS = ["a great film", "awful", "meh", "wonderful acting and a touching story",

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from registry.validate import generated_inputs
-from serving import torchscript
-from serving.store import ModelStore
-from serving.text import encode, load_tokenizer
+from serving.model import torchscript
+from serving.model.text import encode, load_tokenizer
+from serving.release.store import ModelStore
 from tests.conftest import TEST_FLOOR, RegistryCli
 from tests.models import (
     NaNOutputs,

@@ -19,10 +19,11 @@ import httpx
 import msgspec
 import pytest
 
+from harness.processes import BIN, start_registry, start_tier
 from registry import keys
 from registry.settings import RegistrySettings
-from serving.signing import Verifier, load_public_key
-from serving.store import ModelStore
+from serving.release.signing import Verifier, load_public_key
+from serving.release.store import ModelStore
 from tests.conftest import RegistryCli
 from tests.integration.test_sync import (
     BODY,
@@ -35,7 +36,6 @@ from tests.integration.test_sync import (
     wait_for,
 )
 from tests.servers import start
-from tiered.processes import BIN, start_registry, start_tier
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

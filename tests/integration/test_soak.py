@@ -16,11 +16,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from harness.processes import RegistryProcess
 from tests.conftest import RegistryCli
 from tests.integration.test_sync import BODY, REGISTRY_ENV, SYNC_FLAGS, TOKEN, metric
 from tests.load import Load, p99
 from tests.servers import PINNED_ALLOCATOR, PINNED_THREADS, Server, subscribed_pair
-from tiered.processes import RegistryProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SOAK_S = 40

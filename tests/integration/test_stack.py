@@ -22,10 +22,10 @@ from typing import Any
 import httpx
 import pytest
 
-from serving.tokens import node_token
+from harness.processes import BIN, free_port
+from serving.config.tokens import node_token
 from tests.conftest import RegistryCli
 from tests.servers import log_lines
-from tiered.processes import BIN, free_port
 from tiered.stack import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

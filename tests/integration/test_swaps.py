@@ -18,12 +18,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from harness.processes import RegistryProcess
 from registry.catalog import Catalog
 from tests.conftest import RegistryCli
 from tests.integration.test_sync import BODY, REGISTRY_ENV, SYNC_FLAGS, TOKEN, served, wait_for
 from tests.load import Load
 from tests.servers import PINNED_ALLOCATOR, PINNED_THREADS, Server, subscribed_pair
-from tiered.processes import RegistryProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SWAPS = 30
@@ -94,10 +94,10 @@ def test_thirty_swaps_under_load_fail_nothing_and_do_not_grow_memory(pair: Pair)
             assert seen == sorted(seen), (tier, worker)
         # A leak of one model copy per swap (runtime, weights, batcher, tokenizer never freed)
         # adds ~12 MiB per swap even for the tiny models: measured, +141% (center) and +230%
-        # (edge) from swap 5 to the last. Without malloc_trim after a drop (serving/memory.py) the
-        # allocator alone gave, early swaps to late ones, +21-27% on the edge (+4-14% on the
-        # center, whose RSS swings ~10 MiB with the load); with it, +2-3% on both. Medians of
-        # several swaps, so that one sample caught mid-batch does not decide.
+        # (edge) from swap 5 to the last. Without malloc_trim after a drop
+        # (serving/runtime/memory.py) the allocator alone gave, early swaps to late ones, +21-27% on
+        # the edge (+4-14% on the center, whose RSS swings ~10 MiB with the load); with it, +2-3%
+        # on both. Medians of several swaps, so that one sample caught mid-batch does not decide.
         before = statistics.median(memory[n][tier] for n in EARLY)
         after = statistics.median(memory[n][tier] for n in LATE)
         print(f"{tier}: {len(answered)} requests, RSS after swaps {EARLY.start}-{EARLY.stop - 1}"

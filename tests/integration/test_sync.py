@@ -21,14 +21,14 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from harness.processes import RegistryProcess, start_registry
 from registry.blobs import BlobStore
-from serving.tokens import node_token
+from serving.config.tokens import node_token
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 from tests.conftest import TEST_FLOOR, RegistryCli
 from tests.faults import CutProxy
 from tests.servers import Server, start
-from tiered.processes import RegistryProcess, start_registry
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKEN = "test-token-0123456789"

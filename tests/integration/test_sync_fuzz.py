@@ -19,10 +19,10 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from serving.tokens import node_token
+from harness.processes import RegistryProcess, start_registry
+from serving.config.tokens import node_token
 from sync.gen import sync_pb2 as pb
 from tests.conftest import RegistryCli
-from tiered.processes import RegistryProcess, start_registry
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 TOKEN = "fuzz-token-0123456789"

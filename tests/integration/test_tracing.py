@@ -23,9 +23,9 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from bench.fuzz import fill_stores
+from harness.processes import free_port
+from harness.stores import fill_stores
 from tests.servers import Server, log_lines, start
-from tiered.processes import free_port
 
 pytestmark = pytest.mark.integration
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"  # the client's trace and span (W3C's example ids)

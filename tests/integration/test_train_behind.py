@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.processes import BIN, free_port
 from tests.conftest import TEST_FLOOR, RegistryCli
 from tiered import releases
-from tiered.processes import BIN, free_port
 from tiered.settings import TieredSettings
 from tiered.stack import Stack
 

@@ -21,13 +21,13 @@ import grpc
 import httpx
 import pytest
 
+from harness.processes import BIN, RegistryProcess, TierProcess, start_registry, start_tier
 from registry import anchor
-from serving.tokens import node_token
+from serving.config.tokens import node_token
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 from tests.conftest import RegistryCli
 from tests.integration.test_sync import TOKEN, metric, served, wait_for
-from tiered.processes import BIN, RegistryProcess, TierProcess, start_registry, start_tier
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 AUTH = [("authorization", f"Bearer {node_token(TOKEN, 'fetcher')}")]

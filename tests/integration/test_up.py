@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tiered.processes import BIN, free_port
+from harness.processes import BIN, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -21,10 +21,10 @@ import httpx
 import psutil
 import pytest
 
+from harness.processes import start_registry
 from tests.conftest import RegistryCli
 from tests.servers import Server, start
 from tiered.commands import BIN, tier_argv
-from tiered.processes import start_registry
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 CONNECTIONS, PER_CONNECTION = 4, 5

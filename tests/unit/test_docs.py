@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -11,8 +12,17 @@ ARCHITECTURE = ROOT / "docs" / "architecture.md"
 MAX_README_LINES = 250
 
 # The layers of docs/architecture.md, top to bottom; packages on one layer are siblings.
-LAYERS = [["bench"], ["tiered"], ["examples", "nginx"], ["edge", "center", "registry"],
-          ["sync"], ["serving"]]
+
+
+def contract_layers(name_start: str) -> list[list[str]]:
+    """The layers of the import-linter contract whose name starts with ``name_start``, top first
+    (what `make lint` enforces)."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    contract = next(c for c in contracts["contracts"] if c["name"].startswith(name_start))
+    return [[name.strip() for name in layer.split("|")] for layer in contract["layers"]]
+
+
+LAYERS = contract_layers("Top-level packages")
 
 # [text](target) and ![alt](target), with an optional "title"; reference definitions too.
 INLINE = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]*)>?(?:\s+\"[^\"]*\")?\s*\)")

@@ -10,8 +10,8 @@ import pytest
 
 from center.service import CenterService
 from center.settings import CenterSettings
-from serving import v2
-from serving.repository import Resident
+from serving.protocol import v2
+from serving.runtime.repository import Resident
 from tests.unit.serving.test_store import manifest
 
 
@@ -34,7 +34,7 @@ def test_every_row_is_the_centers_answer_with_its_version(tmp_path: Path) -> Non
 
 
 def test_capacity_is_measured_from_batches_at_the_latency_target_or_set(tmp_path: Path) -> None:
-    from serving.batcher import BatchStats
+    from serving.runtime.batcher import BatchStats
 
     service = CenterService(CenterSettings(store=tmp_path, device="cpu", max_batch_size=32,
                                            latency_target_ms=500, capacity_headroom=0.8))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from edge.audit import Auditor, chi2_critical, wilson
-from serving.manifest import AgreementBin, Calibration
+from serving.release.manifest import AgreementBin, Calibration
 
 BINS = [AgreementBin(0.7, 100, 0.80, 0.3), AgreementBin(0.9, 100, 0.95, 0.2),
         AgreementBin(1.0, 100, 0.99, 0.1)]

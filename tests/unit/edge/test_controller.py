@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from edge.controller import Controller, floor_threshold, quantile_threshold
-from serving.budget import Budget
-from serving.manifest import Calibration, CurvePoint
+from serving.protocol.budget import Budget
+from serving.release.manifest import Calibration, CurvePoint
 
 CURVE = [CurvePoint(0.0, 0.0, 0.80), CurvePoint(0.55, 0.05, 0.805),
          CurvePoint(0.62, 0.10, 0.812), CurvePoint(0.70, 0.20, 0.818),

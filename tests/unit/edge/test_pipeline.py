@@ -18,11 +18,11 @@ import pytest
 from edge.escalation import CenterClient
 from edge.pipeline import EdgeService
 from edge.settings import EdgeSettings
-from serving import v2
-from serving.budget import Budget
-from serving.manifest import Calibration, Manifest
-from serving.repository import Resident
-from serving.scores import softmax
+from serving.model.scores import softmax
+from serving.protocol import v2
+from serving.protocol.budget import Budget
+from serving.release.manifest import Calibration, Manifest
+from serving.runtime.repository import Resident
 from tests.unit.serving.test_store import manifest as store_manifest
 
 SURE, UNSURE = 1, 2  # a row's first token id picks its logits
@@ -182,7 +182,7 @@ def test_rows_are_counted_by_tier_in_the_metrics(tmp_path: Path) -> None:
 
 def test_discovered_centers_are_called_over_grpc_where_they_registered_a_grpc_port(
         tmp_path: Path) -> None:
-    from serving.discovery import Instance
+    from serving.fleet.discovery import Instance
 
     centers = [Instance("c1", "10.0.0.1", 8100, meta={"grpc_port": "8101"}),
                Instance("c2", "10.0.0.2", 8100),  # no gRPC port: REST
@@ -269,7 +269,7 @@ def test_audit_rows_go_to_the_center_in_the_background_never_delaying_the_answer
 
 def test_a_drifting_audit_is_noted_in_readiness_and_its_report(tmp_path: Path) -> None:
     from serving.dataplane import DataPlane
-    from serving.manifest import AgreementBin
+    from serving.release.manifest import AgreementBin
 
     calibration = Calibration(source="labelled", threshold=0.9, center_accuracy=0.8,
                               agreement=[AgreementBin(1.0, 200, 0.95, 0.5)])

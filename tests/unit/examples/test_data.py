@@ -4,8 +4,8 @@ import torch
 
 from examples.sentiment import data, encoder
 from examples.sentiment.bert import load_pretrained
-from serving import torchscript
-from serving.text import encode, load_tokenizer
+from serving.model import torchscript
+from serving.model.text import encode, load_tokenizer
 
 
 def test_split_is_deterministic_disjoint_and_sized() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from nginx.render import Fleet, config, upstreams
-from serving.discovery import Instance
+from serving.fleet.discovery import Instance
 
 
 def edge(port: int, region: str, passing: bool = True) -> Instance:

@@ -6,7 +6,7 @@ import pytest
 
 from registry.blobs import BlobStore
 from registry.errors import IntegrityError
-from serving.store import file_sha256
+from serving.release.store import file_sha256
 
 
 def test_identical_content_is_stored_once(tmp_path: Path) -> None:

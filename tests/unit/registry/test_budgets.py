@@ -12,7 +12,7 @@ from registry.budgets import Policy, Seen, changed, split
 from registry.catalog import Catalog
 from registry.db import connect
 from registry.errors import RegistryError
-from serving.budget import Budget
+from serving.protocol.budget import Budget
 
 
 def seen(node: str, tier: str, rows_per_s: float = 0.0, capacity: float = 0.0,

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from registry.calibrate import DEFAULT_THRESHOLD, calibrate, cascade_curve, default_calibration
-from serving.scores import softmax
+from serving.model.scores import softmax
 
 
 def _logits(pred: np.ndarray, confidence: np.ndarray) -> np.ndarray:

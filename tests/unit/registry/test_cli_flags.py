@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from registry import cli as rcli
 from registry.settings import RegistrySettings
-from serving.flags import options
+from serving.config.flags import options
 
 FLAGS = [([], "--home", "home"), ([], "--actor", "actor"), ([], "--signing-key", "signing_key"),
          (["publish"], "--min-fidelity", "min_fidelity"),

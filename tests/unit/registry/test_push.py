@@ -10,7 +10,7 @@ from pathlib import Path
 from registry.catalog import Node
 from registry.server import Database, Session, SyncService
 from registry.settings import RegistrySettings
-from serving.signing import Verifier
+from serving.release.signing import Verifier
 from sync import directive
 from sync.gen import sync_pb2 as pb
 from sync.metrics import SyncMetrics

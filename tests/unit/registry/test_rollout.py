@@ -11,7 +11,7 @@ from registry import audit
 from registry.catalog import Catalog, Node
 from registry.db import connect
 from registry.nodes import Held, NodeBook
-from serving.manifest import (
+from serving.release.manifest import (
     Artifact,
     Calibration,
     Fidelity,

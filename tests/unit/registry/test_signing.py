@@ -18,7 +18,7 @@ from registry.errors import InvalidRelease, RegistryError, SigningKeyError
 from registry.nodes import NodeBook
 from registry.settings import RegistrySettings
 from registry.source import load_source
-from serving.signing import SigningError, Verifier, load_public_key
+from serving.release.signing import SigningError, Verifier, load_public_key
 from tests.unit.registry.test_rollout import EU_EDGE, manifest
 
 

@@ -6,9 +6,9 @@ import threading
 import numpy as np
 import pytest
 
-from serving.batcher import Batcher, BatchStats, plan
 from serving.errors import NotReady, Overloaded
-from serving.text import Encoded
+from serving.model.text import Encoded
+from serving.runtime.batcher import Batcher, BatchStats, plan
 
 
 def rows(*lengths: int) -> list[np.ndarray]:

@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from serving import v2
+from serving.config.settings import ServingSettings
 from serving.dataplane import PARSE_INLINE_BYTES, DataPlane
 from serving.errors import BadRequest, ModelNotFound, NotReady, Overloaded
-from serving.metrics import Metrics
-from serving.repository import Resident
-from serving.settings import ServingSettings
+from serving.protocol import v2
+from serving.runtime.repository import Resident
+from serving.telemetry.metrics import Metrics
 from tests.unit.serving.test_store import manifest
 
 BODY = b'{"id": "r1", "inputs": [{"name": "input_ids", "shape": [1, 2], "datatype": "INT64", ' \

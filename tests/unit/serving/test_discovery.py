@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from serving import discovery
-from serving.discovery import InvalidInstance, Watch, instance
+from serving.fleet import discovery
+from serving.fleet.discovery import InvalidInstance, Watch, instance
 
 INJECTION = 'eu" tiered_edges;\n}\nserver { listen 8080 default_server; location /leak/ ' \
             '{ alias /etc/; } }\nmap $x $y {\n "a'

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from serving import handoff
+from serving.transport import handoff
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import uvicorn
 
-from serving.httpserver import GatheringHttpToolsProtocol, _Gathering
+from serving.transport.httpserver import GatheringHttpToolsProtocol, _Gathering
 
 BIG = 3 * 1024 * 1024
 

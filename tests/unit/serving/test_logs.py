@@ -4,7 +4,7 @@ import json
 import logging
 from pathlib import Path
 
-from serving.logs import configure, request_id
+from serving.telemetry.logs import configure, request_id
 
 
 def test_json_lines_with_request_id_and_rotation(tmp_path: Path) -> None:

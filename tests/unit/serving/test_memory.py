@@ -7,7 +7,7 @@ import threading
 import psutil
 import pytest
 
-from serving import memory
+from serving.runtime import memory
 
 BLOCK = 64 * 1024  # below glibc's mmap threshold: served from an arena, not mmap'd
 BLOCKS = 1600  # 100 MiB

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from serving.node import Node
-from serving.settings import ServingSettings
+from serving.config.settings import ServingSettings
+from serving.fleet.node import Node
 from tests.unit.serving.test_dataplane import OneModel
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from registry.server import platform
-from serving import hardware, probe
-from serving.text import Encoded, pad
+from serving.model.text import Encoded, pad
+from serving.release import hardware, probe
 from sync.gen import sync_pb2 as pb
 
 X86 = """processor\t: 0

@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from serving.quality import QualityWindow, psi
+from serving.telemetry.quality import QualityWindow, psi
 
 
 def test_psi_is_zero_for_the_same_shape_and_grows_with_a_shift() -> None:
@@ -43,7 +43,7 @@ def test_length_drift_compares_with_what_the_node_saw_before() -> None:
 
 
 def test_throughput_fits_a_fixed_and_a_per_row_cost_and_forgets_old_batches() -> None:
-    from serving.quality import THROUGHPUT_S, Throughput
+    from serving.telemetry.quality import THROUGHPUT_S, Throughput
 
     now = [0.0]
     t = Throughput(clock=lambda: now[0])

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from serving.quality import MAX_LATENCIES, QualityWindow
-from serving.quality_pool import QualityPool
+from serving.telemetry.quality import MAX_LATENCIES, QualityWindow
+from serving.telemetry.quality_pool import QualityPool
 
 
 def traffic(q: QualityWindow, requests: int, ms: float, tier: str) -> None:

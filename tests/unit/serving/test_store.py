@@ -6,8 +6,15 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from serving.manifest import Artifact, Calibration, Fidelity, Manifest, Preprocessing, is_valid_name
-from serving.store import ModelStore, StoreError
+from serving.release.manifest import (
+    Artifact,
+    Calibration,
+    Fidelity,
+    Manifest,
+    Preprocessing,
+    is_valid_name,
+)
+from serving.release.store import ModelStore, StoreError
 
 CONTENT = {"model.onnx": b"onnx bytes", "tokenizer.json": b"{}", "model.pt": b"torchscript"}
 

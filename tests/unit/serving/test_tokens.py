@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from edge.settings import EdgeSettings
-from serving.tokens import TokenError, Verifier, check_node_token, node_token, parse
+from serving.config.tokens import TokenError, Verifier, check_node_token, node_token, parse
 
 SECRET = "unit-secret-0123456789"
 

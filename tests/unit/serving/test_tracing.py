@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from serving import tracing
-from serving.logs import JsonFormatter
+from serving.telemetry import tracing
+from serving.telemetry.logs import JsonFormatter
 
 GOOD = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

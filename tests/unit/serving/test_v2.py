@@ -6,8 +6,8 @@ import struct
 import numpy as np
 import pytest
 
-from serving import v2
 from serving.errors import BadRequest
+from serving.protocol import v2
 
 LIMITS = v2.Limits(max_rows=4, max_text_bytes=50, max_length=4, vocab_size=1000,
                    max_sequence=8)  # rows padded up to 8 (the tokenizer file's length) pass

@@ -8,8 +8,8 @@ import socket
 import pytest
 from pydantic import ValidationError
 
-from serving import workers
-from serving.settings import ServingSettings
+from serving.config.settings import ServingSettings
+from serving.transport import workers
 
 
 def test_threads_are_the_usable_cores_shared_out_unless_set(

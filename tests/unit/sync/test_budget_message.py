@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from serving.budget import Budget
+from serving.protocol.budget import Budget
 from sync.gen import sync_pb2 as pb
 from sync.subscriber import Subscriber
 

@@ -9,7 +9,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from registry.keys import Signer
-from serving.signing import Verifier
+from serving.release.signing import Verifier
 from sync import directive
 from sync.directive import Directive, DirectiveError, Directives
 

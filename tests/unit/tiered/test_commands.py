@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from serving.tokens import node_token
+from serving.config.tokens import node_token
 from tiered import commands
 from tiered.cli import tracing_env
 from tiered.commands import BIN

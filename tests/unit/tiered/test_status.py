@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from serving.discovery import SERVICES
+from serving.fleet.discovery import SERVICES
 from tiered import cli
 from tiered.views import demo_view, registry_database, status_rows, status_view, summary_view
 

@@ -2,14 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from serving.batcher import BatchStats, Observer
-from serving.quality import QualityWindow, Throughput
+from serving.telemetry.quality import QualityWindow, Throughput
 
 LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MV = ["model", "version"]
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """One batch the batcher (``serving.runtime.batcher``) ran, as the metrics observe it."""
+
+    rows: int
+    requests: int
+    queue_seconds: float  # of the oldest request
+    compute_seconds: float
+    calls: int = 1  # model calls the batch was split into (length groups)
+    tokens: int = 0  # real tokens in the batch
+    padded_tokens: int = 0  # token positions computed: each group's rows x its longest row
+
+
+Observer = Callable[[BatchStats], None]
 
 
 class Metrics:

@@ -18,14 +18,15 @@ from typing import Protocol
 import numpy as np
 from tokenizers import Tokenizer
 
-from serving import hardware, memory, probe
-from serving.batcher import Batcher, Finish
+from serving.config.settings import ServingSettings
 from serving.errors import FidelityRefused, ModelNotFound, NotReady
-from serving.manifest import Manifest, is_valid_name
-from serving.metrics import Metrics
-from serving.settings import ServingSettings
-from serving.store import ModelStore, StoreError, Tier
-from serving.text import Encoded, file_length, load_tokenizer, pad, unpadded
+from serving.model.text import Encoded, file_length, load_tokenizer, pad, unpadded
+from serving.release import hardware, probe
+from serving.release.manifest import Manifest, is_valid_name
+from serving.release.store import ModelStore, StoreError, Tier
+from serving.runtime import memory
+from serving.runtime.batcher import Batcher, Finish
+from serving.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,8 @@ class Runtime(Protocol):
 
 
 Loader = Callable[[Manifest, Path], Runtime]
-# the tier's per-batch finish for a model version (serving.batcher.Finish): logits -> answers
+# the tier's per-batch finish for a model version (serving.runtime.batcher.Finish):
+# logits -> answers
 Finisher = Callable[[Manifest], Finish]
 
 

@@ -21,10 +21,12 @@ from litestar.params import FromPath
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from serving import openapi, tracing, v2
 from serving.dataplane import DataPlane
 from serving.errors import PayloadTooLarge, ServingError
-from serving.logs import request_id
+from serving.protocol import v2
+from serving.telemetry import tracing
+from serving.telemetry.logs import request_id
+from serving.transport import openapi
 
 log = logging.getLogger("serving.access")
 HEADER = "x-request-id"

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Literal
 
 from serving.errors import StoreError
-from serving.manifest import Artifact, Manifest, decode, encode, is_valid_name
-from serving.signing import SigningError, Verifier, decode_signature, encode_signature
+from serving.release.manifest import Artifact, Manifest, decode, encode, is_valid_name
+from serving.release.signing import SigningError, Verifier, decode_signature, encode_signature
 
 MANIFEST = "release.json"
 SIGNATURE = "release.sig"

@@ -7,7 +7,7 @@ from typing import Literal
 
 import msgspec
 
-from serving.hardware import Platform
+from serving.release.hardware import Platform
 
 NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]*")
 MAX_NAME_LENGTH = 128

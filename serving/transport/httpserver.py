@@ -20,7 +20,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from serving import handoff
+from serving.transport import handoff
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,8 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
 
 class AdoptingServer(uvicorn.Server):
     """A uvicorn server with no listener of its own: it serves the connections an acceptor
-    hands it over ``channel`` (``serving/handoff.py``), each with the same protocol uvicorn
-    would have given a connection it accepted, and tells the acceptor when it is ready. On
+    hands it over ``channel`` (``serving/transport/handoff.py``), each with the same protocol
+    uvicorn would have given a connection it accepted, and tells the acceptor when it is ready. On
     shutdown it stops taking connections and drains the ones it has, as uvicorn does."""
 
     def __init__(self, config: uvicorn.Config, channel: socket.socket) -> None:

@@ -1,8 +1,8 @@
 """The OpenAPI description of the V2 routes (served at ``/schema/openapi.json``).
 
-The infer route reads its raw body (``serving.v2`` decodes and validates it, so every client
-mistake gets a precise ``{"error": ...}``), which leaves Litestar nothing to describe. Each route
-therefore names an ``Operation`` subclass that writes its bodies and every status it answers
+The infer route reads its raw body (``serving.protocol.v2`` decodes and validates it, so every
+client mistake gets a precise ``{"error": ...}``), which leaves Litestar nothing to describe. Each
+route therefore names an ``Operation`` subclass that writes its bodies and every status it answers
 with, so clients and schema-driven fuzzers (Schemathesis) see the real contract.
 """
 
@@ -14,7 +14,8 @@ from typing import Any
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Operation
 
-from serving import classify, v2
+from serving.protocol import v2
+from serving.runtime import classify
 
 Schema = dict[str, Any]
 JSON = "application/json"

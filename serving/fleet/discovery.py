@@ -26,9 +26,9 @@ with warnings.catch_warnings():  # py-consul's aio module passes aiohttp a depre
     import consul
     import consul.aio
 
-from serving import settings
+from serving.config import settings
+from serving.config.tokens import NODE_ID
 from serving.errors import InvalidInstance
-from serving.tokens import NODE_ID
 
 log = logging.getLogger(__name__)
 SERVICES = {"edge": "tiered-edge", "center": "tiered-center", "registry": "tiered-registry"}

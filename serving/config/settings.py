@@ -9,7 +9,7 @@ from typing import Annotated, Any, Self
 from pydantic import AfterValidator, AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from serving.tokens import check_node_token, check_secret, read_secret
+from serving.config.tokens import check_node_token, check_secret, read_secret
 
 REGION = r"[a-z0-9][a-z0-9-]{0,31}"  # a region tag: what discovery accepts from Consul too
 

@@ -28,7 +28,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from serving.logs import trace_id
+from serving.telemetry.logs import trace_id
 
 __all__ = ["ServerSpan", "SpanKind", "active", "configure", "inject", "record", "server_span",
            "set_attributes", "shutdown", "span", "wanted"]

@@ -13,10 +13,10 @@ from typing import Any, Protocol
 
 import consul.aio
 
-from serving import discovery
-from serving.discovery import OnChange
-from serving.repository import Repository
-from serving.settings import ServingSettings
+from serving.config.settings import ServingSettings
+from serving.fleet import discovery
+from serving.fleet.discovery import OnChange
+from serving.runtime.repository import Repository
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +36,9 @@ class Node:
         self.workers: list[Worker] = []
         self.registration: discovery.Registration | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        # False in the second and later of several workers (serving.workers): they follow the
-        # services the tier watches but neither register nor run the node's workers (sync)
+        # False in the second and later of several workers (serving.transport.workers): they
+        # follow the services the tier watches but neither register nor run the node's workers
+        # (sync)
         self.primary = True
 
     @property

@@ -1,6 +1,6 @@
 """Every worker's traffic in worker 0's quality reports (``--workers N``).
 
-Only worker 0 talks to the registry (``serving/workers.py``), so the others hand it their
+Only worker 0 talks to the registry (``serving/transport/workers.py``), so the others hand it their
 quality windows through the supervisor's private folder: each of them, every ``SHIP_S``
 seconds, adds what it saw since to its one file there (``<index>.json``); worker 0, before
 each report, takes every such file in and deletes it. A file holds at most one window per
@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from serving.quality import QualityWindow
+from serving.telemetry.quality import QualityWindow
 
 log = logging.getLogger(__name__)
 SHIP_S = 1.0

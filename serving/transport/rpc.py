@@ -2,7 +2,7 @@
 (``serving/grpc_predict_v2.proto``) over the same data plane as REST, with gRPC health and
 reflection, on ``grpc_port``.
 
-Like ``serving/app.py`` it only decodes and encodes: a ``ModelInferRequest`` becomes a
+Like ``serving/transport/rest.py`` it only decodes and encodes: a ``ModelInferRequest`` becomes a
 :class:`GrpcRequest` (typed ``contents`` or ``raw_input_contents``, checked by ``v2.validate``
 like every REST body), the answer goes back as ``raw_output_contents`` (what Triton answers and
 every V2 gRPC client reads). Serving errors map to status codes: 400 -> INVALID_ARGUMENT, 404 ->
@@ -31,7 +31,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from serving import tracing, v2
+from serving.config.settings import ServingSettings
 from serving.dataplane import DataPlane
 from serving.errors import (
     BadRequest,
@@ -43,9 +43,10 @@ from serving.errors import (
 )
 from serving.gen import grpc_predict_v2_pb2 as pb
 from serving.gen import grpc_predict_v2_pb2_grpc as pb_grpc
-from serving.logs import request_id
-from serving.settings import ServingSettings
-from serving.wire import Malformed, ParseInterceptor
+from serving.protocol import v2
+from serving.protocol.wire import Malformed, ParseInterceptor
+from serving.telemetry import tracing
+from serving.telemetry.logs import request_id
 
 log = logging.getLogger("serving.grpc")
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name

@@ -152,7 +152,8 @@ class QualityWindow:
     def drain(self, served: Sequence[tuple[str, int]] = ()) -> list[dict[str, Any]]:
         """One report per model version seen since the last drain, and per idle ``served`` one
         that an idle source adds fields to; starts a new window."""
-        for inflow in self.inflows:  # e.g. the other workers' windows (serving/quality_pool.py)
+        # e.g. the other workers' windows (serving/telemetry/quality_pool.py)
+        for inflow in self.inflows:
             inflow(self)
         with self._lock:
             windows, self._windows = self._windows, {}

@@ -14,14 +14,15 @@ import msgspec
 
 ENCODER = msgspec.json.Encoder(enc_hook=str)  # anything not JSON as its str(), as before
 request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
-trace_id: ContextVar[str | None] = ContextVar("trace_id", default=None)  # set by serving.tracing
+# set by serving.telemetry.tracing
+trace_id: ContextVar[str | None] = ContextVar("trace_id", default=None)
 
 
 class JsonFormatter(logging.Formatter):
     def __init__(self, service: str) -> None:
         super().__init__()
         self.service = service
-        worker = os.environ.get("TIERED_WORKER", "")  # serving.workers: which of several
+        worker = os.environ.get("TIERED_WORKER", "")  # serving.transport.workers: which of several
         self.worker = {"worker": int(worker)} if worker.isdigit() else {}
 
     def format(self, record: logging.LogRecord) -> str:

@@ -6,12 +6,12 @@ from typing import Any
 
 import numpy as np
 
-from serving import v2
+from serving.config.settings import ServingSettings
 from serving.errors import BadRequest
-from serving.repository import Resident
-from serving.scores import softmax
-from serving.settings import ServingSettings
-from serving.text import token_rows
+from serving.model.scores import softmax
+from serving.model.text import token_rows
+from serving.protocol import v2
+from serving.runtime.repository import Resident
 
 __all__ = ["limits", "outputs_metadata", "response", "rows_of", "softmax"]
 

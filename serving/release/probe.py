@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 
 from serving.errors import ProbeError
-from serving.text import Encoded
+from serving.model.text import Encoded
 
 FILE = "probe.npz"
 ROWS = 256

@@ -5,13 +5,13 @@ itself (the same command line) with ``TIERED_WORKER`` set to 0..N-1, forwards SI
 them, restarts one that dies while it is not stopping (and gives up on one that cannot start),
 and stops them all by PID. The supervisor alone listens on the port: it accepts each
 connection and hands it to the next ready worker in turn over a Unix socket pair
-(``serving/handoff.py``; SCM_RIGHTS), skipping a worker that died until it is back. Each
+(``serving/transport/handoff.py``; SCM_RIGHTS), skipping a worker that died until it is back. Each
 worker loads its own model session with a share of the cores (``threads``). Worker 0 is the
 node: it registers in Consul, runs the sync subscriber and serves gRPC; the others serve HTTP
 only, follow the Consul services the tier escalates to, and pick up new versions from the
 model store (the repository's poll). Their Prometheus metrics are summed through prometheus_client's
 multiprocess mode (``PROMETHEUS_MULTIPROC_DIR``, a fresh folder per run); their quality
-telemetry reaches worker 0's reports through the same folder (``serving/quality.py``).
+telemetry reaches worker 0's reports through the same folder (``serving/telemetry/quality.py``).
 
 Worker processes are started from the supervisor's own command line, never from anything
 received over a network.
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from serving import handoff
+from serving.transport import handoff
 
 log = logging.getLogger(__name__)
 WORKER = "TIERED_WORKER"  # this process's index among the workers (unset: no workers)
@@ -100,7 +100,7 @@ class _Worker:
 
 class Supervisor:
     """Starts the workers, accepts every connection on ``listener`` and hands each to the
-    next ready worker in turn (``serving/handoff.py``), restarts a worker that dies, and
+    next ready worker in turn (``serving/transport/handoff.py``), restarts a worker that dies, and
     stops them all on SIGINT/SIGTERM.
 
     One acceptor rather than N listeners with SO_REUSEPORT: the kernel hashes each

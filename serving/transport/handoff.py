@@ -1,7 +1,7 @@
 """Accepted connections handed from one process to another over a Unix socket pair.
 
-``--workers N`` (``serving/workers.py``) has one acceptor: the supervisor accepts every TCP
-connection and passes its file descriptor (SCM_RIGHTS) to the next worker in turn, over a
+``--workers N`` (``serving/transport/workers.py``) has one acceptor: the supervisor accepts every
+TCP connection and passes its file descriptor (SCM_RIGHTS) to the next worker in turn, over a
 ``SOCK_SEQPACKET`` pair it made for that worker; the worker adopts the descriptor into its
 event loop as if its own listener had accepted it. A worker says ``READY`` on the same pair
 once it serves, so nothing is handed to a worker still loading its model.

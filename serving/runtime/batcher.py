@@ -26,9 +26,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from serving import tracing
 from serving.errors import NotReady, Overloaded
-from serving.text import Encoded, pad
+from serving.model.text import Encoded, pad
+from serving.telemetry import tracing
+from serving.telemetry.metrics import BatchStats, Observer
 
 Predict = Callable[[Encoded], np.ndarray]
 Finish = Callable[[np.ndarray], np.ndarray]  # a call's outputs -> what the requests get
@@ -38,17 +39,6 @@ Finish = Callable[[np.ndarray], np.ndarray]  # a call's outputs -> what the requ
 # distinct length) and 256+ (hardly any split) clearly slower.
 CALL_TOKENS = 32
 PLAN_EXACT = 512  # distinct lengths up to which the split is exact; beyond, a coarser one
-
-
-@dataclass(frozen=True)
-class BatchStats:
-    rows: int
-    requests: int
-    queue_seconds: float  # of the oldest request
-    compute_seconds: float
-    calls: int = 1  # model calls the batch was split into (length groups)
-    tokens: int = 0  # real tokens in the batch
-    padded_tokens: int = 0  # token positions computed: each group's rows x its longest row
 
 
 def plan(lengths: Sequence[int], call_tokens: int = CALL_TOKENS) -> list[list[int]]:
@@ -87,8 +77,6 @@ def plan(lengths: Sequence[int], call_tokens: int = CALL_TOKENS) -> list[list[in
         j = cut[j]
     return groups[::-1]
 
-
-Observer = Callable[[BatchStats], None]
 
 
 @dataclass

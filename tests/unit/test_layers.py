@@ -1,0 +1,72 @@
+"""The code stays in rooms a newcomer can find: every module of ``serving/`` sits in a layer of
+the import-linter contract, no product package imports the test harness, and no product class
+grows past ~150 lines or ~10 methods without saying why in its docstring."""
+
+from __future__ import annotations
+
+import ast
+import pkgutil
+import tomllib
+from pathlib import Path
+
+import serving
+
+ROOT = Path(__file__).resolve().parents[2]
+PRODUCT = ("serving", "sync", "edge", "center", "registry", "tiered", "examples", "nginx")
+MAX_LINES = 150
+MAX_METHODS = 10
+WHY = "Why one class:"  # the docstring paragraph that explains a larger class
+
+
+def contracts() -> list[dict[str, object]]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    return list(config["contracts"])
+
+
+def serving_layers() -> set[str]:
+    contract = next(c for c in contracts() if c.get("containers") == ["serving"])
+    layers = contract["layers"]
+    assert isinstance(layers, list)
+    return {name.strip() for layer in layers for name in str(layer).split("|")}
+
+
+def test_every_module_of_serving_sits_in_a_layer_of_the_contract() -> None:
+    children = {info.name for info in pkgutil.iter_modules(serving.__path__)}
+    assert children, "serving/ has no modules"
+    assert children <= serving_layers(), (
+        f"modules of serving/ in no layer of the contract: {sorted(children - serving_layers())}")
+    assert serving_layers() <= children, (
+        f"layers naming nothing: {sorted(serving_layers() - children)}")
+
+
+def test_the_harness_sits_above_every_product_package() -> None:
+    contract = next(c for c in contracts() if str(c["name"]).startswith("Top-level packages"))
+    layers = [str(layer) for layer in contract["layers"]]  # type: ignore[attr-defined]
+    below = {name.strip() for layer in layers[layers.index("harness") + 1:]
+             for name in layer.split("|")}
+    assert set(PRODUCT) <= below
+
+
+def large_classes() -> list[str]:
+    found = []
+    for package in PRODUCT:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "gen" in path.relative_to(ROOT).parts:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if not isinstance(node, ast.ClassDef):
+                    continue
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                methods = sum(isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)
+                              for item in node.body)
+                if (lines > MAX_LINES or methods > MAX_METHODS) and WHY not in (
+                        ast.get_docstring(node) or ""):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} "
+                                 f"({lines} lines, {methods} methods)")
+    return found
+
+
+def test_no_product_class_is_large_without_a_reason_in_its_docstring() -> None:
+    assert not large_classes(), (
+        f"classes over {MAX_LINES} lines or {MAX_METHODS} methods whose docstring has no "
+        f"'{WHY}' paragraph:\n" + "\n".join(large_classes()))
