@@ -1,1 +1,2 @@
-"""Benchmarks (run as scripts, e.g. ``.venv/bin/python bench/serving.py``); not tests."""
+"""Benchmarks, run as modules (``.venv/bin/python -m bench.tiers``, ``make bench`` for all); not
+tests. Each prints its tables and writes a fragment of ``docs/benchmarks.md``."""

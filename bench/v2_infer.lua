@@ -2,7 +2,7 @@
 --
 --   wrk -t1 -c32 -d10s -s bench/v2_infer.lua http://127.0.0.1:PORT/v2/models/M/infer -- BODIES
 --
--- BODIES is a file with one complete JSON request body per line (bench/serving.py writes it);
+-- BODIES is a file with one complete JSON request body per line (bench/kit.py write_bodies writes it);
 -- requests rotate through the lines. done() prints two machine-readable lines:
 --   BENCH_RESULT requests=.. duration_us=.. p50_us=.. p99_us=.. mean_us=.. max_us=..
 --   errors_connect=.. errors_read=.. errors_write=.. errors_status=.. errors_timeout=..
