@@ -121,9 +121,10 @@ def test_architecture_names_every_top_level_package_in_the_layering_order() -> N
 
 
 # `serving.dataplane.DataPlane`, ``edge/pipeline.py``: names of code in the docs and docstrings
-DOTTED = re.compile(r"`{1,2}((?:serving|edge|center|registry|sync|tiered|examples|nginx|bench|harness)"
-                    r"(?:\.[A-Za-z_][A-Za-z0-9_]*)+)`")
-PATH = re.compile(r"`{1,2}((?:[A-Za-z0-9_.-]+/)+[A-Za-z0-9_.-]+\.(?:py|proto|sh|lua|toml|yml|hcl))`")
+DOTTED = re.compile(r"`{1,2}((?:serving|edge|center|registry|sync|tiered|examples|nginx|bench"
+                    r"|harness)(?:\.[A-Za-z_][A-Za-z0-9_]*)+)`")
+PATH = re.compile(r"`{1,2}((?:[A-Za-z0-9_.-]+/)+[A-Za-z0-9_.-]+"
+                  r"\.(?:py|proto|sh|lua|toml|yml|hcl))`")
 # dotted names that are files, hosts or span attributes, not code
 NOT_CODE = {"json", "sqlite3", "pem", "invalid", "proto", "template", "v1"}
 ALWAYS_CODE = ("serving.", "edge.", "center.", "sync.", "harness.", "bench.")
