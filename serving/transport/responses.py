@@ -23,7 +23,9 @@ INTERNAL = "internal error; see the server log for the request id"
 
 @dataclass(frozen=True, slots=True)
 class ErrorResponse:
-    status: int  # HTTP
+    """An HTTP status, the error's message and the headers that go with it."""
+
+    status: int
     message: str
     headers: Mapping[str, str]
 
