@@ -1,6 +1,7 @@
 """Every exception the serving package raises. ``ServingError`` and its subclasses reach
-clients: the transports map each to ``{"error": ...}`` with its status, once. The others are
-the node's own (store, signatures, probe, discovery, tokens) and never leave it as such.
+clients: ``serving/transport/responses.py`` answers each with its status, headers and
+``{"error": ...}``, for REST and gRPC alike. The others are the node's own (store, signatures,
+probe, discovery, tokens) and never leave it as such.
 
 Standard library only: ``serving/config/tokens.py`` runs under the system Python too.
 """

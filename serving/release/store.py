@@ -86,6 +86,12 @@ def check_release(manifest: Manifest) -> None:
 
 
 class ModelStore:
+    """One store folder (the layout in the module's docstring): read, verify, install,
+    activate and prune its versions.
+
+    Why one class: every method is a path in that one layout plus the checks it keeps (valid
+    names, sizes, sha256s, signatures), and the reads and the install share them."""
+
     def __init__(self, root: Path, verifier: Verifier | None = None) -> None:
         """``verifier``: the key every version must be signed with (None: not checked)."""
         self.root = root

@@ -89,6 +89,13 @@ class _Pending:
 
 
 class Batcher:
+    """One model version's queue and the loop that batches it (the module's docstring says
+    how): ``submit`` from the request handlers, ``start``/``stop`` from the repository.
+
+    Why one class: the queue, its row count, the batch being collected and the worker thread's
+    progress are one piece of state, read and written from the event loop and the worker
+    thread in a fixed order; split in two, each half would reach into the other's fields."""
+
     def __init__(self, predict: Predict, *, max_batch_size: int, max_delay_ms: float,
                  max_queue_rows: int, observe: Observer | None = None,
                  executor: ThreadPoolExecutor | None = None,

@@ -1,6 +1,8 @@
 """The HTTP transport both tiers serve: V2 REST routes, /metrics, errors, request ids.
 
-Routes only decode and encode; the data plane (``serving/dataplane.py``) does the work. The app
+Routes only decode and encode; the data plane (``serving/dataplane.py``) does the work. One
+handler serves ``POST .../infer`` (:func:`infer_handler`, plain ASGI, taken before Litestar's
+routing); every error, from any route, is answered by ``serving/transport/responses.py``. The app
 starts and stops what it is handed (``lifecycle``: the whole process, or just the data plane).
 """
 
@@ -12,21 +14,21 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from litestar import Litestar, MediaType, Request, Response, get, post
 from litestar.datastructures import State
-from litestar.exceptions import HTTPException
 from litestar.params import FromPath
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from serving.dataplane import DataPlane
-from serving.errors import PayloadTooLarge, ServingError
+from serving.errors import PayloadTooLarge
 from serving.protocol import v2
 from serving.telemetry import tracing
 from serving.telemetry.logs import request_id
 from serving.transport import openapi
+from serving.transport.responses import error_response
 
 log = logging.getLogger("serving.access")
 HEADER = "x-request-id"
@@ -89,22 +91,12 @@ def request_id_middleware(app: ASGIApp) -> ASGIApp:
     return middleware
 
 
-def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response[Any]:
-    return Response({"error": message}, status_code=status, headers=headers or {},
-                    media_type=MediaType.JSON)
-
-
-def on_serving_error(_: Request[Any, Any, Any], exc: ServingError) -> Response[Any]:
-    return _error(exc.status, str(exc), exc.headers)
-
-
-def on_http_error(_: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
-    return _error(exc.status_code, str(exc.detail), exc.headers)
-
-
-def on_unexpected(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    log.error("unhandled error", exc_info=exc)
-    return _error(500, "internal error; see the server log for the request id")
+def on_error(_: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """Litestar's exception handler, for every route but the infer handler (which answers its
+    own errors the same way)."""
+    answer = error_response(exc, log)
+    return Response(content=answer.body, status_code=answer.status,
+                    headers=dict(answer.headers), media_type=MediaType.JSON)
 
 
 @get("/v2/health/live", sync_to_thread=False, operation_class=openapi.documented(openapi.LIVE))
@@ -143,17 +135,14 @@ def model_ready(request: Request[Any, Any, Any], model: FromPath[str],
 
 
 @post(["/v2/models/{model:str}/infer", "/v2/models/{model:str}/versions/{version:str}/infer"],
-      status_code=200, operation_class=openapi.documented(
+      status_code=200, sync_to_thread=False, operation_class=openapi.documented(
           openapi.INFER_RESPONSE, (400, 404, 413, 503), request=openapi.INFER_REQUEST))
-async def infer(request: Request[Any, Any, Any], model: FromPath[str],
-                version: FromPath[str | None] = None) -> Response[Any]:
-    body = v2.HttpRequest(await request.body(), request.headers.get(v2.HEADER_LENGTH))
-    result = await _plane(request).infer(model, version, body)
-    content, header_length = v2.encode_http(result, body.parsed)
-    if header_length is None:
-        return Response(content=content, media_type=MediaType.JSON)
-    return Response(content=content, media_type="application/octet-stream",
-                    headers={v2.HEADER_LENGTH: str(header_length)})
+def infer(request: Request[Any, Any, Any], model: FromPath[str],
+          version: FromPath[str | None] = None) -> ASGIApp:
+    """The infer routes as the router and the OpenAPI document know them. :class:`TierApp`
+    hands a POST to :func:`infer_handler` before routing; one the router brings here (a path
+    spelled otherwise, e.g. with a trailing slash) goes to the same handler."""
+    return cast("TierApp", request.app).infer
 
 
 @get("/metrics", sync_to_thread=False,
@@ -162,11 +151,11 @@ def metrics(request: Request[Any, Any, Any]) -> Response[Any]:
     return Response(content=_plane(request).exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
-def fast_infer(plane: DataPlane, max_body: int) -> ASGIApp:
-    """``POST .../infer`` as a plain ASGI handler: the same data plane call, errors, body limit
-    and response as the Litestar route (which stays, for the OpenAPI document), without the
-    framework's routing, request and response objects and exception middleware around it.
-    Wrapped in :func:`request_id_middleware` like every route (ids, trace, access log)."""
+def infer_handler(plane: DataPlane, max_body: int) -> ASGIApp:
+    """``POST .../infer`` as a plain ASGI handler, the only one that serves it: the body (at
+    most ``max_body`` bytes), the data plane call, the response, errors as every route answers
+    them; without the framework's routing, request and response objects and exception
+    middleware around it."""
 
     async def handler(scope: Any, receive: Any, send: Any) -> None:  # an HTTP scope
         model, version = INFER_PATH.fullmatch(scope["path"]).groups()  # type: ignore[union-attr]
@@ -183,19 +172,16 @@ def fast_infer(plane: DataPlane, max_body: int) -> ASGIApp:
             if header_length is not None:
                 headers = [*BINARY_HEADERS, (v2.HEADER_LENGTH.encode(),
                                              str(header_length).encode())]
-        except ServingError as exc:
-            status, content = exc.status, v2.ENCODER.encode({"error": str(exc)})
-            headers = [*JSON_HEADERS, *((k.lower().encode(), v.encode())
-                                        for k, v in exc.headers.items())]
         except Exception as exc:
-            log.error("unhandled error", exc_info=exc)
-            status, content = 500, v2.ENCODER.encode({"error": "internal error; see the "
-                                                               "server log for the request id"})
+            answer = error_response(exc, log)
+            status, content = answer.status, answer.body
+            headers = [*JSON_HEADERS, *((k.lower().encode(), v.encode())
+                                        for k, v in answer.headers.items())]
         await send({"type": "http.response.start", "status": status, "headers": [
             *headers, (b"content-length", str(len(content)).encode())]})
         await send({"type": "http.response.body", "body": content})
 
-    return request_id_middleware(handler)
+    return handler
 
 
 def _header(scope: Any, name: bytes) -> bytes | None:
@@ -226,16 +212,21 @@ async def _body(scope: Any, receive: Any, limit: int) -> bytes | None:
 
 
 class TierApp(Litestar):
-    """The Litestar app, with inference requests taken by :func:`fast_infer` before routing."""
+    """The Litestar app, with ``POST .../infer`` handed to ``infer`` (:func:`infer_handler`)
+    before routing, in :func:`request_id_middleware` like every route (ids, trace, access
+    log)."""
 
-    fast: ASGIApp | None = None
+    def __init__(self, *, infer: ASGIApp, **config: Any) -> None:
+        super().__init__(**config)
+        self.infer = infer
+        self._infer = request_id_middleware(infer)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if (self.fast is not None and scope["type"] == "http" and scope["method"] == "POST"
+        if (scope["type"] == "http" and scope["method"] == "POST"
                 and (found := INFER_PATH.fullmatch(scope["path"]))):
             # the route, as Litestar's router names it: spans and logs stay low-cardinality
             scope["path_template"] = INFER_ROUTES[found[2] is not None]
-            await self.fast(scope, receive, send)
+            await self._infer(scope, receive, send)
             return
         await super().__call__(scope, receive, send)
 
@@ -254,13 +245,10 @@ def create_app(plane: DataPlane, lifecycle: Lifecycle | None = None) -> Litestar
             await owned.stop()
 
     settings = plane.service.settings
-    app = TierApp(
+    return TierApp(
+        infer=infer_handler(plane, settings.max_body_bytes),
         route_handlers=[live, ready, server_metadata, model_metadata, model_ready, infer, metrics],
         middleware=[request_id_middleware], lifespan=[lifespan], debug=False,
-        exception_handlers={ServingError: on_serving_error, HTTPException: on_http_error,
-                            Exception: on_unexpected},
-        request_max_body_size=settings.max_body_bytes,
+        exception_handlers={Exception: on_error}, request_max_body_size=settings.max_body_bytes,
         state=State({"plane": plane}), logging_config=None,
         openapi_config=openapi.config(f"{plane.service.name} (Open Inference Protocol V2)"))
-    app.fast = fast_infer(plane, settings.max_body_bytes)
-    return app

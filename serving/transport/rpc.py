@@ -5,9 +5,11 @@ reflection, on ``grpc_port``.
 Like ``serving/transport/rest.py`` it only decodes and encodes: a ``ModelInferRequest`` becomes a
 :class:`GrpcRequest` (typed ``contents`` or ``raw_input_contents``, checked by ``v2.validate``
 like every REST body), the answer goes back as ``raw_output_contents`` (what Triton answers and
-every V2 gRPC client reads). Serving errors map to status codes: 400 -> INVALID_ARGUMENT, 404 ->
-NOT_FOUND, 413 and messages over ``max_body_bytes`` -> RESOURCE_EXHAUSTED, 503 -> UNAVAILABLE
-(back-pressure adds ``retry-after`` and a ``google.rpc.RetryInfo`` detail).
+every V2 gRPC client reads). Errors get the answer REST gives (``serving/transport/responses.py``),
+its HTTP status as a code (``CODES``): 400 -> INVALID_ARGUMENT, 404 -> NOT_FOUND, 413 (and,
+from gRPC itself, messages over ``max_body_bytes``) -> RESOURCE_EXHAUSTED, 503 -> UNAVAILABLE,
+anything else INTERNAL; a ``Retry-After`` (back-pressure) adds ``retry-after`` and a
+``google.rpc.RetryInfo`` detail.
 
 The stubs declare the package ``inference``, as tritonclient's and KServe's do: a process can
 load only one of them (protobuf refuses a second definition of ``inference.*``), so this module
@@ -27,34 +29,27 @@ from typing import Any
 
 import grpc
 from google.protobuf import duration_pb2
-from google.rpc import code_pb2, error_details_pb2, status_pb2
+from google.rpc import error_details_pb2, status_pb2
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from serving.config.settings import ServingSettings
 from serving.dataplane import DataPlane
-from serving.errors import (
-    BadRequest,
-    ModelNotFound,
-    NotReady,
-    Overloaded,
-    PayloadTooLarge,
-    ServingError,
-)
+from serving.errors import BadRequest, NotReady
 from serving.gen import grpc_predict_v2_pb2 as pb
 from serving.gen import grpc_predict_v2_pb2_grpc as pb_grpc
 from serving.protocol import v2
 from serving.protocol.wire import Malformed, ParseInterceptor
 from serving.telemetry import tracing
 from serving.telemetry.logs import request_id
+from serving.transport.responses import ErrorResponse, error_response
 
 log = logging.getLogger("serving.grpc")
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 REQUEST_ID = "x-request-id"
 GRACE_S = 10.0  # in-flight calls finish within this on stop, like uvicorn's graceful shutdown
-CODES = {BadRequest: grpc.StatusCode.INVALID_ARGUMENT, ModelNotFound: grpc.StatusCode.NOT_FOUND,
-         PayloadTooLarge: grpc.StatusCode.RESOURCE_EXHAUSTED,
-         NotReady: grpc.StatusCode.UNAVAILABLE, Overloaded: grpc.StatusCode.UNAVAILABLE}
+CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,  # else INTERNAL
+         413: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE}
 CONTENTS = {"BYTES": "bytes_contents", "INT64": "int64_contents"}  # the inputs' datatypes
 # statuses that are the server's fault (OpenTelemetry's gRPC server span convention): the span
 # is marked failed; a client's bad request is not
@@ -126,23 +121,18 @@ def infer_response(result: v2.InferResponse) -> pb.ModelInferResponse:
     return response
 
 
-def _status(exc: ServingError) -> grpc.StatusCode:
-    return next((code for kind, code in CODES.items() if isinstance(exc, kind)),
-                grpc.StatusCode.INTERNAL)
-
-
-async def _abort(context: grpc.aio.ServicerContext[Any, Any], exc: ServingError) -> None:
-    code = _status(exc)
-    retry = exc.headers.get("Retry-After")
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusCode,
+                 answer: ErrorResponse) -> None:
+    retry = answer.headers.get("Retry-After")
     if retry is not None:  # back-pressure: say when to come back, both ways clients read it
         detail = error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(
             seconds=int(retry)))
-        status = status_pb2.Status(code=code_pb2.UNAVAILABLE, message=str(exc))
+        status = status_pb2.Status(code=code.value[0], message=answer.message)
         status.details.add().Pack(detail)
         context.set_trailing_metadata((  # replaces _call's: the request id goes again
             (REQUEST_ID, request_id.get() or ""), ("retry-after", retry),
             ("grpc-status-details-bin", status.SerializeToString())))
-    await context.abort(code, str(exc))
+    await context.abort(code, answer.message)
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -200,8 +190,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 async def _call(context: grpc.aio.ServicerContext[Any, Any], method: str,
                 request: object) -> AsyncIterator[None]:
     """The request id (``x-request-id`` metadata, else a new one) in logs and trailing metadata,
-    a message that did not parse as INVALID_ARGUMENT, a serving error as its status code, an
-    unexpected one as INTERNAL, an access log line."""
+    a message that did not parse as INVALID_ARGUMENT, any other error as its answer's code
+    (``CODES``), an access log line."""
     metadata = dict(context.invocation_metadata() or ())
     given = metadata.get(REQUEST_ID, "")
     rid = (given if isinstance(given, str) else "")[:128] or uuid.uuid4().hex
@@ -215,15 +205,12 @@ async def _call(context: grpc.aio.ServicerContext[Any, Any], method: str,
             if isinstance(request, Malformed):
                 raise BadRequest(request.details)
             yield
-        except ServingError as exc:
-            code = _status(exc)
-            await _abort(context, exc)
         except grpc.aio.AbortError:
             raise
         except Exception as exc:
-            code = grpc.StatusCode.INTERNAL
-            log.error("unhandled error", exc_info=exc)
-            await context.abort(code, "internal error; see the server log for the request id")
+            answer = error_response(exc, log)
+            code = CODES.get(answer.status, grpc.StatusCode.INTERNAL)
+            await _abort(context, code, answer)
         finally:
             span.set(**{"rpc.grpc.status_code": code.value[0]})
             if code in SERVER_FAULTS:

@@ -98,24 +98,95 @@ class _Worker:
     ready: bool = False
 
 
-class Supervisor:
-    """Starts the workers, accepts every connection on ``listener`` and hands each to the
-    next ready worker in turn (``serving/transport/handoff.py``), restarts a worker that dies, and
-    stops them all on SIGINT/SIGTERM.
+class Acceptor:
+    """The tier's socket: listening once a worker is first ready, accepting while one is, each
+    connection handed to the next ready worker in turn (``serving/transport/handoff.py``).
 
     One acceptor rather than N listeners with SO_REUSEPORT: the kernel hashes each
     connection to a listener, which spreads a few long-lived (keep-alive) connections
     unevenly; round-robin gives every worker its share of them."""
 
+    def __init__(self, listener: socket.socket, selector: selectors.BaseSelector,
+                 workers: list[_Worker]) -> None:
+        self.listener, self.selector, self.workers = listener, selector, workers
+        self.turn = 0
+        self.listening = self.accepting = self.closed = False
+
+    def accept(self) -> None:
+        for _ in range(ACCEPT_BATCH):
+            try:
+                connection, _ = self.listener.accept()
+            except BlockingIOError:
+                return
+            except OSError as exc:  # e.g. out of descriptors: keep serving what is open
+                log.warning("accept failed: %s", exc)
+                return
+            with connection:  # this process's copy is closed once handed on
+                self.hand(connection)
+
+    def hand(self, connection: socket.socket) -> None:
+        """To the next ready worker; a worker whose queue is full is skipped, one whose
+        channel is broken (it died) is skipped until restarted (``broken`` marks it)."""
+        count = len(self.workers)
+        for _ in range(count):
+            worker = self.workers[self.turn]
+            self.turn = (self.turn + 1) % count
+            if worker.channel is None or not worker.ready:
+                continue
+            try:
+                handoff.send(worker.channel, connection)
+                return
+            except BlockingIOError:
+                continue
+            except OSError:
+                self.broken(worker)
+        log.warning("no worker could take a connection; closed it")
+
+    def broken(self, worker: _Worker) -> None:
+        """Close a worker's channel (it died, or its end closed): no more connections for it."""
+        if worker.channel is not None:
+            self.selector.unregister(worker.channel)
+            worker.channel.close()
+            worker.channel, worker.ready = None, False
+        self.follow()
+
+    def follow(self) -> None:
+        """Accept while some worker is ready; otherwise leave connections in the backlog."""
+        if self.closed:
+            return
+        ready = any(w.ready for w in self.workers)
+        if ready and not self.listening:
+            self.listener.listen(BACKLOG)
+            self.listening = True
+        if ready != self.accepting:
+            if ready:
+                self.selector.register(self.listener, selectors.EVENT_READ, None)
+            else:
+                self.selector.unregister(self.listener)
+            self.accepting = ready
+
+    def close(self) -> None:
+        """Stop accepting; connections not yet accepted are refused."""
+        if self.accepting:
+            self.selector.unregister(self.listener)
+            self.accepting = False
+        self.listener.close()
+        self.closed = True
+
+
+class Supervisor:
+    """Starts the workers, lets the :class:`Acceptor` hand them the connections, restarts a
+    worker that dies, and stops them all on SIGINT/SIGTERM."""
+
     def __init__(self, listener: socket.socket, count: int, folder: Path) -> None:
-        self.listener, self.count, self.folder = listener, count, folder
+        self.count, self.folder = count, folder
         self.command = [sys.executable, *sys.argv]  # the tier's console script, as started
         self.selector = selectors.DefaultSelector()
-        self.workers: list[_Worker] = []
+        self.workers: list[_Worker] = []  # filled by run; a restarted one takes its place
+        self.acceptor = Acceptor(listener, self.selector, self.workers)
         self.quick = [0] * count  # deaths in a row within QUICK_DEATH_S of starting
         self.restart_at: dict[int, float] = {}
-        self.turn = 0
-        self.listening = self.accepting = self.stopping = False
+        self.stopping = False
         self.asked = False  # set by the signal handler only; the loop does the stopping
 
     def start(self, i: int) -> _Worker:
@@ -133,11 +204,11 @@ class Supervisor:
 
     def run(self) -> int:
         """Until SIGINT/SIGTERM (0) or a worker that cannot start (its exit status)."""
-        self.workers = [self.start(i) for i in range(self.count)]
+        self.workers.extend(self.start(i) for i in range(self.count))
         while not self.asked:
             for key, _ in self.selector.select(0.2):
                 if key.data is None:
-                    self.accept()
+                    self.acceptor.accept()
                 else:
                     self.heard(key.data)
             code = self.reap()
@@ -147,35 +218,6 @@ class Supervisor:
             self.restart_due()
         self.stop()
         return 0
-
-    def accept(self) -> None:
-        for _ in range(ACCEPT_BATCH):
-            try:
-                connection, _ = self.listener.accept()
-            except BlockingIOError:
-                return
-            except OSError as exc:  # e.g. out of descriptors: keep serving what is open
-                log.warning("accept failed: %s", exc)
-                return
-            with connection:  # this process's copy is closed once handed on
-                self.hand(connection)
-
-    def hand(self, connection: socket.socket) -> None:
-        """To the next ready worker; a worker whose queue is full is skipped, one whose
-        channel is broken (it died) loses its turn until restarted."""
-        for _ in range(self.count):
-            worker = self.workers[self.turn]
-            self.turn = (self.turn + 1) % self.count
-            if worker.channel is None or not worker.ready:
-                continue
-            try:
-                handoff.send(worker.channel, connection)
-                return
-            except BlockingIOError:
-                continue
-            except OSError:
-                self.broken(worker)
-        log.warning("no worker could take a connection; closed it")
 
     def heard(self, worker: _Worker) -> None:
         """A worker said it is ready, or its end closed (it exited)."""
@@ -189,28 +231,8 @@ class Supervisor:
         if data == handoff.READY:
             worker.ready = True
         elif not data:
-            self.broken(worker)
-        self.follow()
-
-    def broken(self, worker: _Worker) -> None:
-        if worker.channel is not None:
-            self.selector.unregister(worker.channel)
-            worker.channel.close()
-            worker.channel, worker.ready = None, False
-        self.follow()
-
-    def follow(self) -> None:
-        """Accept while some worker is ready; otherwise leave connections in the backlog."""
-        ready = any(w.ready for w in self.workers)
-        if ready and not self.listening:
-            self.listener.listen(BACKLOG)
-            self.listening = True
-        if ready != self.accepting and not self.stopping:
-            if ready:
-                self.selector.register(self.listener, selectors.EVENT_READ, None)
-            else:
-                self.selector.unregister(self.listener)
-            self.accepting = ready
+            self.acceptor.broken(worker)
+        self.acceptor.follow()
 
     def reap(self) -> int | None:
         """Schedule a restart of each worker that died; the status of one that cannot start."""
@@ -218,7 +240,7 @@ class Supervisor:
             code = worker.process.poll()
             if code is None or i in self.restart_at:
                 continue
-            self.broken(worker)
+            self.acceptor.broken(worker)
             _mark_dead(self.folder, worker.process.pid)
             quick = time.monotonic() - worker.started < QUICK_DEATH_S
             self.quick[i] = self.quick[i] + 1 if quick else 0
@@ -246,9 +268,7 @@ class Supervisor:
         if self.stopping:
             return
         self.stopping = True
-        if self.accepting:
-            self.selector.unregister(self.listener)
-        self.listener.close()
+        self.acceptor.close()
         for worker in self.workers:
             if worker.process.poll() is None:
                 worker.process.send_signal(signal.SIGTERM)

@@ -1,0 +1,63 @@
+"""The one answer to an exception, and the one handler of ``POST .../infer`` however the path is
+spelled; with the test data plane of ``test_dataplane``."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from litestar.exceptions import MethodNotAllowedException
+from litestar.testing import TestClient
+
+from serving.errors import ModelNotFound, Overloaded, ServingError
+from serving.transport.responses import INTERNAL, error_response
+from serving.transport.rest import create_app
+from tests.unit.serving.test_dataplane import BODY, plane
+
+log = logging.getLogger("test")
+
+
+def test_serving_errors_keep_their_status_message_and_headers() -> None:
+    answer = error_response(Overloaded("queue full", retry_after=2), log)
+    assert (answer.status, answer.message, dict(answer.headers)) == (
+        503, "queue full", {"Retry-After": "2"})
+    assert answer.body == b'{"error":"queue full"}'
+    assert error_response(ModelNotFound("no such model"), log).status == 404
+    assert error_response(ServingError("plain"), log).status == 500
+
+
+def test_framework_errors_keep_their_status_and_headers() -> None:
+    answer = error_response(MethodNotAllowedException(headers={"Allow": "POST"}), log)
+    assert (answer.status, answer.message, dict(answer.headers)) == (
+        405, "Method Not Allowed", {"Allow": "POST"})
+
+
+def test_unexpected_errors_are_logged_and_never_shown(caplog: pytest.LogCaptureFixture) -> None:
+    answer = error_response(RuntimeError("/opt/secret.py line 42"), log)
+    assert (answer.status, answer.message, dict(answer.headers)) == (500, INTERNAL, {})
+    assert "secret" not in answer.body.decode()
+    assert caplog.records[-1].exc_info is not None
+
+
+@pytest.mark.parametrize("path", ["/v2/models/sentiment/infer", "/v2/models/sentiment/infer/",
+                                  "/v2//models/sentiment/versions/1/infer"])
+def test_every_spelling_of_an_infer_path_reaches_the_one_handler(path: str) -> None:
+    p, tier = plane()
+    with TestClient(create_app(p)) as client:
+        answer = client.post(path, content=BODY, headers={"x-request-id": "r-1"})
+        assert answer.status_code == 200 and answer.json()["id"] == "r1"
+        assert answer.headers["x-request-id"] == "r-1"
+        missing = client.post(path.replace("sentiment", "nope"), content=BODY)
+        assert missing.status_code == 404 and set(missing.json()) == {"error"}
+        assert client.put(path).status_code == 405
+    assert len(tier.parsed) == 1
+
+
+def test_a_route_and_the_infer_handler_answer_an_error_alike() -> None:
+    p, _ = plane()
+    with TestClient(create_app(p)) as client:
+        route = client.get("/v2/models/nope")
+        handler = client.post("/v2/models/nope/infer", content=BODY)
+    assert route.status_code == handler.status_code == 404
+    assert route.headers["content-type"] == handler.headers["content-type"] == "application/json"
+    assert route.json() == handler.json() == {"error": "model 'nope' has no version None"}
