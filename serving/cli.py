@@ -11,13 +11,14 @@ import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
+from serving.config import environment
 from serving.config.flags import options
 from serving.process import Process
 from serving.release.signing import SigningError
 from serving.telemetry import tracing
 from serving.telemetry.logs import configure
 from serving.telemetry.quality_pool import QualityPool
-from serving.transport import handoff, workers
+from serving.transport import workers
 from serving.transport.httpserver import AdoptingServer, GatheringHttpToolsProtocol
 from serving.transport.rest import create_app
 from serving.transport.rpc import GrpcTransport
@@ -37,7 +38,7 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
             raise click.UsageError(f"invalid settings: {exc}") from exc
         s: Any = settings
         configure(name, s.log_level, s.log_file, s.log_max_bytes, s.log_backups)
-        worker = workers.index()
+        worker = environment.worker_index()
         if s.workers > 1 and worker is None:  # the supervisor: N copies of this command
             raise SystemExit(workers.supervise(_listen(s.host, s.port), s.workers, s.threads))
         if worker is not None:
@@ -61,7 +62,7 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
                                 log_config=None, access_log=False,
                                 timeout_graceful_shutdown=10, ssl_certfile=s.tls_cert,
                                 ssl_keyfile=s.tls_key)
-        channel = handoff.channel_fd()
+        channel = environment.channel_fd()
         try:
             if channel is None:
                 uvicorn.Server(config).run()
@@ -78,7 +79,7 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
 
 def _pool_quality(process: Process, worker: int | None) -> None:
     """With several workers, worker 0's quality reports count every worker's traffic."""
-    folder = workers.shared_folder()
+    folder = environment.shared_folder()
     if worker is None or folder is None:
         return
     pool = QualityPool(folder / "quality", worker)

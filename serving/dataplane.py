@@ -9,12 +9,12 @@ stops the model repository: ``start`` serves what the store holds, ``stop`` drai
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
+from serving.config import environment
 from serving.config.settings import ServingSettings
 from serving.errors import NotReady, ServingError
 from serving.fleet.discovery import OnChange
@@ -144,9 +144,9 @@ class DataPlane:
     def exposition(self) -> bytes:
         """The Prometheus text exposition of this process's metrics; with several workers
         (prometheus_client's multiprocess folder set), every worker's, summed."""
-        folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-        if not folder:
+        folder = environment.metrics_folder()
+        if folder is None:
             return generate_latest(self.metrics.registry)
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry, folder)
+        multiprocess.MultiProcessCollector(registry, str(folder))
         return generate_latest(registry)

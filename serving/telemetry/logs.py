@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
-import os
 import sys
 import time
 from contextvars import ContextVar
 from pathlib import Path
 
 import msgspec
+
+from serving.config import environment
 
 ENCODER = msgspec.json.Encoder(enc_hook=str)  # anything not JSON as its str(), as before
 request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
@@ -22,8 +23,8 @@ class JsonFormatter(logging.Formatter):
     def __init__(self, service: str) -> None:
         super().__init__()
         self.service = service
-        worker = os.environ.get("TIERED_WORKER", "")  # serving.transport.workers: which of several
-        self.worker = {"worker": int(worker)} if worker.isdigit() else {}
+        worker = environment.worker_index()  # which of several (serving.transport.workers)
+        self.worker = {} if worker is None else {"worker": worker}
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {

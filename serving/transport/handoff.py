@@ -16,7 +16,6 @@ import contextlib
 import os
 import socket
 
-CHANNEL = "TIERED_CHANNEL"  # the worker's end of its pair, as an inherited descriptor number
 READY = b"ready"
 TAG = b"c"  # one byte travels with each descriptor (a message cannot be empty)
 
@@ -27,13 +26,6 @@ def pair() -> tuple[socket.socket, socket.socket]:
     mine.setblocking(False)
     theirs.set_inheritable(True)
     return mine, theirs
-
-
-def channel_fd() -> int | None:
-    """The descriptor of this worker's end of its pair; None when no acceptor hands it
-    connections."""
-    value = os.environ.get(CHANNEL, "")
-    return int(value) if value.isdigit() else None
 
 
 def send(channel: socket.socket, connection: socket.socket) -> None:

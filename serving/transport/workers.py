@@ -35,29 +35,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from serving.config.environment import for_worker
 from serving.transport import handoff
 
 log = logging.getLogger(__name__)
-WORKER = "TIERED_WORKER"  # this process's index among the workers (unset: no workers)
-METRICS = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client's multiprocess folder
 RESTART_DELAY_S = 1.0
 QUICK_DEATH_S, GIVE_UP_AFTER = 30.0, 3  # a worker dying this soon this often cannot start
 STOP_GRACE_S = 15.0  # uvicorn's drain (10 s) and the batchers'; under tiered's 20 s stop
 PR_SET_PDEATHSIG = 1
 BACKLOG = 2048  # uvicorn's default
 ACCEPT_BATCH = 64  # connections accepted per wake-up before the workers are checked again
-
-
-def index() -> int | None:
-    """This process's worker index; None when it is not one of several workers."""
-    value = os.environ.get(WORKER, "")
-    return int(value) if value.isdigit() else None
-
-
-def shared_folder() -> Path | None:
-    """The supervisor's private folder the workers share (metrics, quality windows)."""
-    value = os.environ.get(METRICS, "")
-    return Path(value) if value and index() is not None else None
 
 
 def usable_cores() -> int:
@@ -195,8 +182,8 @@ class Supervisor:
         # one SIGTERM (a second signal would make uvicorn skip its graceful drain)
         with theirs:
             process = subprocess.Popen(self.command, env={
-                **os.environ, WORKER: str(i), METRICS: str(self.folder),
-                handoff.CHANNEL: str(theirs.fileno())}, start_new_session=True,
+                **os.environ, **for_worker(i, self.folder, theirs.fileno())},
+                start_new_session=True,
                 pass_fds=(theirs.fileno(),), preexec_fn=_die_with_parent)
         worker = _Worker(i, process, mine)
         self.selector.register(mine, selectors.EVENT_READ, worker)

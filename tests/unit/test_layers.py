@@ -70,3 +70,35 @@ def test_no_product_class_is_large_without_a_reason_in_its_docstring() -> None:
     assert not large_classes(), (
         f"classes over {MAX_LINES} lines or {MAX_METHODS} methods whose docstring has no "
         f"'{WHY}' paragraph:\n" + "\n".join(large_classes()))
+
+
+# Outside the settings classes (pydantic-settings reads their variables), the only modules of
+# the product that read the environment, and why; docs/architecture.md says the same.
+READS_ENVIRONMENT = {
+    "serving/config/environment.py": "the variables a supervisor sets for its workers",
+    "serving/telemetry/tracing.py": "OpenTelemetry's standard OTEL_* variables",
+    "serving/transport/workers.py": "passes its own environment on to the workers it starts",
+    "tiered/cli.py": "passes OTEL_* on to the tiers; CONSUL_HTTP_TOKEN for `tiered status`",
+    "nginx/render.py": "CONSUL_HTTP_TOKEN, as every Consul client does",
+}
+
+
+def environment_readers() -> set[str]:
+    found = set()
+    for package in PRODUCT:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv")
+                        and isinstance(node.value, ast.Name) and node.value.id == "os"):
+                    found.add(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_only_the_modules_that_say_why_read_the_environment() -> None:
+    readers = environment_readers()
+    assert readers == set(READS_ENVIRONMENT), (
+        f"new readers of the environment: {sorted(readers - set(READS_ENVIRONMENT))}; "
+        f"no longer reading it: {sorted(set(READS_ENVIRONMENT) - readers)}")
+    architecture = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert all(f"`{path}`" in architecture for path in READS_ENVIRONMENT)

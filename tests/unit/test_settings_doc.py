@@ -14,10 +14,10 @@ from tiered.settings_doc import ROOT, render, stale
 
 # a variable as the docs write it: in backticks, with one of the roles' prefixes
 VARIABLE = re.compile(r"`[^`\n]*?\b((?:CENTER|EDGE|REGISTRY|TIERED|CONSUL)_[A-Z0-9_]*[A-Z0-9])\b")
-# where the compose files and scripts define the variables that are not settings (build
-# arguments, per-role Consul tokens)
+# where the variables that are not settings are defined: the compose files and scripts (build
+# arguments, per-role Consul tokens) and what a supervisor sets for its workers
 DEFINED_ELSEWHERE = ["docker-compose.yml", "docker-compose.cpu.yml", "deploy", "docker",
-                     "scripts"]
+                     "scripts", "serving/config/environment.py"]
 
 
 def settings_variables() -> set[str]:

@@ -4,10 +4,12 @@ acceptor's socket."""
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
+from serving.config import environment
 from serving.config.settings import ServingSettings
 from serving.transport import workers
 
@@ -40,7 +42,9 @@ def test_the_acceptor_socket_holds_the_port_but_refuses_until_a_worker_is_ready(
 
 
 def test_the_worker_index_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(workers.WORKER, raising=False)
-    assert workers.index() is None
-    monkeypatch.setenv(workers.WORKER, "3")
-    assert workers.index() == 3
+    monkeypatch.delenv(environment.WORKER, raising=False)
+    assert environment.worker_index() is None
+    monkeypatch.setenv(environment.WORKER, "3")
+    assert environment.worker_index() == 3
+    assert environment.worker_index(environment.for_worker(1, Path("/x"), 7)) == 1
+    assert environment.channel_fd(environment.for_worker(1, Path("/x"), 7)) == 7
