@@ -49,7 +49,15 @@ DATACENTER = "tiered"
 @dataclass
 class Sites(Stack):
     """The fleet of ``tiered sites``: ``Stack`` (children, ACL tokens, health, stopping) with
-    every child placed on a host of ``network``."""
+    every child placed on a host of ``network``.
+
+    Why one class: it is ``Stack`` with a placement, and most of its methods are the stack's
+    hooks answered for hosts (where a child runs, its Consul agent, its address). The rest
+    follow from the same placement: the Consul servers and client agents it lays out, and the
+    faults the sites test and benchmark inject (``kill_host``, ``kill``, ``revive``), which act
+    on the children of one host and must restart them exactly as ``spawn`` placed them. The
+    namespaces and links themselves are ``tiered.netns``'s.
+    """
 
     network: Network = field(default_factory=Network)
     edge_sites: tuple[str, ...] = ("eu", "us")

@@ -55,6 +55,18 @@ class Child(Process):
 
 @dataclass
 class Stack:
+    """One local fleet: what it is made of (ports, regions, flags, secrets) and its children,
+    from start through supervision and health to stop.
+
+    Why one class: every step reads the same description and the same ``children``, and the
+    steps are the seams ``tiered sites`` reuses: ``Sites`` subclasses it and overrides where a
+    child runs and is reached (``env``, ``spawn``, ``start_*``, ``expected``, ``entries``,
+    ``state``), while supervision, health waits, the state file and stopping stay shared.
+    Split into collaborators, each would call back into the stack for ``env`` and ``spawn``.
+    What stands apart lives elsewhere: a child process and its stopping in
+    ``tiered.processes``, each child's argv and environment in ``tiered.commands``.
+    """
+
     root: Path
     registry_home: Path
     token: str
