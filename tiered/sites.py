@@ -158,7 +158,7 @@ class Sites(Stack):
             self.start_agent(host, files, server=True)
         self._wait(lambda: self.leader() is not None, 60,
                    "a Consul leader elected by the three servers")
-        self._wait(self.consul_acl_setup, 30, "Consul's ACL system")
+        self._wait(lambda: self.acl.setup(self.consul), 30, "Consul's ACL system")
         for name in ("registry", "center", *(f"{s}-gw" for s in self.edge_sites)):
             self.start_agent(self.host(name), files)
         self.start_registry()
@@ -181,14 +181,14 @@ class Sites(Stack):
         """The secret agent configs (0600): gossip key, ACLs of a server (management and
         agent tokens), ACLs of a client (the agent token only)."""
         folder = self.root / "consul"
-        self.consul_acl_config()  # makes the tokens, acl.json and management.token
+        server = self.acl.agent_config()  # makes the tokens, acl.json and management.token
         gossip = folder / "gossip.json"
         write_secret(gossip, json.dumps({"encrypt": self.gossip_key}).encode())
         client = folder / "acl-client.json"
         write_secret(client, json.dumps({"acl": {
             "enabled": True, "default_policy": "deny", "down_policy": "extend-cache",
             "tokens": {"agent": self.consul_tokens["agent"]}}}).encode())
-        return gossip, folder / "acl.json", client
+        return gossip, server, client
 
     def start_agent(self, host: Host, files: tuple[Path, Path, Path],
                     server: bool = False) -> Child:
