@@ -72,6 +72,19 @@ class VersionRow:
 
 
 class Catalog:
+    """The registry's models, versions, aliases and rollouts: what is asked of them (reads)
+    and each change (publish, sign, promote, rollback), made in one audited transaction.
+
+    Why one class: it is the one gateway to those four tables. Each change checks its
+    preconditions with the reads (the model and version exist, where the aliases point) on
+    the same connection inside its transaction, and publish, promote and rollback move an
+    alias the same way (``_point``: the alias and a rollout row). The parts that stand apart
+    live elsewhere already: the hash-chained audit record in ``registry.audit``, the
+    transaction and signed head in ``registry.anchor``, the nodes' side in ``registry.nodes``.
+    Callers (the CLI, ``publish``, the sync server, ``tiered``) hold one catalog per database
+    and use its reads and changes together.
+    """
+
     def __init__(self, db: sqlite_utils.Database, actor: str,
                  anchor: Anchor | None = None) -> None:
         """``anchor``: where the signed audit head is moved after each change (None: not)."""

@@ -3,7 +3,8 @@
 Desired releases are pushed: a watcher notices commits made by other processes (``registry
 publish``/``promote``/``rollback`` write the same SQLite file) through ``PRAGMA data_version``
 and sends each connected node the releases that changed for it. All SQLite work runs on one
-worker thread, off the event loop.
+worker thread, off the event loop. What nodes send up (acks, quality reports, and the budgets
+they move) is ``registry.intake``'s; the bytes Fetch streams are ``registry.fetch``'s.
 """
 
 from __future__ import annotations
@@ -11,31 +12,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-import re
-import time
-from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
-from google.protobuf.json_format import MessageToDict
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from registry import anchor, audit, budgets
+from registry import anchor, audit
 from registry.audit import Head
-from registry.blobs import BlobStore
-from registry.budgets import Policy, Seen
 from registry.catalog import Catalog, Node, Target
 from registry.db import connect
-from registry.nodes import STATES, Held, Measured, NodeBook
+from registry.fetch import Artifacts
+from registry.intake import Intake, platform
+from registry.nodes import Held, NodeBook
 from registry.settings import RegistrySettings
 from serving.config.tokens import NODE_ID, Verifier
 from serving.protocol.budget import Budget
 from serving.protocol.wire import Malformed, ParseInterceptor
-from serving.release import probe
 from serving.release.manifest import is_valid_name
 from sync import auth, directive
 from sync.gen import sync_pb2 as pb
@@ -45,10 +40,6 @@ from sync.metrics import SyncMetrics
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-SHA256 = re.compile(r"[0-9a-f]{64}")
-FEATURE = re.compile(r"[a-z0-9_]{1,32}")
-MACHINE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
-MAX_FEATURES = 64
 SERVICE = "tiered.sync.v1.Sync"
 MAX_UNWRITTEN = 100_000  # refused-call rows kept while the database cannot take them
 MAX_MESSAGE = 1 << 20  # nodes send small messages only: hello, acks, reports
@@ -115,13 +106,14 @@ class Session:
 
 
 class SyncService(pb_grpc.SyncServicer):
+    """The node streams: who may open one (its token's node, one stream per node), the releases
+    each is pushed; what nodes send up goes to ``Intake``, Fetch to ``Artifacts``."""
+
     def __init__(self, settings: RegistrySettings, db: Database, metrics: SyncMetrics) -> None:
         self.settings, self.db, self.metrics = settings, db, metrics
-        self.blobs = BlobStore(settings.blobs)
         self.sessions: dict[str, Session] = {}
-        self.fetching: Counter[str] = Counter()  # node id -> Fetch calls in flight
-        self.seen: dict[str, dict[str, Seen]] = {}  # model -> node id -> its last report
-        self.policies: dict[str, Policy] = {}  # model -> the operator's cascade policy
+        self.intake = Intake(settings, db, metrics, self.sessions)
+        self.artifacts = Artifacts(settings, db, metrics)
 
     async def Sync(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         first = await context.read()
@@ -185,9 +177,7 @@ class SyncService(pb_grpc.SyncServicer):
             del self.sessions[node_id]
             await self.db.run(self.db.nodes.disconnected, node_id)
             log.info("node %s disconnected", node_id)
-            for model, seen in self.seen.items():  # its capacity or traffic is gone
-                if seen.pop(node_id, None) is not None:
-                    self.rebalance(model)
+            self.intake.gone(node_id)
         self.metrics.connected.set(len(self.sessions))
 
     async def push(self, session: Session) -> None:
@@ -233,9 +223,9 @@ class SyncService(pb_grpc.SyncServicer):
                     session.error = "hello sent twice on one stream"
                     break
                 if kind == "ack":
-                    await self._ack(session, message.ack)
+                    await self.intake.ack(session, message.ack)
                 elif kind == "report":
-                    await self._report(session, message.report)
+                    await self.intake.report(session, message.report)
         except (grpc.RpcError, asyncio.InvalidStateError, ValueError) as exc:
             log.info("stream from %s ended: %s", session.node.node_id, exc)
         except Exception:  # e.g. the database: end this stream, the node reconnects
@@ -243,108 +233,12 @@ class SyncService(pb_grpc.SyncServicer):
         finally:
             session.close()
 
-    async def _ack(self, session: Session, ack: pb.Ack) -> None:
-        # proto3 enums are open: a value this registry does not know parses, Name() raises
-        state = pb.AckState.Name(ack.state) if ack.state in pb.AckState.values() else "?"
-        if state not in STATES or not is_valid_name(ack.model) or ack.version < 1:
-            log.warning("ignoring malformed ack from %s: %s", session.node.node_id, ack)
-            return
-        self.metrics.acks.labels(state).inc()
-        log.info("%s: %s version %s %s%s", session.node.node_id, ack.model, ack.version, state,
-                 f" ({ack.reason})" if ack.reason else "")
-        measured = None
-        if ack.fidelity_rows:
-            if not (math.isfinite(ack.fidelity) and 0 <= ack.fidelity <= 1 and
-                    ack.fidelity_rows <= probe.MAX_ROWS):
-                log.warning("ignoring malformed ack from %s: fidelity %r on %s rows",
-                            session.node.node_id, ack.fidelity, ack.fidelity_rows)
-                return
-            measured = Measured(ack.fidelity, ack.fidelity_rows, platform(ack.platform))
-        await self.db.run(self.db.nodes.acknowledged, session.node, ack.model, ack.version,
-                          state, ack.reason[:1000], measured)
-
-    async def _report(self, session: Session, report: pb.QualityReport) -> None:
-        if not is_valid_name(report.model):
-            return
-        data = MessageToDict(report, preserving_proto_field_name=True,
-                             always_print_fields_with_no_presence=True)
-        for key in ("version", "requests", "rows", "audit_rows"):  # proto JSON writes 64-bit
-            data[key] = int(data[key])  # ints as strings
-        if not (math.isfinite(report.fidelity) and 0 <= report.fidelity <= 1):
-            data["fidelity"] = 0.0
-        for key, value in data.items():  # proto JSON writes NaN and infinities as strings
-            if isinstance(value, str) and key != "model":
-                data[key] = 0.0
-        n = session.node
-        self.metrics.report([n.node_id, n.tier, n.region, report.model, str(report.version)],
-                            data)
-        await self.db.run(self.db.nodes.reported, n.node_id, report.model, data)
-        self.seen.setdefault(report.model, {})[n.node_id] = Seen.of(
-            n.node_id, n.tier, time.monotonic(), data)
-        self.rebalance(report.model)
-
-    def rebalance(self, model: str) -> None:
-        """Recompute ``model``'s escalation budgets; push those that moved enough."""
-        seen = self.seen.get(model, {})
-        policy = self.policies.get(model, Policy(split=self.settings.budget_split))
-        found = budgets.split(policy, list(seen.values()),
-                              time.monotonic(), 3 * self.settings.report_interval_s)
-        for node_id, budget in found.items():
-            session = self.sessions.get(node_id)
-            if session is None or not budgets.changed(session.budgets.get(model), budget):
-                continue
-            session.budgets[model] = budget
-            session.outbox.put_nowait(pb.ServerMessage(budget=pb.Budget(
-                model=model, controlled=budget.controlled, rows_per_s=budget.rows_per_s,
-                capacity_rows_s=budget.capacity_rows_s, share=budget.share)))
-            log.info("budget for %s on %s: %s", model, node_id,
-                     f"{budget.rows_per_s:.1f} rows/s of {budget.capacity_rows_s:.1f}"
-                     if budget.controlled else "none (calibrated threshold)")
-
-    async def load_policies(self) -> None:
-        """The operators' cascade policies (``registry cascade``); budgets follow them."""
-        self.policies = await self.db.run(lambda: budgets.policies(self.db.catalog.db))
-        for model in list(self.seen):
-            self.rebalance(model)
-
     async def Fetch(self, request: pb.FetchRequest,
                     context: grpc.aio.ServicerContext) -> AsyncIterator[pb.Chunk]:
-        if isinstance(request, Malformed):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.details)
-        sha, offset = request.sha256, request.offset
-        if not SHA256.fullmatch(sha):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "sha256 must be 64 lowercase "
-                                "hex digits")
-        size = await self.db.run(self.db.catalog.artifact_size, sha)
-        if size is None or not self.blobs.has(sha):
-            await context.abort(grpc.StatusCode.NOT_FOUND, f"no release ships artifact {sha}")
-        assert size is not None
-        if not 0 <= offset <= size:
-            await context.abort(grpc.StatusCode.OUT_OF_RANGE, f"offset {offset} is outside the "
-                                f"artifact (0..{size})")
-        token = auth.proven(context)
-        node = token.node_id if token else ""
-        if self.fetching[node] >= self.settings.fetches_per_node:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"node {node} already has "
-                                f"{self.fetching[node]} fetches in flight (the most "
-                                f"REGISTRY_FETCHES_PER_NODE allows); retry when one ends")
-        self.metrics.fetches.labels("true" if offset else "false").inc()
-        self.fetching[node] += 1
-        try:
-            with self.blobs.path(sha).open("rb") as blob:
-                blob.seek(offset)
-                while offset < size:
-                    data = await asyncio.to_thread(blob.read, min(self.settings.chunk_bytes,
-                                                                  size - offset))
-                    if not data:
-                        break
-                    yield pb.Chunk(offset=offset, data=data, size=size)
-                    offset += len(data)
-                    self.metrics.bytes_sent.inc(len(data))
-        finally:
-            self.fetching[node] -= 1
-            if not self.fetching[node]:
-                del self.fetching[node]
+        # closed with the call: its count of fetches in flight drops now, not at collection
+        async with contextlib.aclosing(self.artifacts.fetch(request, context)) as chunks:
+            async for chunk in chunks:
+                yield chunk
 
 
 class SyncServer:
@@ -373,7 +267,7 @@ class SyncServer:
         await self.db.open()
         await self.db.run(self.db.nodes.all_disconnected)
         await self._load_generations()
-        await self.service.load_policies()
+        await self.service.intake.load_policies()
         server = grpc.aio.server(
             # the token is checked first; both see the tolerant deserializer (wire.py)
             interceptors=[auth.TokenInterceptor(self.verifier, self._denied),
@@ -441,7 +335,7 @@ class SyncServer:
                 if version != seen:
                     await self._load_generations()
                     await self.service.push_all()
-                    await self.service.load_policies()
+                    await self.service.intake.load_policies()
                     seen = version  # only once pushed: a failed push is tried again
             except Exception:  # a bad moment must not end pushing for good
                 log.exception("pushing changes failed; retrying")
@@ -464,13 +358,3 @@ class SyncServer:
             await self._write_refusals()  # the last interval's, once no call can add to it
         self.db.close()
 
-
-def platform(p: pb.Platform) -> dict[str, Any]:
-    """A node's hardware as it said, kept only where it looks like what a node sends: short
-    printable names and known-shaped feature flags (what does not fit is dropped)."""
-    def text(value: str, limit: int = 128) -> str:
-        return "".join(c for c in value[:limit] if c.isprintable())
-
-    features = [f for f in p.features[:MAX_FEATURES] if FEATURE.fullmatch(f)]
-    return {"cpu": text(p.cpu), "machine": p.machine if MACHINE.fullmatch(p.machine) else "",
-            "features": features, "runtime": text(p.runtime)}

@@ -181,7 +181,7 @@ def summary(stack: Stack, s: TieredSettings, seconds: float) -> None:
                                             f"(inference.GRPCInferenceService)"))
     pairs.append(("Consul UI", f"http://{stack.consul}/ui"))
     if stack.consul_acl:
-        pairs.append(("Consul token", f"{stack.consul_token_file} (management: UI login, "
+        pairs.append(("Consul token", f"{stack.acl.token_file} (management: UI login, "
                                       f"CONSUL_HTTP_TOKEN; keep it private)"))
     pairs.append(("registry metrics", f"{stack.url}/registry/metrics"))
     pairs += [(f"{child.name} metrics", f"http://127.0.0.1:{child.port}/metrics")
@@ -251,7 +251,7 @@ def sites_summary(sites: Sites, s: TieredSettings, seconds: float) -> None:
         pairs.append((f"{site} edges", ", ".join(sites.node_url(n) for n in sites.edges(site))))
     servers = [f"http://{h.address}:8500/ui" for h in sites.server_hosts]
     pairs += [("Consul servers (UI)", ", ".join(servers)),
-              ("Consul token", f"{sites.consul_token_file} (management: UI login)"),
+              ("Consul token", f"{sites.acl.token_file} (management: UI login)"),
               ("registry (sync, TLS)", f"{sites.host('registry').address}:50051"),
               ("center (HTTPS)", sites.node_url("center-1")),
               ("logs", str(sites.root / "logs"))]

@@ -63,7 +63,13 @@ class Host:
 @dataclass
 class Network:
     """A bridge in the root namespace with address ``<prefix>.0.1/16`` (where the tests and
-    clients run) and hosts at ``<prefix>.<site>.<n>``; ``close()`` removes all of it."""
+    clients run) and hosts at ``<prefix>.<site>.<n>``; ``close()`` removes all of it.
+
+    Why one class: it is the one record of what was made on this machine as root (bridge,
+    namespaces, veth pairs, ``TIERED`` chains, token buckets), so that ``close()`` can take
+    all of it away; the faults (``cut``, ``heal``, ``link``, ``throttle``) are a command or
+    two each on the hosts and links it made, and ``heal()`` acts on all of them at once.
+    """
 
     prefix: str = "10.77"  # a /16 nothing on this machine uses
     id: str = field(default_factory=lambda: f"ts{secrets.token_hex(2)}")

@@ -49,7 +49,15 @@ DATACENTER = "tiered"
 @dataclass
 class Sites(Stack):
     """The fleet of ``tiered sites``: ``Stack`` (children, ACL tokens, health, stopping) with
-    every child placed on a host of ``network``."""
+    every child placed on a host of ``network``.
+
+    Why one class: it is ``Stack`` with a placement, and most of its methods are the stack's
+    hooks answered for hosts (where a child runs, its Consul agent, its address). The rest
+    follow from the same placement: the Consul servers and client agents it lays out, and the
+    faults the sites test and benchmark inject (``kill_host``, ``kill``, ``revive``), which act
+    on the children of one host and must restart them exactly as ``spawn`` placed them. The
+    namespaces and links themselves are ``tiered.netns``'s.
+    """
 
     network: Network = field(default_factory=Network)
     edge_sites: tuple[str, ...] = ("eu", "us")
@@ -150,7 +158,7 @@ class Sites(Stack):
             self.start_agent(host, files, server=True)
         self._wait(lambda: self.leader() is not None, 60,
                    "a Consul leader elected by the three servers")
-        self._wait(self.consul_acl_setup, 30, "Consul's ACL system")
+        self._wait(lambda: self.acl.setup(self.consul), 30, "Consul's ACL system")
         for name in ("registry", "center", *(f"{s}-gw" for s in self.edge_sites)):
             self.start_agent(self.host(name), files)
         self.start_registry()
@@ -173,14 +181,14 @@ class Sites(Stack):
         """The secret agent configs (0600): gossip key, ACLs of a server (management and
         agent tokens), ACLs of a client (the agent token only)."""
         folder = self.root / "consul"
-        self.consul_acl_config()  # makes the tokens, acl.json and management.token
+        server = self.acl.agent_config()  # makes the tokens, acl.json and management.token
         gossip = folder / "gossip.json"
         write_secret(gossip, json.dumps({"encrypt": self.gossip_key}).encode())
         client = folder / "acl-client.json"
         write_secret(client, json.dumps({"acl": {
             "enabled": True, "default_policy": "deny", "down_policy": "extend-cache",
             "tokens": {"agent": self.consul_tokens["agent"]}}}).encode())
-        return gossip, folder / "acl.json", client
+        return gossip, server, client
 
     def start_agent(self, host: Host, files: tuple[Path, Path, Path],
                     server: bool = False) -> Child:

@@ -10,7 +10,6 @@ import json
 import subprocess
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,6 @@ from typing import IO, Any
 import httpx
 
 from registry import pki
-from serving.config.tokens import write_secret
 from serving.fleet.discovery import SERVICES
 from tiered.commands import (
     BIN,
@@ -29,12 +27,11 @@ from tiered.commands import (
     tier_argv,
     tier_env,
 )
+from tiered.consul_acl import ConsulAcl
 from tiered.processes import Process, free_port
 
 Echo = Callable[[str, str], None]  # (child name, output line)
 CONSUL_CONFIG = Path(__file__).resolve().parent.parent / "consul" / "dev.hcl"
-CONSUL_POLICIES = CONSUL_CONFIG.parent / "policies"  # <role>.hcl, shared with docker-compose.yml
-CONSUL_ROLES = ("agent", "registry", "center", "edge", "reader")  # a policy and a token each
 CHILD_CONSUL_ROLE = {"registry": "registry", "center": "center", "edge": "edge",
                      "nginx": "reader"}  # the token each child gets as CONSUL_HTTP_TOKEN
 STATE = "stack.json"
@@ -55,6 +52,19 @@ class Child(Process):
 
 @dataclass
 class Stack:
+    """One local fleet: what it is made of (ports, regions, flags, secrets) and its children,
+    from start through supervision and health to stop.
+
+    Why one class: every step reads the same description and the same ``children``, and the
+    steps are the seams ``tiered sites`` reuses: ``Sites`` subclasses it and overrides where a
+    child runs and is reached (``env``, ``spawn``, ``start_*``, ``expected``, ``entries``,
+    ``state``), while supervision, health waits, the state file and stopping stay shared.
+    Split into collaborators, each would call back into the stack for ``env`` and ``spawn``.
+    What stands apart lives elsewhere: a child process and its stopping in
+    ``tiered.processes``, each child's argv and environment in ``tiered.commands``, Consul's
+    ACL tokens, their files and their setup in ``tiered.consul_acl``.
+    """
+
     root: Path
     registry_home: Path
     token: str
@@ -157,63 +167,23 @@ class Stack:
         ports = {flag: free_port() for flag in ("-grpc-port", "-dns-port", "-serf-lan-port",
                                                 "-serf-wan-port", "-server-port")}
         config = ["-config-file", str(CONSUL_CONFIG)] if CONSUL_CONFIG.is_file() else []
+        acl = ["-config-file", str(self.acl.agent_config())] if self.consul_acl else []
         argv = [str(BIN / "consul"), "agent", "-dev", "-ui", "-node", "tiered", "-bind",
-                "127.0.0.1", "-client", "127.0.0.1", *config, *self.consul_acl_config(),
+                "127.0.0.1", "-client", "127.0.0.1", *config, *acl,
                 *self.consul_flags, "-http-port", str(self.consul_port),
                 *[str(x) for pair in ports.items() for x in pair]]
         child = self.spawn("consul", argv, self.consul_port, "consul")
         self._wait(lambda: httpx.get(f"http://{self.consul}/v1/status/leader",
                                      timeout=1).json() != "", 30, "a Consul leader", child)
         if self.consul_acl:
-            self._wait(self.consul_acl_setup, 30, "Consul's ACL system", child)
+            self._wait(lambda: self.acl.setup(self.consul), 30, "Consul's ACL system", child)
         return child
 
-    # -- Consul ACLs: a token per role, handed to each child as CONSUL_HTTP_TOKEN -------------
-
     @property
-    def consul_token_file(self) -> Path:
-        """The management token (0600): ``tiered status`` reads it; log in to the UI with it."""
-        return self.root / "consul" / "management.token"
-
-    def consul_acl_config(self) -> list[str]:
-        """``-config-file`` of a 0600 file that turns ACLs on (default deny) with this stack's
-        management and agent tokens: secrets stay out of argv (``ps`` shows argv to anyone)."""
-        if not self.consul_acl:
-            return []
-        if not self.consul_tokens:
-            self.consul_tokens = {r: str(uuid.uuid4()) for r in ("management", *CONSUL_ROLES)}
-        folder = self.root / "consul"
-        folder.mkdir(parents=True, exist_ok=True)
-        folder.chmod(0o700)
-        config = folder / "acl.json"  # Consul 1.8: "master" (later "initial_management")
-        tokens = {"master": self.consul_tokens["management"], "agent": self.consul_tokens["agent"]}
-        write_secret(config, json.dumps({"acl": {
-            "enabled": True, "default_policy": "deny", "down_policy": "extend-cache",
-            "tokens": tokens}}, indent=2).encode())
-        write_secret(self.consul_token_file, f"{self.consul_tokens['management']}\n".encode())
-        return ["-config-file", str(config)]
-
-    def consul_acl_setup(self) -> bool:
-        """Create each role's policy (``consul/policies/<role>.hcl``) and its token, with the
-        secret the children were given; False while the ACL system is not up yet."""
-        api = httpx.Client(base_url=f"http://{self.consul}/v1", timeout=5,
-                           headers={"X-Consul-Token": self.consul_tokens["management"]})
-        with api:
-            if api.get("/acl/token/self").status_code != 200:
-                return False
-            for role in CONSUL_ROLES:
-                name = f"tiered-{role}"
-                policy = api.put("/acl/policy", json={
-                    "Name": name, "Rules": (CONSUL_POLICIES / f"{role}.hcl").read_text(),
-                    "Description": f"Tiered {role} (consul/policies/{role}.hcl)"})
-                token = api.put("/acl/token", json={
-                    "SecretID": self.consul_tokens[role], "Description": name,
-                    "Policies": [{"Name": name}]})
-                for answer in (policy, token):
-                    if answer.status_code != 200:
-                        raise RuntimeError(f"Consul refused the {name} ACL setup: "
-                                           f"{answer.status_code} {answer.text[:300]}")
-        return True
+    def acl(self) -> ConsulAcl:
+        """Consul's ACLs for this stack: a token per role, handed to each child as
+        CONSUL_HTTP_TOKEN (``consul_tokens`` is the one dict of them)."""
+        return ConsulAcl(self.root / "consul", self.consul_tokens)
 
     def consul_headers(self) -> dict[str, str]:
         """What the stack's own health polling sends: the read-only token."""
@@ -335,7 +305,7 @@ class Stack:
     def state(self) -> dict[str, Any]:
         """What ``tiered status`` and ``tiered demo`` read back (``stack.json``)."""
         return {"url": self.url, "consul": self.consul,
-                "consul_token_file": str(self.consul_token_file) if self.consul_acl else None,
+                "consul_token_file": str(self.acl.token_file) if self.consul_acl else None,
                 "registry_home": str(self.registry_home),
                 "children": {n: {"pid": c.pid, "port": c.port, "role": c.role}
                              for n, c in self.children.items()},

@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from harness.processes import BIN, free_port
-from tiered.stack import CONSUL_CONFIG, CONSUL_ROLES, Stack
+from tiered.consul_acl import CONSUL_ROLES
+from tiered.stack import CONSUL_CONFIG, Stack
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +85,7 @@ def test_anonymous_reads_see_nothing(stack: Stack) -> None:
 
 def test_the_management_token_is_in_a_private_file_not_in_argv(stack: Stack) -> None:
     token = stack.consul_tokens["management"]
-    file = stack.consul_token_file
+    file = stack.acl.token_file
     assert file.read_text().strip() == token
     for path in (file, stack.root / "consul" / "acl.json"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path

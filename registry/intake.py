@@ -1,0 +1,122 @@
+"""What nodes send up their sync streams: acks, recorded and audited (a rollout's progress),
+and quality reports, which move each model's escalation budgets; a budget that moved enough is
+pushed back down to its node's stream."""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from typing import TYPE_CHECKING, Any
+
+from google.protobuf.json_format import MessageToDict
+
+from registry import budgets
+from registry.budgets import Policy, Seen
+from registry.nodes import STATES, Measured
+from registry.settings import RegistrySettings
+from serving.release import probe
+from serving.release.manifest import is_valid_name
+from sync.gen import sync_pb2 as pb
+from sync.metrics import SyncMetrics
+
+if TYPE_CHECKING:
+    from registry.server import Database, Session
+
+log = logging.getLogger(__name__)
+FEATURE = re.compile(r"[a-z0-9_]{1,32}")
+MACHINE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
+MAX_FEATURES = 64
+
+
+class Intake:
+    """Acks and quality reports of the connected nodes (``sessions``, shared with the service
+    that opens and closes them), and the escalation budgets the reports add up to."""
+
+    def __init__(self, settings: RegistrySettings, db: Database, metrics: SyncMetrics,
+                 sessions: dict[str, Session]) -> None:
+        self.settings, self.db, self.metrics, self.sessions = settings, db, metrics, sessions
+        self.seen: dict[str, dict[str, Seen]] = {}  # model -> node id -> its last report
+        self.policies: dict[str, Policy] = {}  # model -> the operator's cascade policy
+
+    async def ack(self, session: Session, ack: pb.Ack) -> None:
+        # proto3 enums are open: a value this registry does not know parses, Name() raises
+        state = pb.AckState.Name(ack.state) if ack.state in pb.AckState.values() else "?"
+        if state not in STATES or not is_valid_name(ack.model) or ack.version < 1:
+            log.warning("ignoring malformed ack from %s: %s", session.node.node_id, ack)
+            return
+        self.metrics.acks.labels(state).inc()
+        log.info("%s: %s version %s %s%s", session.node.node_id, ack.model, ack.version, state,
+                 f" ({ack.reason})" if ack.reason else "")
+        measured = None
+        if ack.fidelity_rows:
+            if not (math.isfinite(ack.fidelity) and 0 <= ack.fidelity <= 1 and
+                    ack.fidelity_rows <= probe.MAX_ROWS):
+                log.warning("ignoring malformed ack from %s: fidelity %r on %s rows",
+                            session.node.node_id, ack.fidelity, ack.fidelity_rows)
+                return
+            measured = Measured(ack.fidelity, ack.fidelity_rows, platform(ack.platform))
+        await self.db.run(self.db.nodes.acknowledged, session.node, ack.model, ack.version,
+                          state, ack.reason[:1000], measured)
+
+    async def report(self, session: Session, report: pb.QualityReport) -> None:
+        if not is_valid_name(report.model):
+            return
+        data = MessageToDict(report, preserving_proto_field_name=True,
+                             always_print_fields_with_no_presence=True)
+        for key in ("version", "requests", "rows", "audit_rows"):  # proto JSON writes 64-bit
+            data[key] = int(data[key])  # ints as strings
+        if not (math.isfinite(report.fidelity) and 0 <= report.fidelity <= 1):
+            data["fidelity"] = 0.0
+        for key, value in data.items():  # proto JSON writes NaN and infinities as strings
+            if isinstance(value, str) and key != "model":
+                data[key] = 0.0
+        n = session.node
+        self.metrics.report([n.node_id, n.tier, n.region, report.model, str(report.version)],
+                            data)
+        await self.db.run(self.db.nodes.reported, n.node_id, report.model, data)
+        self.seen.setdefault(report.model, {})[n.node_id] = Seen.of(
+            n.node_id, n.tier, time.monotonic(), data)
+        self.rebalance(report.model)
+
+    def gone(self, node_id: str) -> None:
+        """A node disconnected: its capacity or traffic is gone from every model's budgets."""
+        for model, seen in self.seen.items():
+            if seen.pop(node_id, None) is not None:
+                self.rebalance(model)
+
+    def rebalance(self, model: str) -> None:
+        """Recompute ``model``'s escalation budgets; push those that moved enough."""
+        seen = self.seen.get(model, {})
+        policy = self.policies.get(model, Policy(split=self.settings.budget_split))
+        found = budgets.split(policy, list(seen.values()),
+                              time.monotonic(), 3 * self.settings.report_interval_s)
+        for node_id, budget in found.items():
+            session = self.sessions.get(node_id)
+            if session is None or not budgets.changed(session.budgets.get(model), budget):
+                continue
+            session.budgets[model] = budget
+            session.outbox.put_nowait(pb.ServerMessage(budget=pb.Budget(
+                model=model, controlled=budget.controlled, rows_per_s=budget.rows_per_s,
+                capacity_rows_s=budget.capacity_rows_s, share=budget.share)))
+            log.info("budget for %s on %s: %s", model, node_id,
+                     f"{budget.rows_per_s:.1f} rows/s of {budget.capacity_rows_s:.1f}"
+                     if budget.controlled else "none (calibrated threshold)")
+
+    async def load_policies(self) -> None:
+        """The operators' cascade policies (``registry cascade``); budgets follow them."""
+        self.policies = await self.db.run(lambda: budgets.policies(self.db.catalog.db))
+        for model in list(self.seen):
+            self.rebalance(model)
+
+
+def platform(p: pb.Platform) -> dict[str, Any]:
+    """A node's hardware as it said, kept only where it looks like what a node sends: short
+    printable names and known-shaped feature flags (what does not fit is dropped)."""
+    def text(value: str, limit: int = 128) -> str:
+        return "".join(c for c in value[:limit] if c.isprintable())
+
+    features = [f for f in p.features[:MAX_FEATURES] if FEATURE.fullmatch(f)]
+    return {"cpu": text(p.cpu), "machine": p.machine if MACHINE.fullmatch(p.machine) else "",
+            "features": features, "runtime": text(p.runtime)}
