@@ -43,6 +43,15 @@ Loader = Callable[[Manifest, Path], Runtime]
 Finisher = Callable[[Manifest], Finish]
 
 
+class Listener(Protocol):
+    """Told when a version becomes a model's default and when one is dropped (e.g. the edge's
+    threshold policy, whose controller follows the default's calibration)."""
+
+    def activated(self, manifest: Manifest) -> None: ...
+
+    def dropped(self, manifest: Manifest) -> None: ...
+
+
 @dataclass
 class Resident:
     manifest: Manifest
@@ -74,6 +83,11 @@ class Repository:
         self._default: dict[str, int] = {}
         self._failed: dict[str, tuple[tuple[int, ...], str]] = {}  # model -> (stamp, reason)
         self._lock = asyncio.Lock()
+        self._listeners: list[Listener] = []
+
+    def listen(self, listener: Listener) -> None:
+        """Tell ``listener`` about every activation and drop from now on."""
+        self._listeners.append(listener)
 
     def models(self) -> list[str]:
         return sorted(self._default)
@@ -156,6 +170,8 @@ class Repository:
             previous = self._default.get(model)
             self._default[model] = target
             self._failed.pop(model, None)
+            for listener in self._listeners:
+                listener.activated(resident.manifest)
             if version is not None:
                 await asyncio.to_thread(self.store.set_current, model, target)
             log.info("serving %s version %s (%s)", model, target, resident.runtime.description,
@@ -229,8 +245,11 @@ class Repository:
         keep = {self._default[model], *sorted(versions, reverse=True)[:self.keep]}
         dropped = [v for v in versions if v not in keep]
         for version in dropped:
-            await versions.pop(version).batcher.stop()  # drains what is queued first
+            resident = versions.pop(version)
+            await resident.batcher.stop()  # drains what is queued first
             log.info("dropped %s version %s", model, version)
+            for listener in self._listeners:
+                listener.dropped(resident.manifest)
         if dropped:  # the dropped copies are unreferenced now: return their memory (see memory)
             await asyncio.to_thread(memory.trim)
 

@@ -25,7 +25,7 @@ from litestar.testing import TestClient
 from bench.fuzz import MAX_BODY, fuzz_hostile, fuzz_tier, hostile_binary_bodies, hostile_bodies
 from center.service import CenterService
 from center.settings import CenterSettings
-from edge.pipeline import EdgeService
+from edge.cli import build_service as build_edge
 from edge.settings import EdgeSettings
 from harness.processes import BIN, TierProcess
 from harness.stores import fill_stores, tiers
@@ -176,7 +176,7 @@ def test_unexpected_error_is_a_bare_500_and_debug_is_off(served: Tiers) -> None:
 
     service.repository.loader = exploding
     app = create_app(DataPlane(service))
-    edge_app = create_app(DataPlane(EdgeService(EdgeSettings(store=served.root / "edge-unused"))))
+    edge_app = create_app(DataPlane(build_edge(EdgeSettings(store=served.root / "edge-unused"))))
     assert app.debug is False and edge_app.debug is False
     body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["fine"]}]}
     with TestClient(app) as client:

@@ -6,7 +6,8 @@ import httpx
 import numpy as np
 import pytest
 
-from edge.escalation import CenterClient, CenterUnavailable
+from edge.centers import parse_list
+from edge.escalation import Centers, CenterUnavailable, Transports
 
 
 def test_a_busy_center_is_left_alone_for_its_retry_after() -> None:
@@ -17,8 +18,8 @@ def test_a_busy_center_is_left_alone_for_its_retry_after() -> None:
         return httpx.Response(503, headers={"Retry-After": "30"}, json={"error": "queue full"})
 
     async def main() -> None:
-        client = CenterClient(["http://center-a"], 1.0, failures=3, reset_s=5,
-                              transport=httpx.MockTransport(center))
+        client = Centers(Transports(1.0, None, httpx.MockTransport(center)),
+                         parse_list("http://center-a"), failures=3, reset_s=5)
         for _ in range(3):
             with pytest.raises(CenterUnavailable, match=r"HTTP 503|circuit open"):
                 await client.classify("m", ["text"], [np.array([1, 2])], "rid", labels=2)
@@ -39,7 +40,8 @@ def test_answers_come_back_in_row_order_with_the_trace_id() -> None:
              "data": [0.1, 0.9, 0.8, 0.2]}]})
 
     async def main() -> None:
-        client = CenterClient(["http://c"], 1.0, 3, 5, transport=httpx.MockTransport(center))
+        client = Centers(Transports(1.0, None, httpx.MockTransport(center)),
+                         parse_list("http://c"), 3, 5)
         answer = await client.classify("m", ["a", "b"], [np.array([1]), np.array([2])], "t-9", 2)
         assert answer.version == "4"
         assert np.allclose(answer.probabilities, [[0.1, 0.9], [0.8, 0.2]])
