@@ -22,7 +22,7 @@ from serving.process import Process
 from serving.release.manifest import Manifest
 from serving.release.signing import node_verifier
 from serving.release.store import ModelStore
-from serving.runtime.repository import Repository
+from serving.runtime.repository import Repository, VersionLoader
 from serving.telemetry.metrics import Metrics
 from sync.subscriber import subscribe
 
@@ -46,7 +46,8 @@ def build_service(settings: EdgeSettings, metrics: Metrics | None = None,
         return OnnxRuntime(folder / manifest.edge.file, settings.threads)
 
     store = ModelStore(settings.store, node_verifier(settings.release_key, "edge"))
-    repository = Repository(store, "edge", load, settings, metrics, finisher=stats.finisher)
+    repository = Repository(VersionLoader(store, "edge", load, settings, metrics,
+                                          finisher=stats.finisher))
     policy = ThresholdPolicy(settings, stats)
     repository.listen(policy)  # a new version's calibration reaches the controller
     center = center or build_centers(settings)

@@ -13,7 +13,7 @@ import numpy as np
 from serving.config.settings import ServingSettings
 from serving.model.text import Encoded
 from serving.release.manifest import Manifest, Preprocessing
-from serving.runtime.repository import Repository
+from serving.runtime.repository import Repository, VersionLoader
 from serving.telemetry.metrics import Metrics
 from tests.unit.serving.test_store import manifest
 
@@ -57,8 +57,9 @@ class Heard:
 
 def test_listeners_hear_each_activation_and_each_drop(tmp_path: Path) -> None:
     store = Store(tmp_path)
-    repository = Repository(store, "edge", lambda m, f: Zeros(),  # type: ignore[arg-type]
-                            ServingSettings(max_batch_size=2), Metrics("t"), keep=1)
+    loading = VersionLoader(store, "edge", lambda m, f: Zeros(),  # type: ignore[arg-type]
+                            ServingSettings(max_batch_size=2), Metrics("t"))
+    repository = Repository(loading, keep=1)
     heard = Heard()
     repository.listen(heard)
 
