@@ -19,7 +19,7 @@ class CenterService:
 
     def __init__(self, settings: CenterSettings, metrics: Metrics,
                  repository: Repository) -> None:
-        """Built by ``center.cli.build_service``, which also reports ``report`` (capacity)."""
+        """Built by ``center.build.build_service``, which also reports ``report`` (capacity)."""
         self.settings, self.metrics, self.repository = settings, metrics, repository
 
     def capacity(self, model: str, version: int) -> float | None:

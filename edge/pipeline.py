@@ -28,9 +28,9 @@ log = logging.getLogger(__name__)
 
 
 class EdgeService:
-    """Answers a request through the cascade; its parts, each built by the wiring
-    (``edge.cli``), hold the rest: the threshold (``policy``), the audit, the centers, the
-    edge's series (``stats``)."""
+    """Answers a request through the cascade. Its parts hold the rest: the threshold
+    (``policy``), the audit, the centers, the edge's series (``stats``); ``edge.build`` makes
+    them for the wiring (``edge.cli``)."""
 
     name = "tiered-edge"
     platform = "onnxruntime_onnx"

@@ -23,9 +23,9 @@ import pytest
 from litestar.testing import TestClient
 
 from bench.fuzz import MAX_BODY, fuzz_hostile, fuzz_tier, hostile_binary_bodies, hostile_bodies
-from center.cli import build_service as build_center
+from center.build import build_service as build_center
 from center.settings import CenterSettings
-from edge.cli import build_service as build_edge
+from edge.build import build_service as build_edge
 from edge.settings import EdgeSettings
 from harness.processes import BIN, TierProcess
 from harness.stores import fill_stores, tiers

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from center.cli import build_service
+from center.build import build_service
 from center.settings import CenterSettings
 from serving.protocol import v2
 from serving.runtime.repository import Resident

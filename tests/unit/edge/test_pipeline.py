@@ -15,8 +15,8 @@ import msgspec
 import numpy as np
 import pytest
 
+from edge.build import build_service
 from edge.centers import parse_list
-from edge.cli import build_service
 from edge.escalation import Centers, Transports
 from edge.pipeline import EdgeService
 from edge.settings import EdgeSettings
