@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from center.service import CenterService
+from center.build import build_service
 from center.settings import CenterSettings
 from serving.cli import tier_command
 from serving.dataplane import DataPlane
@@ -12,7 +12,7 @@ from sync.subscriber import subscribe
 
 
 def wire(settings: CenterSettings) -> Process:
-    service = CenterService(settings)
+    service = build_service(settings)
     node = Node(settings, service.repository, service.watches())
     subscribe(node, service.metrics)
     return Process(DataPlane(service), node)

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-from center.runtime import TorchScriptRuntime, pick_device
 from center.settings import CenterSettings
 from serving.fleet.discovery import OnChange
 from serving.protocol import v2
-from serving.release.manifest import Manifest
-from serving.release.signing import node_verifier
-from serving.release.store import ModelStore
 from serving.runtime import classify
 from serving.runtime.repository import Repository, Resident
 from serving.telemetry import tracing
@@ -22,19 +17,10 @@ class CenterService:
     name = "tiered-center"
     platform = "pytorch_libtorch"
 
-    def __init__(self, settings: CenterSettings, metrics: Metrics | None = None) -> None:
-        self.settings = settings
-        self.metrics = metrics or Metrics("center")
-        device = pick_device(settings.device)
-
-        def load(manifest: Manifest, folder: Path) -> TorchScriptRuntime:
-            return TorchScriptRuntime(folder / manifest.center.file, device, settings.precision,
-                                      settings.threads)
-
-        store = ModelStore(settings.store, node_verifier(settings.release_key, "center"))
-        self.repository = Repository(store, "center", load, settings, self.metrics,
-                                     finisher=lambda _: classify.softmax)
-        self.metrics.quality.add_source(self._report, idle=True)  # capacity, also idle
+    def __init__(self, settings: CenterSettings, metrics: Metrics,
+                 repository: Repository) -> None:
+        """Built by ``center.build.build_service``, which also reports ``report`` (capacity)."""
+        self.settings, self.metrics, self.repository = settings, metrics, repository
 
     def capacity(self, model: str, version: int) -> float | None:
         """Rows per second this center offers to escalations of ``model``: the setting, else
@@ -48,7 +34,7 @@ class CenterService:
                 if measured is not None else None)
         return None if rate is None else rate * s.capacity_headroom
 
-    def _report(self, model: str, version: int) -> dict[str, Any]:
+    def report(self, model: str, version: int) -> dict[str, Any]:
         capacity = self.capacity(model, version)
         return {} if capacity is None else {"capacity_rows_s": capacity}
 

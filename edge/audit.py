@@ -24,14 +24,24 @@ the calibration split), against those shares: an alarm when a chi-square test re
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from serving.release.manifest import Calibration
+from edge.cache import Cached
+from edge.controller import Controller
+from edge.errors import CenterUnavailable
+from edge.escalation import Centers
+from edge.metrics import EdgeMetrics
+from edge.settings import EdgeSettings
+from serving.protocol import v2
+from serving.release.manifest import Calibration, Manifest
+from serving.runtime.repository import Resident
 from serving.telemetry.quality import psi
 
 Z95 = 1.959964
@@ -172,3 +182,117 @@ class Auditor:
             interval = Z95 * kept * float(cost.std(ddof=1)) / math.sqrt(n) if n > 1 else 0.0
         return AuditState(n, successes / n, wilson(successes, n), float(p.mean()), bool(drift),
                           accuracy, interval or 0.0, psi, shifted)
+
+
+class Audit:
+    """The audit loop on this edge: samples rows the edge answered itself to the center in the
+    background, keeps one ``Auditor`` per model (its served version), exports their state as
+    gauges, quality-report fields and readiness notes."""
+
+    def __init__(self, settings: EdgeSettings, center: Centers, metrics: EdgeMetrics) -> None:
+        self.settings, self.center, self.metrics = settings, center, metrics
+        self.auditors: dict[tuple[str, int], Auditor] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def auditor(self, manifest: Manifest) -> Auditor:
+        key = (manifest.name, manifest.version)
+        found = self.auditors.get(key)
+        if found is None:
+            s = self.settings
+            for old in [k for k in self.auditors if k[0] == manifest.name]:
+                del self.auditors[old]  # one version at a time: a new calibration, a new audit
+            found = self.auditors[key] = Auditor(
+                manifest.calibration, share=s.audit_share, window=s.audit_window,
+                drift_z=s.drift_z, min_rows=s.audit_min_rows, psi_floor=s.drift_psi)
+        return found
+
+    def sample(self, resident: Resident, parsed: v2.Parsed, rows: list[np.ndarray],
+               indices: list[int], answers: list[Cached], confidence: np.ndarray,
+               controller: Controller | None) -> None:
+        """Send a random share of the rows the edge answered itself to the center too, in the
+        background: the client's answer never waits for it, and it is skipped (not queued) when
+        audits are already in flight or the budget has no room."""
+        auditor = self.auditor(resident.manifest)
+        auditor.observe(confidence)
+        kept = [j for j, a in enumerate(answers) if a.tier == "edge"]
+        auditor.traffic(len(answers), sum(a.tier != "center" for a in answers))
+        picked = [kept[k] for k in auditor.pick(len(kept))]
+        if not picked or len(self._tasks) >= self.settings.audit_in_flight:
+            return
+        if controller is not None and not controller.take(len(picked)):
+            return
+        m = resident.manifest
+        chosen = [indices[j] for j in picked]
+        texts = [parsed.texts[i] for i in chosen] if parsed.texts is not None else None
+        task = asyncio.get_running_loop().create_task(self._audit(
+            auditor, m, texts, [rows[i] for i in chosen], confidence[picked],
+            np.asarray([answers[j].probabilities.argmax() for j in picked])))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _audit(self, auditor: Auditor, m: Manifest, texts: list[str] | None,
+                     rows: list[np.ndarray], confidence: np.ndarray, edge: np.ndarray) -> None:
+        try:
+            answer = await self.center.classify(m.name, texts, rows, None, len(m.labels))
+        except CenterUnavailable:  # no center: nothing to compare, the row is not counted
+            return
+        auditor.record(confidence, edge, answer.probabilities.argmax(axis=1))
+        labels = (m.name, str(m.version))
+        g = self.metrics
+        g.audit_rows.labels(*labels).inc(len(rows))
+        state = auditor.state()
+        g.audit_agreement.labels(*labels).set(state.agreement)
+        if state.expected is not None:
+            g.audit_expected.labels(*labels).set(state.expected)
+        g.audit_drift.labels(*labels).set(1 if state.drift else 0)
+        if state.estimated_accuracy is not None:
+            g.estimated_accuracy.labels(*labels).set(state.estimated_accuracy)
+        self._export_confidence(labels, state)
+
+    def _export_confidence(self, labels: tuple[str, str], state: AuditState) -> None:
+        if state.confidence_psi is not None:
+            self.metrics.confidence_psi.labels(*labels).set(state.confidence_psi)
+            self.metrics.confidence_drift.labels(*labels).set(1 if state.confidence_drift
+                                                              else 0)
+
+    def report(self, model: str, version: int) -> dict[str, Any]:
+        """The audit's part of a quality report."""
+        out: dict[str, Any] = {}
+        auditor = self.auditors.get((model, version))
+        if auditor is None:
+            return out
+        state = auditor.state()
+        if state.confidence_psi is not None:
+            out |= {"confidence_psi": state.confidence_psi,
+                    "confidence_drift": state.confidence_drift}
+            self._export_confidence((model, str(version)), state)
+        if auditor.audited:
+            out |= {"audit_rows": state.rows, "audit_agreement": state.agreement,
+                    "audit_interval": state.interval, "drift": state.drift}
+            if state.expected is not None:
+                out["audit_expected"] = state.expected
+            if state.estimated_accuracy is not None:
+                out |= {"estimated_accuracy": state.estimated_accuracy,
+                        "accuracy_interval": state.accuracy_interval}
+        return out
+
+    def notes(self) -> list[str]:
+        """What the readiness answer (and so the Consul check's output) should say."""
+        notes = []
+        for (model, version), auditor in sorted(self.auditors.items()):
+            state = auditor.state()
+            if state.drift and state.expected is not None:
+                notes.append(f"drift: {model} v{version} agrees with the center on "
+                             f"{state.agreement:.1%} ± {state.interval:.1%} of audited rows, "
+                             f"calibration predicts {state.expected:.1%}")
+            if state.confidence_drift and state.confidence_psi is not None:
+                notes.append(f"drift: {model} v{version} edge confidences moved from the "
+                             f"calibration split's (PSI {state.confidence_psi:.2f} over the "
+                             f"last rows)")
+        return notes
+
+    async def stop(self) -> None:
+        """Cancel the audit calls in flight (the center client is closed by its owner)."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

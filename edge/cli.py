@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edge.pipeline import EdgeService
+from edge.build import build_service
 from edge.settings import EdgeSettings
 from serving.cli import tier_command
 from serving.dataplane import DataPlane
@@ -12,9 +12,9 @@ from sync.subscriber import subscribe
 
 
 def wire(settings: EdgeSettings) -> Process:
-    service = EdgeService(settings)
+    service = build_service(settings)
     node = Node(settings, service.repository, service.watches())
-    subscribe(node, service.metrics, service.set_budget)
+    subscribe(node, service.metrics, service.policy.set_budget)
     return Process(DataPlane(service), node)
 
 

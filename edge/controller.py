@@ -18,7 +18,8 @@ threshold on its own, per request, with two parts (docs/cascade.md):
   ``edge-shed``, least confident rows escalated first. So the center never sees more than its
   budget, however fast traffic moves, and nothing queues at the center.
 
-A request's ``parameters.threshold``, or the edge's ``threshold`` setting, bypasses both.
+A request's ``parameters.threshold``, or the edge's ``threshold`` setting, bypasses both (the
+precedence is ``edge.threshold``'s).
 Without a budget (no registry, no center capacity known yet, or the model's policy is
 ``static``) the threshold is the release's calibrated one and nothing is shed.
 """
@@ -68,6 +69,57 @@ def quantile_threshold(confidences: np.ndarray, share: float) -> float:
     return float(ordered[k]) if k < len(ordered) else 1.0
 
 
+class TokenBucket:
+    """Escalations held to a budget: tokens refill at its rate up to ``burst_s`` seconds'
+    worth; without a budget every row may go. Thread-safe."""
+
+    def __init__(self, burst_s: float, clock: Clock = time.monotonic) -> None:
+        self.burst_s, self.clock = burst_s, clock
+        self._lock = threading.Lock()
+        self.budget = Budget(False)
+        self._tokens = 0.0
+        self._refilled = clock()
+
+    def set_budget(self, budget: Budget) -> None:
+        with self._lock:
+            self._refill()
+            first = not self.budget.controlled
+            self.budget = budget
+            # a first budget starts with a full bucket; a changed one keeps what is left
+            self._tokens = self._burst() if first else min(self._tokens, self._burst())
+
+    def _burst(self) -> float:
+        return max(self.budget.rows_per_s * self.burst_s, 1.0)
+
+    def _refill(self) -> None:
+        now = self.clock()
+        if self.budget.controlled:
+            self._tokens = min(self._burst(),
+                               self._tokens + (now - self._refilled) * self.budget.rows_per_s)
+        self._refilled = now
+
+    def admit(self, rows: int) -> int:
+        """How many of ``rows`` may go now (taken); all of them without a budget."""
+        with self._lock:
+            if not self.budget.controlled:
+                return rows
+            self._refill()
+            granted = min(rows, int(self._tokens))
+            self._tokens -= granted
+            return granted
+
+    def take(self, rows: int) -> bool:
+        """Take ``rows`` tokens if they are all there (never part of them, never waits)."""
+        with self._lock:
+            if not self.budget.controlled:
+                return True
+            self._refill()
+            if self._tokens < rows:
+                return False
+            self._tokens -= rows
+            return True
+
+
 class Controller:
     """One model's threshold and escalation bucket on this edge. Thread-safe: requests and the
     sync stream both touch it."""
@@ -76,20 +128,15 @@ class Controller:
                  horizon_s: float, target: float, burst_s: float,
                  clock: Clock = time.monotonic) -> None:
         self.clock = clock
-        self.window, self.horizon_s = window, horizon_s
-        self.target, self.burst_s = target, burst_s
+        self.window, self.horizon_s, self.target = window, horizon_s, target
+        self.bucket = TokenBucket(burst_s, clock)
         self._lock = threading.Lock()
         self._confidences: deque[float] = deque(maxlen=window)
         self._arrivals: deque[tuple[float, int]] = deque()  # (time, rows) within the horizon
         self._arrived = 0
         self._started = clock()
-        self.budget = Budget(False)
-        self._tokens = 0.0
-        self._refilled = clock()
         self._threshold: float | None = None
         self._computed = -math.inf
-        self.version = 0  # the release whose calibration it holds (set by the edge)
-        self.shown: float | None = None  # the threshold last exported to /metrics
         self.release(calibration, floor_tolerance)
 
     def release(self, calibration: Calibration, floor_tolerance: float) -> None:
@@ -101,27 +148,17 @@ class Controller:
             self._computed = -math.inf
 
     def set_budget(self, budget: Budget) -> None:
+        self.bucket.set_budget(budget)
         with self._lock:
-            self._refill()
-            first = not self.budget.controlled
-            self.budget = budget
-            # a first budget starts with a full bucket; a changed one keeps what is left
-            self._tokens = self._burst() if first else min(self._tokens, self._burst())
             self._computed = -math.inf
 
     @property
+    def budget(self) -> Budget:
+        return self.bucket.budget
+
+    @property
     def controlled(self) -> bool:
-        return self.budget.controlled
-
-    def _burst(self) -> float:
-        return max(self.budget.rows_per_s * self.burst_s, 1.0)
-
-    def _refill(self) -> None:
-        now = self.clock()
-        if self.budget.controlled:
-            self._tokens = min(self._burst(),
-                               self._tokens + (now - self._refilled) * self.budget.rows_per_s)
-        self._refilled = now
+        return self.bucket.budget.controlled
 
     def _rate(self, now: float) -> float:
         """Rows per second reaching the gate, over the last ``horizon_s`` (at least 1 s); under
@@ -141,8 +178,9 @@ class Controller:
 
     def threshold(self) -> float:
         """The threshold for the next rows."""
+        budget = self.bucket.budget
         with self._lock:
-            if not self.budget.controlled:
+            if not budget.controlled:
                 return self.calibrated
             now = self.clock()
             if self._threshold is None or now - self._computed >= RECOMPUTE_S:
@@ -150,7 +188,7 @@ class Controller:
                 if len(self._confidences) < MIN_ROWS or rate <= 0:
                     wanted = self.calibrated
                 else:
-                    share = self.target * self.budget.rows_per_s / rate
+                    share = self.target * budget.rows_per_s / rate
                     wanted = quantile_threshold(np.fromiter(self._confidences, float), share)
                 self._threshold = min(1.0, max(self.floor, wanted))
                 self._computed = now
@@ -159,21 +197,8 @@ class Controller:
     def admit(self, rows: int) -> int:
         """How many of ``rows`` unsure rows may escalate now (the rest are shed); all of them
         when there is no budget."""
-        with self._lock:
-            if not self.budget.controlled:
-                return rows
-            self._refill()
-            granted = min(rows, int(self._tokens))
-            self._tokens -= granted
-            return granted
+        return self.bucket.admit(rows)
 
     def take(self, rows: int) -> bool:
         """Spend budget on ``rows`` audit rows if it is there (never sheds, never waits)."""
-        with self._lock:
-            if not self.budget.controlled:
-                return True
-            self._refill()
-            if self._tokens < rows:
-                return False
-            self._tokens -= rows
-            return True
+        return self.bucket.take(rows)

@@ -8,12 +8,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from edge.centers import parse_list
 from serving.config.settings import ServingSettings
-
-# how a center URL says which protocol reaches it, and which of those are TLS
-GRPC_SCHEMES = ("grpc://", "grpcs://")
-TLS_SCHEMES = ("https://", "grpcs://")
-CENTER_SCHEMES = ("http://", *TLS_SCHEMES, "grpc://")
 
 
 class EdgeSettings(ServingSettings):
@@ -107,12 +103,7 @@ class EdgeSettings(ServingSettings):
 
     @model_validator(mode="after")
     def _centers_over_tls(self) -> EdgeSettings:
-        urls = [u.strip() for u in (self.center_url or "").split(",") if u.strip()]
-        unknown = [u for u in urls if not u.startswith(CENTER_SCHEMES)]
-        if unknown:
-            raise ValueError(f"center_url {unknown[0]!r}: expected http://, https://, grpc:// "
-                             f"or grpcs:// and host:port")
-        plain = [u for u in urls if not u.startswith(TLS_SCHEMES)]
+        plain = [c.url for c in parse_list(self.center_url) if not c.tls]
         if self.center_ca is not None and plain:
             raise ValueError(f"center_ca is set, so centers are reached over TLS only "
                              f"(https://, grpcs://); center_url lists {plain[0]}")

@@ -43,6 +43,15 @@ Loader = Callable[[Manifest, Path], Runtime]
 Finisher = Callable[[Manifest], Finish]
 
 
+class Listener(Protocol):
+    """Told when a version becomes a model's default and when one is dropped (e.g. the edge's
+    threshold policy, whose controller follows the default's calibration)."""
+
+    def activated(self, manifest: Manifest) -> None: ...
+
+    def dropped(self, manifest: Manifest) -> None: ...
+
+
 @dataclass
 class Resident:
     manifest: Manifest
@@ -63,17 +72,83 @@ def warm_up(runtime: Runtime, max_batch_size: int) -> None:
         runtime.predict(pad([np.arange(1, length + 1, dtype=np.int64)] * rows))
 
 
-class Repository:
+class VersionLoader:
+    """Makes one store version resident: verified against its manifest, loaded by the tier's
+    ``loader``, warmed up, its fidelity checked on this hardware, with its tokenizer and its
+    batcher (started when the repository swaps it in)."""
+
     def __init__(self, store: ModelStore, tier: Tier, loader: Loader, settings: ServingSettings,
-                 metrics: Metrics, keep: int = 2, finisher: Finisher | None = None) -> None:
+                 metrics: Metrics, finisher: Finisher | None = None) -> None:
         """``finisher``: what each model call's logits become in the batcher's worker thread
         (default: left as they are)."""
         self.store, self.tier, self.loader, self.finisher = store, tier, loader, finisher
-        self.settings, self.metrics, self.keep = settings, metrics, keep
+        self.settings, self.metrics = settings, metrics
+
+    def load(self, model: str, version: int) -> Resident:
+        manifest = self.store.verify(model, version, self.tier)
+        folder = self.store.version_dir(model, version)
+        runtime = self.loader(manifest, folder)
+        warm_up(runtime, self.settings.max_batch_size)
+        fidelity = self._check_fidelity(manifest, folder, runtime)
+        tokenizer, padded_length = None, 0
+        if manifest.preprocessing.tokenizer:
+            path = folder / manifest.preprocessing.tokenizer
+            tokenizer = unpadded(load_tokenizer(path, manifest.preprocessing.max_length))
+            padded_length = file_length(path)
+        s = self.settings
+        batcher = Batcher(runtime.predict, max_batch_size=s.max_batch_size,
+                          max_delay_ms=s.max_batch_delay_ms, max_queue_rows=s.max_queue_rows,
+                          observe=self.metrics.observer(model, version),
+                          finish=self.finisher(manifest) if self.finisher else None)
+        return Resident(manifest, runtime, batcher, tokenizer, fidelity, padded_length)
+
+    def floor(self, manifest: Manifest) -> float:
+        """The node's own floor when set, else the release's."""
+        own = self.settings.min_fidelity
+        return manifest.fidelity.minimum if own is None else own
+
+    def _check_fidelity(self, manifest: Manifest, folder: Path,
+                        runtime: Runtime) -> probe.Measured | None:
+        """Run the release probe on this hardware; refuse the version below the floor."""
+        if manifest.probe is None:
+            log.warning("%s version %s carries no probe: its fidelity on this node is not "
+                        "checked", manifest.name, manifest.version)
+            return None
+        measured = probe.measure(runtime.predict, probe.load(folder / manifest.probe.file),
+                                 self.tier)
+        floor = self.floor(manifest)
+        self.metrics.fidelity.labels(manifest.name, str(manifest.version)).set(
+            measured.agreement)
+        platform = hardware.here(runtime.description)
+        if measured.agreement < floor:
+            raise FidelityRefused(measured, floor, platform)
+        log.info("%s version %s: fidelity %.1f%% on %d probe rows (floor %.1f%%) on %s",
+                 manifest.name, manifest.version, 100 * measured.agreement, measured.rows,
+                 100 * floor, platform.describe())
+        return measured
+
+
+class Repository:
+    """Which versions are resident and which is each model's default.
+
+    Why one class: the resident versions, the defaults, the failed versions and the lock are
+    one state that activation, eviction, refresh and lookup all read and change together;
+    loading a version (``VersionLoader``) is the part that stands apart."""
+
+    def __init__(self, loading: VersionLoader, keep: int = 2) -> None:
+        """``keep``: the newest versions per model that stay resident (the default always
+        does)."""
+        self.loading, self.keep = loading, keep
+        self.store, self.tier, self.settings = loading.store, loading.tier, loading.settings
         self._resident: dict[str, dict[int, Resident]] = {}
         self._default: dict[str, int] = {}
         self._failed: dict[str, tuple[tuple[int, ...], str]] = {}  # model -> (stamp, reason)
         self._lock = asyncio.Lock()
+        self._listeners: list[Listener] = []
+
+    def listen(self, listener: Listener) -> None:
+        """Tell ``listener`` about every activation and drop from now on."""
+        self._listeners.append(listener)
 
     def models(self) -> list[str]:
         return sorted(self._default)
@@ -150,12 +225,14 @@ class Repository:
                 return False
             resident = self._resident.get(model, {}).get(target)
             if resident is None:
-                resident = await asyncio.to_thread(self._load, model, target)
+                resident = await asyncio.to_thread(self.loading.load, model, target)
                 resident.batcher.start()
             self._resident.setdefault(model, {})[target] = resident
             previous = self._default.get(model)
             self._default[model] = target
             self._failed.pop(model, None)
+            for listener in self._listeners:
+                listener.activated(resident.manifest)
             if version is not None:
                 await asyncio.to_thread(self.store.set_current, model, target)
             log.info("serving %s version %s (%s)", model, target, resident.runtime.description,
@@ -181,56 +258,16 @@ class Repository:
                 return resident.runtime.description
         return ""
 
-    def _load(self, model: str, version: int) -> Resident:
-        manifest = self.store.verify(model, version, self.tier)
-        folder = self.store.version_dir(model, version)
-        runtime = self.loader(manifest, folder)
-        warm_up(runtime, self.settings.max_batch_size)
-        fidelity = self._check_fidelity(manifest, folder, runtime)
-        tokenizer, padded_length = None, 0
-        if manifest.preprocessing.tokenizer:
-            path = folder / manifest.preprocessing.tokenizer
-            tokenizer = unpadded(load_tokenizer(path, manifest.preprocessing.max_length))
-            padded_length = file_length(path)
-        s = self.settings
-        batcher = Batcher(runtime.predict, max_batch_size=s.max_batch_size,
-                          max_delay_ms=s.max_batch_delay_ms, max_queue_rows=s.max_queue_rows,
-                          observe=self.metrics.observer(model, version),
-                          finish=self.finisher(manifest) if self.finisher else None)
-        return Resident(manifest, runtime, batcher, tokenizer, fidelity, padded_length)
-
-    def floor(self, manifest: Manifest) -> float:
-        """The node's own floor when set, else the release's."""
-        own = self.settings.min_fidelity
-        return manifest.fidelity.minimum if own is None else own
-
-    def _check_fidelity(self, manifest: Manifest, folder: Path,
-                        runtime: Runtime) -> probe.Measured | None:
-        """Run the release probe on this hardware; refuse the version below the floor."""
-        if manifest.probe is None:
-            log.warning("%s version %s carries no probe: its fidelity on this node is not "
-                        "checked", manifest.name, manifest.version)
-            return None
-        measured = probe.measure(runtime.predict, probe.load(folder / manifest.probe.file),
-                                 self.tier)
-        floor = self.floor(manifest)
-        self.metrics.fidelity.labels(manifest.name, str(manifest.version)).set(
-            measured.agreement)
-        platform = hardware.here(runtime.description)
-        if measured.agreement < floor:
-            raise FidelityRefused(measured, floor, platform)
-        log.info("%s version %s: fidelity %.1f%% on %d probe rows (floor %.1f%%) on %s",
-                 manifest.name, manifest.version, 100 * measured.agreement, measured.rows,
-                 100 * floor, platform.describe())
-        return measured
-
     async def _evict(self, model: str) -> None:
         versions = self._resident[model]
         keep = {self._default[model], *sorted(versions, reverse=True)[:self.keep]}
         dropped = [v for v in versions if v not in keep]
         for version in dropped:
-            await versions.pop(version).batcher.stop()  # drains what is queued first
+            resident = versions.pop(version)
+            await resident.batcher.stop()  # drains what is queued first
             log.info("dropped %s version %s", model, version)
+            for listener in self._listeners:
+                listener.dropped(resident.manifest)
         if dropped:  # the dropped copies are unreferenced now: return their memory (see memory)
             await asyncio.to_thread(memory.trim)
 

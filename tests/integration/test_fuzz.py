@@ -23,9 +23,9 @@ import pytest
 from litestar.testing import TestClient
 
 from bench.fuzz import MAX_BODY, fuzz_hostile, fuzz_tier, hostile_binary_bodies, hostile_bodies
-from center.service import CenterService
+from center.build import build_service as build_center
 from center.settings import CenterSettings
-from edge.pipeline import EdgeService
+from edge.build import build_service as build_edge
 from edge.settings import EdgeSettings
 from harness.processes import BIN, TierProcess
 from harness.stores import fill_stores, tiers
@@ -168,15 +168,15 @@ def test_unexpected_error_is_a_bare_500_and_debug_is_off(served: Tiers) -> None:
     """In-process (the only way to make a real model fail on demand): the app factory of the
     tiers, a real center service over the fuzzed store, a runtime that raises."""
     settings = CenterSettings(store=served.root / "center", device="cpu")
-    service = CenterService(settings)
-    load = service.repository.loader
+    service = build_center(settings)
+    load = service.repository.loading.loader
 
     def exploding(manifest: Manifest, folder: Path) -> Exploding:
         return Exploding(load(manifest, folder))
 
-    service.repository.loader = exploding
+    service.repository.loading.loader = exploding
     app = create_app(DataPlane(service))
-    edge_app = create_app(DataPlane(EdgeService(EdgeSettings(store=served.root / "edge-unused"))))
+    edge_app = create_app(DataPlane(build_edge(EdgeSettings(store=served.root / "edge-unused"))))
     assert app.debug is False and edge_app.debug is False
     body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["fine"]}]}
     with TestClient(app) as client:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from center.service import CenterService
+from center.build import build_service
 from center.settings import CenterSettings
 from serving.protocol import v2
 from serving.runtime.repository import Resident
@@ -21,7 +21,7 @@ class Logits:
 
 
 def test_every_row_is_the_centers_answer_with_its_version(tmp_path: Path) -> None:
-    service = CenterService(CenterSettings(store=tmp_path, device="cpu"))
+    service = build_service(CenterSettings(store=tmp_path, device="cpu"))
     resident = Resident(manifest(4), runtime=None, batcher=Logits(),  # type: ignore[arg-type]
                         tokenizer=None)
     rows = [np.asarray([i + 1, 7], dtype=np.int64) for i in range(3)]
@@ -36,15 +36,15 @@ def test_every_row_is_the_centers_answer_with_its_version(tmp_path: Path) -> Non
 def test_capacity_is_measured_from_batches_at_the_latency_target_or_set(tmp_path: Path) -> None:
     from serving.runtime.batcher import BatchStats
 
-    service = CenterService(CenterSettings(store=tmp_path, device="cpu", max_batch_size=32,
+    service = build_service(CenterSettings(store=tmp_path, device="cpu", max_batch_size=32,
                                            latency_target_ms=500, capacity_headroom=0.8))
     assert service.capacity("sentiment", 4) is None  # nothing computed yet
-    assert service._report("sentiment", 4) == {}
+    assert service.report("sentiment", 4) == {}
     observe = service.metrics.observer("sentiment", 4)
     for rows in (1, 2, 4, 8) * 10:  # 10 ms per call + 20 ms per row
         observe(BatchStats(rows, rows, 0.0, 0.01 + 0.02 * rows))
     # the largest batch within 250 ms is 12 rows (250 ms): 48 rows/s, x 0.8
     assert service.capacity("sentiment", 4) == pytest.approx(0.8 * 12 / 0.25, rel=0.01)
-    assert service._report("sentiment", 4)["capacity_rows_s"] == pytest.approx(38.4, rel=0.01)
-    fixed = CenterService(CenterSettings(store=tmp_path, device="cpu", capacity_rows_s=120))
+    assert service.report("sentiment", 4)["capacity_rows_s"] == pytest.approx(38.4, rel=0.01)
+    fixed = build_service(CenterSettings(store=tmp_path, device="cpu", capacity_rows_s=120))
     assert fixed.capacity("sentiment", 4) == 120

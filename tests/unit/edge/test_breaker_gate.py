@@ -1,11 +1,9 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from edge.breaker import CircuitBreaker
-from edge.gate import threshold_for, unsure
-from serving.errors import BadRequest
+from edge.gate import unsure
 
 
 class Clock:
@@ -49,9 +47,3 @@ def test_gate_thresholds() -> None:
     assert unsure(probabilities, 0.75).tolist() == [1, 2]
     assert unsure(probabilities, 0).tolist() == []
     assert unsure(probabilities, 1).tolist() == [0, 1, 2, 3]  # 1 escalates even certain rows
-    assert threshold_for({}, 0.8, None) == 0.8
-    assert threshold_for({}, 0.8, 0.6) == 0.6
-    assert threshold_for({"threshold": 0}, 0.8, 0.6) == 0.0
-    for bad in (1.5, -0.1, "high", True):
-        with pytest.raises(BadRequest):
-            threshold_for({"threshold": bad}, 0.8, None)

@@ -15,7 +15,9 @@ import msgspec
 import numpy as np
 import pytest
 
-from edge.escalation import CenterClient
+from edge.build import build_service
+from edge.centers import parse_list
+from edge.escalation import Centers, Transports
 from edge.pipeline import EdgeService
 from edge.settings import EdgeSettings
 from serving.model.scores import softmax
@@ -75,10 +77,10 @@ def center_answering(calls: list[dict[str, Any]], version: str = "9") -> Handler
 
 
 def edge(tmp_path: Path, handler: Handler, **settings: Any) -> EdgeService:
-    center = CenterClient(["http://center.test"], 1.0, 3, 30.0,
-                          transport=httpx.MockTransport(handler))
     settings.setdefault("audit_share", 0.0)  # the audit's random sample only where asked for
-    return EdgeService(EdgeSettings(store=tmp_path, **settings), center=center)
+    center = Centers(Transports(1.0, None, httpx.MockTransport(handler)),
+                     parse_list("http://center.test"), 3, 30.0)
+    return build_service(EdgeSettings(store=tmp_path, **settings), center=center)
 
 
 def outputs(response: v2.InferResponse) -> dict[str, list[Any]]:
@@ -199,8 +201,8 @@ def test_discovered_centers_are_called_over_grpc_where_they_registered_a_grpc_po
     service = edge(tmp_path, center_answering([]), escalation="grpc", center_ca=ca)
     service._centers(centers[:2])
     assert service.center.urls == ["grpcs://10.0.0.1:8101", "https://10.0.0.2:8100"]
-    service._centers([])  # none passing: the static list (none here)
-    assert service.center.urls == []
+    service._centers([])  # none passing: the configured list
+    assert service.center.urls == ["http://center.test"]
 
 
 def test_each_model_call_is_finished_once_into_probabilities_and_confidence_metrics(
@@ -208,7 +210,7 @@ def test_each_model_call_is_finished_once_into_probabilities_and_confidence_metr
     """The edge's per-call finish (run in the batcher's thread, per model call): softmax,
     every row's confidence in the histogram and in the quality report."""
     service = edge(tmp_path, center_answering([]))
-    finish = service._finisher(model())
+    finish = service.stats.finisher(model())
     logits = np.asarray([LOGITS[SURE], LOGITS[UNSURE], LOGITS[SURE]], dtype=np.float32)
     probabilities = finish(logits)
     assert np.allclose(probabilities, softmax(logits)) and probabilities.dtype == np.float32
@@ -225,7 +227,7 @@ def test_over_budget_rows_are_shed_marked_and_counted_but_a_request_threshold_wi
     calls: list[dict[str, Any]] = []
     service, batcher = edge(tmp_path, center_answering(calls)), FixedBatcher()
     r = resident(batcher)
-    service.set_budget("sentiment", Budget(True, rows_per_s=0.001, capacity_rows_s=0.002,
+    service.policy.set_budget("sentiment", Budget(True, rows_per_s=0.001, capacity_rows_s=0.002,
                                            share=0.5))
     answer = infer(service, r, parsed(UNSURE, SURE, UNSURE, UNSURE, UNSURE, UNSURE))
     out = outputs(answer)
@@ -235,7 +237,7 @@ def test_over_budget_rows_are_shed_marked_and_counted_but_a_request_threshold_wi
     assert answer.parameters["shed"] == 4 and answer.parameters["escalated"] == 1
     shed = [i for i, t in enumerate(out["tier"]) if t == "edge-shed"]
     assert all(out["confidence"][i] == pytest.approx(0.5498, abs=1e-3) for i in shed)  # edge's
-    assert service.rows_by_tier.labels("sentiment", "3", "edge-shed")._value.get() == 4
+    assert service.stats.rows_by_tier.labels("sentiment", "3", "edge-shed")._value.get() == 4
     assert len(calls) == 1
     override = outputs(infer(service, r, parsed(UNSURE, UNSURE, threshold=1.0)))
     assert override["tier"] == ["center", "center"]  # the request's own threshold: no budget
@@ -258,7 +260,7 @@ def test_audit_rows_go_to_the_center_in_the_background_never_delaying_the_answer
         took = asyncio.get_running_loop().time() - started
         before = len(calls)
         await asyncio.sleep(1.5)  # the audit call finishes after the answer
-        audited = service.auditors[("sentiment", 3)].audited
+        audited = service.audit.auditors[("sentiment", 3)].audited
         await service.stop()
         return took, outputs(answer)["tier"], before, audited
 
@@ -275,14 +277,14 @@ def test_a_drifting_audit_is_noted_in_readiness_and_its_report(tmp_path: Path) -
                               agreement=[AgreementBin(1.0, 200, 0.95, 0.5)])
     manifest = msgspec.structs.replace(store_manifest(3), calibration=calibration)
     service = edge(tmp_path, center_answering([]), audit_share=1.0, audit_min_rows=20)
-    auditor = service.auditor(manifest)
+    auditor = service.audit.auditor(manifest)
     assert service.notes() == []
     auditor.record(np.full(40, 0.99), np.zeros(40, int), np.r_[np.zeros(20, int),
                                                                np.ones(20, int)])
     (note,) = service.notes()  # 50% agreement where the calibration predicts 95%
     assert note.startswith("drift: sentiment v3") and "95.0%" in note
     assert DataPlane(service).notes() == [note]  # what /v2/health/ready carries
-    report = service._report("sentiment", 3)
+    report = service.audit.report("sentiment", 3)
     assert report["drift"] and report["audit_rows"] == 40
     assert report["audit_agreement"] == pytest.approx(0.5)
     assert report["estimated_accuracy"] == pytest.approx(0.8 - 1.0 * 0.5 * 0.5)

@@ -1,0 +1,86 @@
+"""The edge's own Prometheus series, on the process registry next to the ones every tier has
+(``serving.telemetry.metrics``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from prometheus_client import Counter, Gauge, Histogram
+
+from serving.release.manifest import Manifest
+from serving.runtime import classify
+from serving.runtime.batcher import Finish
+from serving.telemetry.metrics import MV, Metrics
+
+CONFIDENCE = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0)
+
+
+class EdgeMetrics:
+    """The cascade's, the controller's and the audit's series."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self.quality = metrics.quality
+        r = metrics.registry
+        self.rows_by_tier = Counter("edge_rows", "Rows answered, by tier (edge, center, "
+                                    "edge-degraded)", [*MV, "tier"], registry=r)
+        self.cache_hits = Counter("edge_cache_hits", "Rows answered from the response cache",
+                                  MV, registry=r)
+        self.confidence = Histogram("edge_confidence", "Edge model confidence per row", MV,
+                                    buckets=CONFIDENCE, registry=r)
+        self.center_seconds = Histogram("edge_center_call_duration_seconds", "Escalation "
+                                        "calls to the center", registry=r)
+        self.circuit_open = Gauge("edge_center_circuit_open", "1 while a center's circuit is "
+                                  "open", ["center"], registry=r)
+        self.threshold_now = Gauge("edge_cascade_threshold", "The gate's threshold now (the "
+                                   "controller's, or the calibrated one)", ["model"], registry=r)
+        self.budget_now = Gauge("edge_cascade_budget_rows_per_second", "Escalated rows per "
+                                "second the registry's budget allows (0: no budget)", ["model"],
+                                registry=r)
+        self.audit_rows = Counter("edge_audit_rows", "Rows the edge answered itself that were "
+                                  "also sent to the center (the live audit)", MV, registry=r)
+        self.audit_agreement = Gauge("edge_audit_agreement", "Edge-center agreement on the "
+                                     "audit window", MV, registry=r)
+        self.audit_expected = Gauge("edge_audit_expected_agreement", "Agreement the "
+                                    "calibration split predicts for the same rows", MV,
+                                    registry=r)
+        self.audit_drift = Gauge("edge_audit_drift", "1 while live agreement is below the "
+                                 "calibration's by more than drift_z standard deviations", MV,
+                                 registry=r)
+        self.estimated_accuracy = Gauge("edge_estimated_accuracy", "Live cascade accuracy "
+                                        "estimated from the audit (no labels)", MV, registry=r)
+        self.confidence_psi = Gauge("edge_confidence_psi", "PSI of the last 2,000 rows' edge "
+                                    "confidences against the calibration split's", MV,
+                                    registry=r)
+        self.confidence_drift = Gauge("edge_confidence_drift", "1 while the edge's "
+                                      "confidences have shifted from the calibration split's",
+                                      MV, registry=r)
+        self._tier_counters: dict[tuple[str, int, str], Any] = {}
+
+    def tier_rows(self, model: str, version: int, tier: str) -> Any:
+        """The ``edge_rows`` child for these labels, looked up once (a labels() call per
+        request was a measurable share of the hot path)."""
+        key = (model, version, tier)
+        found = self._tier_counters.get(key)
+        if found is None:
+            found = self._tier_counters[key] = self.rows_by_tier.labels(model, str(version),
+                                                                        tier)
+        return found
+
+    def finisher(self, manifest: Manifest) -> Finish:
+        """Per model call, in the batcher's thread: logits -> probabilities, and the call's
+        confidences into the histogram and the quality report (once per call, not per
+        request). The repository's ``finisher``."""
+        model, version = manifest.name, manifest.version
+        histogram = self.confidence.labels(model, str(version))
+        quality = self.quality
+
+        def finish(logits: np.ndarray) -> np.ndarray:
+            probabilities = classify.softmax(logits)
+            confidence = probabilities.max(axis=1).tolist()
+            for value in confidence:
+                histogram.observe(value)
+            quality.confidence(model, version, confidence)
+            return probabilities
+
+        return finish
