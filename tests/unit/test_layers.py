@@ -9,6 +9,8 @@ import pkgutil
 import tomllib
 from pathlib import Path
 
+import pytest
+
 import serving
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,3 +104,30 @@ def test_only_the_modules_that_say_why_read_the_environment() -> None:
         f"no longer reading it: {sorted(set(READS_ENVIRONMENT) - readers)}")
     architecture = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     assert all(f"`{path}`" in architecture for path in READS_ENVIRONMENT)
+
+
+# Services and the data plane are handed their parts by the wiring (edge/build.py,
+# center/build.py called from each tier's cli.py wire()); their __init__ only keeps them.
+HANDED_THEIR_PARTS = [("edge/pipeline.py", "EdgeService"), ("center/service.py", "CenterService"),
+                      ("serving/dataplane.py", "DataPlane"), ("serving/process.py", "Process")]
+
+
+def constructions(path: str, name: str) -> list[str]:
+    """Calls in ``name.__init__`` other than the built-in containers: what it builds itself."""
+    tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+    cls = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == name)
+    init = next((n for n in cls.body if isinstance(n, ast.FunctionDef)
+                 and n.name == "__init__"), None)
+    if init is None:  # a dataclass: its fields are what it is handed
+        return []
+    return [ast.unparse(call.func) for call in ast.walk(init) if isinstance(call, ast.Call)
+            and ast.unparse(call.func) not in ("dict", "set", "list", "super().__init__")]
+
+
+@pytest.mark.parametrize(("path", "name"), HANDED_THEIR_PARTS)
+def test_services_are_handed_their_parts_and_build_nothing(path: str, name: str) -> None:
+    assert constructions(path, name) == [], f"{name}.__init__ builds its own collaborators"
+
+
+def test_the_construction_check_sees_a_collaborator_built_inside() -> None:
+    assert constructions("edge/cache.py", "ResponseCache") == ["TTLCache"]
