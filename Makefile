@@ -4,7 +4,7 @@ BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO  := var/demo/release
 
-.PHONY: up sites demo serve bench test compose-test sites-test demo-test test-fast lint typecheck check clean
+.PHONY: up sites demo serve bench test compose-test sites-test demo-test test-fast lint typecheck check clean docs
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh scripts/install_tools.sh
 	bash scripts/bootstrap.sh
@@ -82,6 +82,11 @@ lint: $(STAMP)
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
+
+## docs: regenerate the settings tables of docs/operations.md and docs/registry.md from the
+## settings classes (a test fails when they differ)
+docs: $(STAMP)
+	$(BIN)/python -m tiered.settings_doc
 
 check: lint typecheck test
 
