@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import re
 from pathlib import Path
 
 from cryptography import x509
@@ -24,13 +25,30 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from serving.config.tokens import write_secret
 
 ROLES = ("registry", "center")
+TIERS = ("edge", "center")
 ROLE_DOMAIN = "tiered.invalid"  # RFC 2606: never resolves, so only TLS ever matches it
+NODE_LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")  # a node id that can be a DNS label
+VALID_DAYS = 365
 
 
 def role_name(role: str) -> str:
     """The TLS server name a ``role`` certificate answers to (e.g. center.tiered.invalid)."""
     return f"{role}.{ROLE_DOMAIN}"
-VALID_DAYS = 365
+
+
+def node_name(node_id: str, tier: str) -> str:
+    """The TLS server name one node's certificate answers to, and no other node's:
+    ``<node id>.<tier>.tiered.invalid`` (e.g. ``edge-us-1.edge.tiered.invalid``). Whoever
+    reaches a node found in Consul (nginx an edge, an edge a center) checks this name for the
+    node id the catalog entry claims, so an entry moved to another address reaches nobody but
+    a failed handshake. ValueError for a node id that is not a DNS label or a tier that is
+    not one."""
+    if tier not in TIERS:
+        raise ValueError(f"tier must be one of {TIERS}, not {tier[:32]!r}")
+    if not NODE_LABEL.fullmatch(node_id):
+        raise ValueError(f"node id {node_id[:64]!r} cannot be named in a certificate: use "
+                         f"lower-case letters, digits and '-' (at most 63, not at either end)")
+    return f"{node_id}.{tier}.{ROLE_DOMAIN}"
 
 
 def _name(common: str) -> x509.Name:
@@ -101,6 +119,41 @@ def server(folder: Path, role: str, hosts: list[str]) -> tuple[Path, Path]:
     _write_key(key_path, key)
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return cert_path, key_path
+
+
+def node(folder: Path, node_id: str, tier: str, region: str,
+         hosts: tuple[str, ...] = ()) -> tuple[bytes, bytes]:
+    """One node's own certificate and key (PEM bytes, nothing written): signed by the fleet CA
+    in ``folder``, naming the node (``node_name``), its tier (OU) and region (L), usable as
+    a TLS server (nginx -> edge, edge -> center) and client. A center's also carries the
+    role name ``center.tiered.invalid``, so callers that check only the role still accept it.
+    ``hosts``: addresses it may also be reached by (IP or DNS SANs)."""
+    name = node_name(node_id, tier)
+    authority, authority_key = ca(folder)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    sans: list[x509.GeneralName] = [x509.DNSName(name)]
+    if tier == "center":
+        sans.append(x509.DNSName(role_name("center")))
+    sans += [_san(h) for h in dict.fromkeys(hosts)]
+    subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Tiered fleet"),
+                         x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, tier),
+                         x509.NameAttribute(NameOID.LOCALITY_NAME, region),
+                         x509.NameAttribute(NameOID.COMMON_NAME, node_id)])
+    cert = (x509.CertificateBuilder().subject_name(subject)
+            .issuer_name(authority.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=VALID_DAYS))
+            .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH,
+                                                  ExtendedKeyUsageOID.CLIENT_AUTH]),
+                           critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .sign(authority_key, hashes.SHA256()))
+    return (cert.public_bytes(serialization.Encoding.PEM),
+            key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                              serialization.NoEncryption()))
 
 
 def fleet(folder: Path, hosts: list[str]) -> list[Path]:
