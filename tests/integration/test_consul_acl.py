@@ -4,8 +4,10 @@ see who may register what."""
 
 from __future__ import annotations
 
+import os
 import stat
 import subprocess
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +17,7 @@ import httpx
 import pytest
 
 from harness.processes import BIN, free_port
-from tiered.consul_acl import CONSUL_ROLES
+from tiered.consul_acl import CONSUL_ROLES, ConsulAcl
 from tiered.stack import CONSUL_CONFIG, Stack
 
 pytestmark = pytest.mark.integration
@@ -97,7 +99,8 @@ def test_the_management_token_is_in_a_private_file_not_in_argv(stack: Stack) -> 
 
 def test_compose_acl_setup_script_against_a_real_agent(stack: Stack) -> None:
     """consul/acl-setup.sh (docker-compose.yml's consul-acl job) with other secrets: the
-    policies exist (updated), the tokens are new (created); a second run changes nothing."""
+    policies exist (updated), the tokens are new (created); a second run changes nothing.
+    Refused: a missing secret, one that is no UUID (it would go into a header and JSON)."""
     secrets = {f"CONSUL_{r.upper()}_TOKEN": str(uuid.uuid4()) for r in CONSUL_ROLES}
     env = {"PATH": f"{BIN}:/usr/bin:/bin", "CONSUL_HTTP_ADDR": stack.consul,
            "CONSUL_HTTP_TOKEN": stack.consul_tokens["management"], **secrets}
@@ -113,3 +116,81 @@ def test_compose_acl_setup_script_against_a_real_agent(stack: Stack) -> None:
     missing = subprocess.run(["sh", script], env={**env, "CONSUL_EDGE_TOKEN": ""},
                              capture_output=True, text=True, timeout=120)
     assert missing.returncode == 2 and "CONSUL_EDGE_TOKEN is not set" in missing.stderr
+    for bad in ("a b", "x\nX-Evil: 1", 'q"uote'):
+        refused = subprocess.run(["sh", script], env={**env, "CONSUL_READER_TOKEN": bad},
+                                 capture_output=True, text=True, timeout=120)
+        assert refused.returncode == 2 and "CONSUL_READER_TOKEN must be a UUID" in refused.stderr
+
+
+class ArgvWatch(threading.Thread):
+    """Reads every process's argv (``/proc/*/cmdline``, what ``ps`` shows anyone) over and over
+    until stopped: the argvs that hold any of ``secrets``, and how many argvs naming ``seen``
+    it met (the script's calls to its agent: a watch that saw none of them cannot pass)."""
+
+    def __init__(self, secrets: list[str], seen: str) -> None:
+        super().__init__(daemon=True)
+        self.secrets, self.seen = [s.encode() for s in secrets], seen.encode()
+        self.leaks: list[bytes] = []
+        self.calls = self.sweeps = 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            for pid in os.listdir("/proc"):
+                if not pid.isdigit():
+                    continue
+                try:
+                    argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+                except OSError:
+                    continue  # gone already
+                if any(secret in argv for secret in self.secrets):
+                    self.leaks.append(argv)
+                self.calls += self.seen in argv
+            self.sweeps += 1
+
+
+def test_acl_setup_puts_no_secret_in_any_process_argv(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fresh agent with ACLs on and nothing made yet: acl-setup.sh creates every policy and
+    token, then (second run) updates the policies and keeps the tokens, the management token
+    read from CONSUL_HTTP_TOKEN_FILE. Every process's argv is sampled all along: none holds
+    any of the six secrets (the script's curl calls read them from a 0600 file or stdin)."""
+
+    def acl_up_only(acl: ConsulAcl, consul: str) -> bool:  # the ACL system, no policy made
+        answer = httpx.get(f"http://{consul}/v1/acl/token/self", timeout=5,
+                           headers={"X-Consul-Token": acl.tokens["management"]})
+        return answer.status_code == 200
+
+    monkeypatch.setattr(ConsulAcl, "setup", acl_up_only)
+    fresh = Stack(tmp_path, tmp_path / "registry", "unused", http_port=free_port(),
+                  consul_port=free_port())
+    try:
+        fresh.start_consul()
+        management = fresh.consul_tokens["management"]
+        assert read(fresh, "/v1/acl/policy/name/tiered-edge", management)[0] != 200
+        secrets = {f"CONSUL_{r.upper()}_TOKEN": str(uuid.uuid4()) for r in CONSUL_ROLES}
+        env = {"PATH": f"{BIN}:/usr/bin:/bin", "CONSUL_HTTP_ADDR": fresh.consul,
+               "CONSUL_HTTP_TOKEN_FILE": str(fresh.acl.token_file), **secrets}
+        watch = ArgvWatch([management, *secrets.values()], f"{fresh.consul}/v1/acl/")
+        watch.start()
+        try:
+            runs = [subprocess.run(["sh", str(CONSUL_CONFIG.parent / "acl-setup.sh")], env=env,
+                                   capture_output=True, text=True, timeout=120)
+                    for _ in range(2)]
+        finally:
+            watch.done.set()
+            watch.join(timeout=30)
+        for run, made in zip(runs, ("created", "exists"), strict=True):
+            assert run.returncode == 0, run.stderr
+            assert run.stdout.count(f"token {made}") == len(CONSUL_ROLES), run.stdout
+        assert watch.leaks == [], "a secret in a process's argv"
+        assert watch.calls > 0 and watch.sweeps > 2, "the watch never saw the script's calls"
+        for role in CONSUL_ROLES:
+            status, policy = read(fresh, f"/v1/acl/policy/name/tiered-{role}", management)
+            assert status == 200 and policy["Rules"] == \
+                (CONSUL_CONFIG.parent / "policies" / f"{role}.hcl").read_text()
+        edge = secrets["CONSUL_EDGE_TOKEN"]
+        assert register(fresh, "tiered-edge", edge).status_code == 200
+        assert register(fresh, "tiered-center", edge).status_code == 403
+    finally:
+        fresh.stop()

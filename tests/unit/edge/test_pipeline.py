@@ -243,6 +243,30 @@ def test_over_budget_rows_are_shed_marked_and_counted_but_a_request_threshold_wi
     assert override["tier"] == ["center", "center"]  # the request's own threshold: no budget
 
 
+class GradedBatcher(FixedBatcher):
+    """Unsure rows of three confidences: a row's first token id is its logit margin x 100
+    (softmax: 10 -> 0.525, 40 -> 0.599, 90 -> 0.711; all below the 0.9 threshold)."""
+
+    async def submit(self, rows: list[np.ndarray]) -> np.ndarray:
+        self.batches.append([int(r[0]) for r in rows])
+        return self.finish(np.asarray([[0.0, int(r[0]) / 100] for r in rows], dtype=np.float32))
+
+
+def test_over_budget_the_least_confident_rows_escalate_and_the_most_confident_are_shed(
+        tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+    service = edge(tmp_path, center_answering(calls), burst_s=2.0)
+    r = resident(GradedBatcher())
+    # the first budget's bucket holds 2 rows (rows_per_s x burst_s)
+    service.policy.set_budget("sentiment", Budget(True, rows_per_s=1.0, capacity_rows_s=2.0,
+                                                  share=0.5))
+    out = outputs(infer(service, r, parsed(90, 10, 90, 40, 90)))
+    assert out["tier"] == ["edge-shed", "center", "edge-shed", "center", "edge-shed"]
+    [call] = calls
+    sent = call["inputs"][0]["data"]  # the escalated rows' token ids, in request order
+    assert sent[::2] == [10, 40]
+
+
 def test_audit_rows_go_to_the_center_in_the_background_never_delaying_the_answer(
         tmp_path: Path) -> None:
     calls: list[dict[str, Any]] = []

@@ -100,6 +100,28 @@ def test_a_rewritten_tail_is_found_and_never_signed_over(db: sqlite_utils.Databa
     assert head is not None and head.head.seq == 6 and problem is not None
 
 
+def test_the_cli_verify_fails_on_a_rewritten_newest_record(db: sqlite_utils.Database,
+                                                          home: Path) -> None:
+    """The newest record's payload rewritten, in place (the chain finds it) or re-hashed too
+    (only the signed head can: no later record links to it): `audit --verify` exits 1."""
+    cli = RegistryCli(home)
+    newest = audit.records(db)[-1]
+    forged = audit.Record(**{**newest.__dict__, "payload": '{"forged":true}', "hash": ""})
+    db.conn.execute("DROP TRIGGER audit_no_update")
+    db.conn.execute("UPDATE audit SET payload = ? WHERE seq = ?", [forged.payload, newest.seq])
+    data = cli("audit", "--verify", "--json", check=False).json()
+    assert not data["ok"] and data["first_bad"]["seq"] == newest.seq
+    assert "altered" in data["first_bad"]["reason"]
+    db.conn.execute("UPDATE audit SET hash = ? WHERE seq = ?",
+                    [forged.expected_hash(), newest.seq])
+    assert audit.verify(db) == (6, None)  # the chain alone cannot tell
+    result = cli("audit", "--verify", "--json", check=False)
+    assert result.code == 1
+    data = result.json()
+    assert not data["ok"] and data["first_bad"] is None
+    assert f"record {newest.seq} has another hash" in data["head_problem"]
+
+
 def test_a_forged_or_edited_head_file_is_found(db: sqlite_utils.Database, home: Path) -> None:
     path = home / anchor.FILE
     data = json.loads(path.read_text())

@@ -123,6 +123,13 @@ def test_rehashed_row_breaks_the_next_link(db: sqlite_utils.Database) -> None:
     assert finding is not None and finding.seq == 3 and "previous-hash" in finding.reason
 
 
+def test_the_newest_row_tampered_is_named(db: sqlite_utils.Database) -> None:
+    """The last record has no successor whose link would break: its own hash is checked."""
+    db.conn.execute("DROP TRIGGER audit_no_update")
+    db.conn.execute("UPDATE audit SET payload = '{\"i\":99}' WHERE seq = 5")
+    assert audit.verify(db) == (4, audit.Finding(5, "content does not match its hash (altered)"))
+
+
 def test_deleted_row_is_a_gap(db: sqlite_utils.Database) -> None:
     db.conn.execute("DROP TRIGGER audit_no_delete")
     db.conn.execute("DELETE FROM audit WHERE seq = 2")

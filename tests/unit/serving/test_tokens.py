@@ -66,3 +66,16 @@ def test_center_ca_means_https_centers_only(tmp_path: Path) -> None:
 def test_a_center_url_names_its_protocol(url: str) -> None:
     with pytest.raises(ValidationError, match="expected http://, https://, grpc://"):
         EdgeSettings(center_url=url)
+
+
+def test_a_mac_wrong_in_any_one_hex_digit_is_refused() -> None:
+    """The whole MAC is compared, not a prefix (nor a suffix): a token whose MAC differs from
+    the right one in a single hex digit, the last included, proves nothing."""
+    verifier = Verifier(SECRET, lambda _: 1)
+    token = node_token(SECRET, "edge-eu-1")
+    assert verifier.node(token) == "edge-eu-1"
+    head, _, mac = token.rpartition(".")  # the MAC is the last field, whatever comes before
+    for i, digit in enumerate(mac):
+        wrong = "0" if digit != "0" else "1"
+        forged = f"{head}.{mac[:i]}{wrong}{mac[i + 1:]}"
+        assert verifier.node(forged) is None, f"MAC digit {i} not checked"

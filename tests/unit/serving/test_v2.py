@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import struct
 
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 
 from serving.errors import BadRequest
 from serving.protocol import v2
+from serving.transport.responses import error_response
 
 LIMITS = v2.Limits(max_rows=4, max_text_bytes=50, max_length=4, vocab_size=1000,
                    max_sequence=8)  # rows padded up to 8 (the tokenizer file's length) pass
@@ -213,6 +215,29 @@ def test_a_bad_header_length_is_a_bad_request(length: str, message: str) -> None
         v2.parse(raw, LIMITS, length)
 
 
+def test_a_header_length_of_the_whole_body_leaves_no_binary_data_and_is_a_400() -> None:
+    """The boundary of Inference-Header-Content-Length: equal to the body length, the header
+    is the whole body and the binary part is empty, so a JSON naming binary data is refused
+    (a V2 400, the binary part named); one byte less cuts the JSON; one more is past the body.
+    Only a header naming no binary data may be the whole body."""
+    declared = strings(b"x")
+    whole = body(inputs=[{"name": "text", "datatype": "BYTES", "shape": [1],
+                          "parameters": {"binary_data_size": len(declared)}}])
+    with pytest.raises(BadRequest, match="but the binary part has 0 bytes") as refused:
+        v2.parse(whole, LIMITS, str(len(whole)))
+    answer = error_response(refused.value, logging.getLogger(__name__))
+    assert answer.status == 400 and b"binary part has 0 bytes" in answer.body
+    with pytest.raises(BadRequest, match="malformed JSON"):
+        v2.parse(whole, LIMITS, str(len(whole) - 1))
+    with pytest.raises(BadRequest, match=f"is {len(whole) + 1}, but the body has {len(whole)}"):
+        v2.parse(whole, LIMITS, str(len(whole) + 1))
+    framed_raw, length = binary_text(1, declared)
+    assert int(length) == len(framed_raw) - len(declared)  # the header ends where data starts
+    assert v2.parse(framed_raw, LIMITS, length).texts == ["x"]
+    json_only = text(["x"])
+    assert v2.parse(json_only, LIMITS, str(len(json_only))).texts == ["x"]
+
+
 @pytest.mark.parametrize(("count", "data", "declared", "message"), [
     (1, strings(b"x") + b"extra", None, "after its 1 elements"),
     (2, strings(b"x"), None, "ends before element 1"),
@@ -220,6 +245,7 @@ def test_a_bad_header_length_is_a_bad_request(length: str, message: str) -> None
     (1, b"\x01\x00", None, "ends before element 0"),
     (1, strings(b"\xff\xfe"), None, "not valid UTF-8"),
     (1, strings(b"x"), 100, "binary part has"),
+    (1, strings(b"x"), 6, "6 bytes of binary data declared at offset 0, but the binary part has 5"),
     (1, strings(b"x"), 2, "follow the last input"),
     (1, strings(b"x"), -1, "non-negative integer"),
     (1, strings(b"x"), "5", "non-negative integer"),
