@@ -225,9 +225,9 @@ def test_a_grpc_message_over_the_size_limit_gets_resource_exhausted(guarded: Gua
     request = pb.ModelInferRequest(model_name="tiny")
     text = request.inputs.add(name="text", datatype="BYTES", shape=[1])
     text.contents.bytes_contents.append(b"x" * (512 << 10))  # --max-body 256k
-    with grpc.insecure_channel(f"127.0.0.1:{guarded.entry.grpc_port}") as channel:
-        with pytest.raises(grpc.RpcError) as refused:
-            pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
+    with (grpc.insecure_channel(f"127.0.0.1:{guarded.entry.grpc_port}") as channel,
+          pytest.raises(grpc.RpcError) as refused):
+        pb_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=10)
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
     assert "256k" in (refused.value.details() or "")
 
