@@ -71,7 +71,7 @@ def up_cmd(http_port: int | None, grpc_port: int | None, consul_port: int | None
     token = s.registry_token.get_secret_value() if s.registry_token else secrets.token_hex(16)
     stack = Stack(s.root.resolve(), s.registry_home.resolve(), token, s.http_port,
                   s.consul_port, grpc_port=s.grpc_port, tracing=tracing_env(s, os.environ),
-                  echo=Printer())
+                  echo=Printer(), nginx_flags=LOOPBACK_ENTRY)
 
     def start() -> None:
         stack.up(timeout)
@@ -171,6 +171,11 @@ def ensure_release(s: TieredSettings) -> releases.Choice:
     subprocess.run(releases.build_argv(choice.start.value, folder), check=True, env=env)
     subprocess.run(releases.publish_argv(s, folder), check=True, env=env)
     return choice
+
+
+# `tiered up` is one host's loopback: its entry also serves the center (full precision) and
+# the registry's metrics, which its summary lists; nginx's own default is off for both
+LOOPBACK_ENTRY = ("--expose-center", "--expose-registry-metrics")
 
 
 def summary(stack: Stack, s: TieredSettings, seconds: float) -> None:

@@ -40,7 +40,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Itera
     cli("publish", tiny_release, "--name", "tiny")
     fleet = Stack(root, cli.home, "stack-token-0123456789", http_port=free_port(),
                   consul_port=free_port(), centers=2, grpc_port=free_port(),
-                  nginx_flags=("--rate", "300", "--burst", "100"))
+                  nginx_flags=("--rate", "300", "--burst", "100", "--expose-center",
+                               "--expose-registry-metrics"))
     try:
         fleet.up(timeout=120)
         yield fleet

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nginx.render import Fleet, config, upstreams
+from nginx.render import Entry, Fleet, config, upstreams
 from serving.fleet.discovery import Instance
 
 
@@ -72,7 +72,7 @@ def hostile_instances() -> list[Instance]:
 def test_hostile_instances_are_not_rendered_and_change_nothing() -> None:
     """Whatever reached the Fleet: the text is the text without the hostile instances."""
     good = Fleet(edges=[edge(1001, "eu"), edge(1002, "us", passing=False)],
-                 centers=[Instance("center-1", "center.example", 8100)],
+                 centers=[Instance("center-1", "10.1.2.3", 8100)],
                  registries=[Instance("registry-1", "::1", 50051, (), {"metrics_port": "9300"})])
     metrics = [Instance(f"bad-metrics-{n}", "127.0.0.1", 50052, (), {"metrics_port": m})
                for n, m in enumerate(["9300; x", "99999", "٩٣٠٠", "0", "9300\n"])]
@@ -81,7 +81,7 @@ def test_hostile_instances_are_not_rendered_and_change_nothing() -> None:
                     registries=[*good.registries, *hostile_instances(), *metrics])
     conf = upstreams(hostile)
     assert conf == upstreams(good)
-    assert block(conf, "tiered_centers") == ["server center.example:8100 max_fails=0;"]
+    assert block(conf, "tiered_centers") == ["server 10.1.2.3:8100 max_fails=0;"]
     assert block(conf, "tiered_registry_metrics") == ["server [::1]:9300;"]
     for trace in ("leak", "alias", "default_server", "$", "'", "bad-", "10.0.0.1"):
         assert trace not in conf.replace("$http_x_tiered_region $tiered_edge_pool", "").replace(
@@ -157,12 +157,15 @@ def test_the_center_route_checks_the_center_certificate_when_given_a_ca(tmp_path
 
     ca = tmp_path / "ca.pem"
     ca.write_text("-")
-    plain = config(tmp_path, "127.0.0.1:8080", 10, 10, "1m", tmp_path)
+    plain = config(tmp_path, "127.0.0.1:8080", 10, 10, "1m", tmp_path,
+                   Entry(expose_center=True))
     assert "proxy_pass http://tiered_centers/v2/;" in plain and "proxy_ssl" not in plain
-    tls = config(tmp_path, "127.0.0.1:8080", 10, 10, "1m", tmp_path, center_ca=ca)
+    tls = config(tmp_path, "127.0.0.1:8080", 10, 10, "1m", tmp_path,
+                 Entry(center_ca=ca, expose_center=True))
     assert "proxy_pass https://tiered_centers/v2/;" in tls
     assert f"proxy_ssl_trusted_certificate {ca.resolve()};" in tls
     assert "proxy_ssl_verify on;" in tls and f"proxy_ssl_name {role_name('center')};" in tls
     odd = tmp_path / "ca; include x.pem"
     with pytest.raises(ValueError, match="only letters"):
-        config(tmp_path, "127.0.0.1:8080", 10, 10, "1m", tmp_path, center_ca=odd)
+        config(tmp_path, "127.0.0.1:8080", 10, 10, "1m", tmp_path,
+               Entry(center_ca=odd, expose_center=True))

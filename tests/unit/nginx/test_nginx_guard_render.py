@@ -1,0 +1,195 @@
+"""What one stolen edge (the edge role's Consul token) can no longer do to nginx's config:
+freeze it with a host name that does not resolve, reach the center or the registry's metrics
+through it, or pass for another edge (the per-node TLS name map)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from nginx.render import (
+    DROPPED,
+    UNMAPPED_TLS_NAME,
+    Entry,
+    Fleet,
+    Renderer,
+    config,
+    edge_tls_name,
+    resolved,
+    upstreams,
+)
+from registry.pki import node_name
+from serving.fleet.discovery import Instance
+
+from .test_nginx_render import block
+
+
+def edge(sid: str, address: str, port: int, region: str = "us", grpc: int | None = None,
+         passing: bool = True) -> Instance:
+    meta = {"region": region} | ({"grpc_port": str(grpc)} if grpc else {})
+    return Instance(sid, address, port, ("edge",), meta, passing)
+
+
+def tls_map(conf: str) -> dict[str, str]:
+    body = re.search(r"map \$upstream_addr \$tiered_edge_tls_name \{\n(.*?)\n\}", conf, re.S)
+    assert body is not None
+    lines = [line.strip().rstrip(";") for line in body.group(1).splitlines()]
+    assert lines[0] == "volatile", "the name must be looked up again for each try"
+    return dict(line.rsplit(" ", 1) for line in lines[1:])
+
+
+def test_only_ip_literals_are_written_host_names_never() -> None:
+    """nginx resolves a host name when it loads the config, and one that does not resolve
+    fails nginx -t: the renderer writes only addresses it resolved itself."""
+    fleet = Fleet(edges=[edge("edge-us-1", "127.0.0.1", 1001),
+                         edge("edge-us-9", "nx-host.tiered.invalid", 1009),
+                         edge("edge-us-8", "localhost", 1008)],
+                  centers=[Instance("center-1", "center.example", 8100)])
+    conf = upstreams(fleet)
+    assert block(conf, "tiered_edges_us") == ["server 127.0.0.1:1001 max_fails=0;"]
+    assert block(conf, "tiered_centers") == ["server 127.0.0.1:9 down;  # none passing"]
+    for name in ("nx-host", "localhost", "center.example"):
+        assert name not in conf
+
+
+def test_the_renderer_resolves_host_names_itself_and_drops_those_that_do_not() -> None:
+    fleet = Fleet(edges=[edge("edge-us-1", "127.0.0.1", 1001),
+                         edge("edge-us-9", "nx-host.tiered.invalid", 1009),
+                         edge("edge-us-8", "localhost", 1008)])
+    found, dropped = asyncio.run(resolved(fleet))
+    assert [(i.service_id, i.address) for i in found.edges] == [
+        ("edge-us-1", "127.0.0.1"), ("edge-us-8", "127.0.0.1")]
+    assert [(d.role, d.service_id, d.reason) for d in dropped] == [
+        ("edges", "edge-us-9", "unresolvable")]
+    assert "nx-host.tiered.invalid" in dropped[0].detail
+
+
+def test_the_edge_tls_map_names_the_node_each_address_belongs_to() -> None:
+    fleet = Fleet(edges=[edge("edge-us-1", "10.0.0.1", 8000, grpc=8001),
+                         edge("edge-eu-1", "::1", 8000, region="eu")], edge_tls=True)
+    names = tls_map(upstreams(fleet))
+    assert names == {
+        "default": UNMAPPED_TLS_NAME,
+        r'"~(?:^|, )10\.0\.0\.1:8000$"': "edge-us-1.edge.tiered.invalid",
+        r'"~(?:^|, )10\.0\.0\.1:8001$"': "edge-us-1.edge.tiered.invalid",
+        r'"~(?:^|, )\[::1\]:8000$"': "edge-eu-1.edge.tiered.invalid"}
+    assert edge_tls_name("edge-us-1") == node_name("edge-us-1", "edge")
+    for pattern, name in names.items():  # the current peer is the last one tried
+        if pattern != "default":
+            regex = pattern.strip('"')[1:]
+            address = regex.replace("(?:^|, )", "").replace("\\", "").rstrip("$")
+            assert re.search(regex, f"10.9.9.9:1, {address}")
+            assert not re.search(regex, f"{address}, 10.9.9.9:1"), name
+    assert "$tiered_edge_tls_name" not in upstreams(Fleet(edges=fleet.edges))  # plain HTTP
+
+
+def test_two_catalog_entries_for_one_address_render_neither() -> None:
+    """The stolen edge re-registers its own address as edge-us-1 (or edge-us-1's address as
+    itself): nginx cannot know which node it reaches there, so neither is rendered."""
+    real = edge("edge-us-1", "10.0.0.1", 8000, grpc=8001)
+    claim = edge("edge-stolen", "10.0.0.1", 8001)  # edge-us-1's gRPC port, as its HTTP port
+    other = edge("edge-us-2", "10.0.0.2", 8000)
+    conf = upstreams(Fleet(edges=[real, claim, other], edge_tls=True))
+    assert block(conf, "tiered_edges_us") == ["server 10.0.0.2:8000 max_fails=0;"]
+    assert "10.0.0.1" not in conf
+    # plain HTTP names nothing: as before, both entries are one address
+    assert block(upstreams(Fleet(edges=[real, claim, other])), "tiered_edges_us") == [
+        "server 10.0.0.1:8000 max_fails=0;", "server 10.0.0.1:8001 max_fails=0;",
+        "server 10.0.0.2:8000 max_fails=0;"]
+
+
+def test_an_edge_whose_id_cannot_name_a_certificate_is_not_rendered_over_tls() -> None:
+    conf = upstreams(Fleet(edges=[edge("Edge_US_1", "10.0.0.1", 8000),
+                                  edge("edge-us-2", "10.0.0.2", 8000)], edge_tls=True))
+    assert block(conf, "tiered_edges_us") == ["server 10.0.0.2:8000 max_fails=0;"]
+
+
+def test_the_center_and_the_registry_metrics_are_off_unless_asked_for(tmp_path: Path) -> None:
+    default = config(tmp_path, "127.0.0.1:8080", 10, 10, "1m", tmp_path)
+    assert "location /center/v2/" not in default and "/registry/metrics" not in default
+    assert "the center under" not in default
+    on = config(tmp_path, "127.0.0.1:8080", 10, 10, "1m", tmp_path,
+                Entry(expose_center=True, expose_registry_metrics=True, center_rate=7,
+                      center_burst=14))
+    center = on[on.index("location /center/v2/"):]
+    assert "limit_req zone=center_per_client burst=14 nodelay;" in center
+    assert "zone=center_per_client:10m rate=7r/s;" in on
+    metrics = on[on.index("location = /registry/metrics"):]
+    assert "limit_req zone=metrics_per_client burst=2 nodelay;" in metrics.split("}")[0]
+    assert "limit_req zone=metrics_all burst=4 nodelay;" in metrics.split("}")[0]
+
+
+def test_over_tls_the_entry_checks_each_edges_own_name(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-")
+    plain = config(tmp_path, "127.0.0.1:8080", 10, 10, "1m", tmp_path,
+                   Entry(grpc_listen="127.0.0.1:8081"))
+    assert "proxy_pass http://$tiered_edge_pool;" in plain and "ssl" not in plain
+    assert "grpc_pass grpc://$tiered_edge_grpc_pool;" in plain
+    tls = config(tmp_path, "127.0.0.1:8080", 10, 10, "1m", tmp_path,
+                 Entry(grpc_listen="127.0.0.1:8081", edge_ca=ca))
+    for directive in ("proxy", "grpc"):
+        for line in (f"{directive}_ssl_trusted_certificate {ca.resolve()};",
+                     f"{directive}_ssl_verify on;", f"{directive}_ssl_server_name on;",
+                     f"{directive}_ssl_name $tiered_edge_tls_name;",
+                     f"{directive}_ssl_session_reuse on;"):
+            assert line in tls, line
+    assert "proxy_pass https://$tiered_edge_pool;" in tls
+    assert "grpc_pass grpcs://$tiered_edge_grpc_pool;" in tls
+
+
+def test_the_grpc_entry_passes_only_inference_and_health(tmp_path: Path) -> None:
+    conf = config(tmp_path, "127.0.0.1:8080", 10, 10, "2m", tmp_path,
+                  Entry(grpc_listen="127.0.0.1:8081"))
+    grpc = conf[conf.index("listen 127.0.0.1:8081 http2;"):]
+    routed = re.findall(r"location (\S+) \{[^}]*grpc_pass", grpc)
+    assert routed == ["/inference.GRPCInferenceService/", "/grpc.health.v1.Health/"]
+    rest = grpc[grpc.index("location / {"):].split("}")[0]
+    assert "add_header grpc-status 12 always;" in rest and "return 200" in rest
+    assert "error_page 413 = @grpc_too_large;" in grpc
+    too_large = grpc[grpc.index("location @grpc_too_large"):].split("}")[0]
+    assert "grpc-status 8 always" in too_large and "2m" in too_large
+
+
+NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").is_file()
+                                  else None)
+
+
+@pytest.mark.skipif(NGINX is None, reason="needs the nginx binary (nginx -t)")
+def test_a_candidate_that_fails_nginx_t_never_replaces_the_working_file(
+        tmp_path: Path) -> None:
+    """Whatever the reason a candidate fails nginx -t (here: a rendering that writes a host
+    name for one entry, as the renderer did before), the entries it fails by are left out,
+    said in the log and the metric, and the file nginx runs with always passes nginx -t."""
+    assert NGINX is not None
+    (tmp_path / "tmp").mkdir()
+    renderer = Renderer(tmp_path, NGINX, run_nginx=False)
+    renderer.conf.write_text(config(tmp_path, "127.0.0.1:1", 10, 10, "1m", tmp_path))
+    good = Fleet(edges=[edge("edge-us-1", "127.0.0.1", 1001)])
+    renderer.upstreams_conf.write_text(upstreams(good))
+
+    def naive(fleet: Fleet) -> str:  # host names pasted in, as before this change
+        text = upstreams(fleet)
+        named = [i for i in fleet.edges if i.service_id == "edge-us-9"]
+        return text.replace("keepalive 16;\n}", "server nx-host.tiered.invalid:1009;\n"
+                            "    keepalive 16;\n}", 1) if named else text
+
+    bad = Fleet(edges=[*good.edges, edge("edge-us-9", "127.0.0.1", 1009),
+                       edge("edge-us-2", "127.0.0.1", 1002)])
+    assert renderer.nginx_check(naive(bad)) is not None  # the candidate does fail
+    text, dropped = renderer.checked(bad, render=naive)
+    assert text is not None and renderer.nginx_check(text) is None
+    assert [(d.service_id, d.reason) for d in dropped] == [("edge-us-9", "fails_nginx_check")]
+    assert "127.0.0.1:1002" in text and "nx-host" not in text
+
+    # the whole render: resolving, checking, swapping; the metric says what was left out
+    renderer.fleet = Fleet(edges=[*good.edges, edge("edge-us-9", "nx-host.tiered.invalid",
+                                                      1009)])
+    asyncio.run(renderer.render())
+    assert "nx-host" not in renderer.upstreams_conf.read_text()
+    assert renderer.test_config() is None
+    assert DROPPED.labels("edges", "unresolvable")._value.get() == 1
