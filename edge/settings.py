@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -15,6 +15,7 @@ from serving.config.settings import ServingSettings
 class EdgeSettings(ServingSettings):
     model_config = SettingsConfigDict(env_prefix="EDGE_", extra="forbid", frozen=True,
                                       use_attribute_docstrings=True)
+    TIER: ClassVar[str] = "edge"
 
     port: int = Field(default=8200, ge=0, le=65535)
     """HTTP port of the V2 API and /metrics."""
