@@ -33,9 +33,14 @@ from serving.errors import InvalidInstance
 
 log = logging.getLogger(__name__)
 SERVICES = {"edge": "tiered-edge", "center": "tiered-center", "registry": "tiered-registry"}
-# The TLS name a center's certificate answers to (registry.pki.role_name("center")): callers
-# that reach centers found in Consul check it, whatever address the catalog gave.
-CENTER_TLS_NAME = "center.tiered.invalid"
+# The TLS names certificates answer to (RFC 2606 .invalid: never resolved, only TLS matches
+# them). A center's role name (registry.pki.role_name("center")): what a static center URL is
+# checked against; a node's own name (``node_tls_name``): what a caller that found the node in
+# Consul checks, for the node id the entry claims, whatever address the catalog gave.
+TLS_DOMAIN = "tiered.invalid"
+CENTER_TLS_NAME = f"center.{TLS_DOMAIN}"
+TIERS = ("edge", "center")
+NODE_LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")  # a node id that can be a DNS label
 CHECK_INTERVAL = "1s"
 CHECK_TIMEOUT = "1s"
 # Consul reaps a critical instance only after a minute whatever is asked below that.
@@ -115,6 +120,21 @@ class Throttled:
             return
         self.logger.warning(message + " (%d more like it not logged)", *args, self.held)
         self.held, self._last = 0, now
+
+
+def node_tls_name(node_id: str, tier: str) -> str:
+    """The TLS server name of one node's certificate, and no other node's:
+    ``<node id>.<tier>.tiered.invalid`` (``registry.pki.node`` signs it; ``registry.pki.
+    node_name`` is the same rule). An entry that Consul lists as ``center-1`` is reached
+    checking ``center-1.center.tiered.invalid``, so the entry moved to another address (even
+    another center's) reaches nobody but a failed handshake. ValueError for a node id that is
+    not a DNS label or a tier that is not one."""
+    if tier not in TIERS:
+        raise ValueError(f"tier must be one of {TIERS}, not {tier[:32]!r}")
+    if not NODE_LABEL.fullmatch(node_id):
+        raise ValueError(f"node id {node_id[:64]!r} cannot be named in a certificate: use "
+                         f"lower-case letters, digits and '-' (at most 63, not at either end)")
+    return f"{node_id}.{tier}.{TLS_DOMAIN}"
 
 
 def host_port(host: str, port: int) -> str:

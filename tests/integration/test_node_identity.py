@@ -6,6 +6,7 @@ old directive. Real Consul agents and real tiers on 127.0.0.1."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,13 @@ import httpx
 import pytest
 
 from harness.processes import BIN, free_port, start_tier
+from registry import pki
+from tests.conftest import RegistryCli
+from tests.faults import http_peer
+from tests.integration.test_identity import ESCALATE, ForgedCenter, register, tiers
 from tests.integration.test_sync import wait_for
+from tests.servers import start
+from tiered import bundles
 from tiered.stack import Stack
 
 pytestmark = pytest.mark.integration
@@ -69,3 +76,51 @@ def test_a_moved_catalog_entry_is_put_back(tmp_path: Path, consul: Stack) -> Non
         assert edge.log.read_text().count("registering it again") == 1
     finally:
         edge.stop()
+
+
+def test_a_center_entry_moved_to_another_centers_listener_gets_no_rows(
+        tmp_path: Path, tiny_release: Path, consul: Stack) -> None:
+    """The attacker owns center-b's box: its center Consul token, its bundle (a genuine center
+    certificate from the fleet CA). It registers ``center-a``'s id at a listener of its own
+    serving center-b's certificate, to read users' inputs and forge answers. Before, edges
+    checked only the center role name, which every center certificate carries."""
+    cli = RegistryCli(tmp_path / "registry")
+    cli("publish", tiny_release, "--name", "tiny")
+    for tier in ("center", "edge"):
+        cli("pull", "tiny", "--tier", tier, "--store", tmp_path / tier)
+    tls = tmp_path / "tls"
+    pki.ca(tls)
+    stolen = bundles.make(tls, SECRET, "center-b", "center", "local", ("127.0.0.1",))
+    (tmp_path / "b.pem").write_text(stolen.cert)
+    (tmp_path / "b.key").write_text(stolen.key)
+    ForgedCenter.bodies = []
+    center_a = bundles.write(tmp_path / "bundles", tls, SECRET, "center-a", "center", "local",
+                             ("127.0.0.1",))
+    edge = None
+    with http_peer(ForgedCenter, (tmp_path / "b.pem", tmp_path / "b.key")) as forged:
+        register(consul, "tiered-center", "center-a", forged.server_address[1])
+        # the real center-a, started from its bundle (not in Consul yet: no tug of war here)
+        center = start_tier("center", tmp_path / "center", tmp_path, "--bundle", str(center_a),
+                            "--poll-interval-s", "0.2", env={"PATH": str(BIN)},
+                            ca=tls / "ca.pem", node_id="center-a")
+        try:
+            edge = start("edge", tmp_path / "edge", tmp_path, "--center-ca",
+                         str(tls / "ca.pem"), "--cache-size", "0", "--breaker-failures", "100",
+                         env={"CONSUL_HTTP_ADDR": consul.consul})
+            url = f"{edge.url}/v2/models/tiny/infer"
+            wait_for(lambda: "tiered-center passing" in edge.log.read_text(), 20,
+                     "the edge following Consul's centers")
+            for _ in range(3):
+                answer = httpx.post(url, json=ESCALATE, timeout=10).json()
+                assert "666" not in json.dumps(answer)
+                assert tiers(answer) == ["edge-degraded"]
+            assert ForgedCenter.bodies == []  # not one user's input reached the impostor
+            # center-a's entry at center-a's address: escalations go there
+            register(consul, "tiered-center", "center-a", center.port)
+            wait_for(lambda: tiers(httpx.post(url, json=ESCALATE, timeout=10).json())
+                     == ["center"], 30, "an escalation answered by the real center-a")
+            assert ForgedCenter.bodies == []
+        finally:
+            if edge is not None:
+                edge.stop()
+            center.stop()
