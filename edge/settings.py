@@ -36,10 +36,13 @@ class EdgeSettings(ServingSettings):
     port they registered (a center without one is called over REST)."""
 
     center_ca: Path | None = None
-    """PEM fleet CA (``registry tls``): when set, rows escalate only over HTTPS to centers whose
-    certificate chains to it and carries the center role, so an instance someone registered
-    in Consul as a center gets neither users' inputs nor a say in their answers; discovered
-    centers are then called at https://. Unset = plain HTTP (one host, or a trusted network)."""
+    """PEM fleet CA (``registry tls``; the bundle's by default): when set, rows escalate only
+    over HTTPS to centers whose certificate chains to it and carries the center's name: for a
+    center found in Consul its own node's (``<service id>.center.tiered.invalid``), for a
+    ``center_url`` the center role's. So an instance someone registered in Consul as a center,
+    or a center's entry moved to another address, gets neither users' inputs nor a say in
+    their answers; discovered centers are then called at https://. Unset = plain HTTP (one
+    host, or a trusted network)."""
 
     center_timeout_s: float = Field(default=2.0, gt=0)
     """How long one escalation call may take before the rows are answered degraded."""
