@@ -83,7 +83,7 @@ def test_a_bundle_others_can_read_or_that_is_not_one_is_refused(tmp_path: Path,
                                                                  tls: Path) -> None:
     path = edge_bundle(tmp_path, tls)
     os.chmod(path, 0o644)
-    with pytest.raises(ValidationError, match="readable by others .mode 644.*chmod 600"):
+    with pytest.raises(ValidationError, match=r"readable by others \(mode 644\).*chmod 600"):
         EdgeSettings(bundle=path)
     os.chmod(path, 0o600)
     path.write_text('{"kind": "tiered-node-bundle-v1"}')
