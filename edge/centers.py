@@ -38,12 +38,14 @@ class CenterURL:
         return cls(url, transport, tls, address)
 
     @classmethod
-    def discovered(cls, instance: Instance, transport: Transport, tls: bool) -> CenterURL:
+    def discovered(cls, instance: Instance, transport: Transport, tls: bool,
+                   by_node: bool = True) -> CenterURL:
         """A center Consul lists: over gRPC where ``transport`` is grpc and it registered a
         gRPC port, else over REST on its HTTP port; over TLS when the edge pins a CA, to a
         certificate naming the node the entry claims (``node_tls_name(service id, "center")``;
-        ValueError for an id no certificate can name)."""
-        name = node_tls_name(instance.service_id, "center") if tls else None
+        ValueError for an id no certificate can name); ``by_node`` False: any center's
+        certificate (the role name), for centers holding ``registry tls`` certificates."""
+        name = node_tls_name(instance.service_id, "center") if tls and by_node else None
         grpc_port = instance.grpc_port if transport == "grpc" else None
         if grpc_port:
             address = host_port(instance.address, grpc_port)

@@ -156,7 +156,8 @@ class EdgeService:
         found = []
         for instance in instances:
             try:
-                found.append(CenterURL.discovered(instance, self.settings.escalation, tls))
+                found.append(CenterURL.discovered(instance, self.settings.escalation, tls,
+                                                  self.settings.center_tls_name == "node"))
             except ValueError as exc:  # over TLS, a center whose id no certificate can name
                 log.warning("center %s skipped: %s", instance.service_id, exc)
         self.center.follow(found)

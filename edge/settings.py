@@ -44,6 +44,12 @@ class EdgeSettings(ServingSettings):
     their answers; discovered centers are then called at https://. Unset = plain HTTP (one
     host, or a trusted network)."""
 
+    center_tls_name: Literal["node", "role"] = "node"
+    """With ``center_ca``, the name a discovered center's certificate must carry: ``node``, its
+    own (``<service id>.center.tiered.invalid``, from its bundle), so an entry moved to another
+    address fails; ``role``, any center's (``center.tiered.invalid``): only while centers
+    still hold ``registry tls`` certificates, which name no node."""
+
     center_timeout_s: float = Field(default=2.0, gt=0)
     """How long one escalation call may take before the rows are answered degraded."""
 
