@@ -499,6 +499,8 @@ class Run:
                          "0", "--center-url", center_url, "--center-ca",
                          str(self.sites.tls / "ca.pem"), *EDGE_FLAGS, region=site)
         self.sites.placement[name] = host
+        if self.sites.provision:  # its identity, token and certificate, as every edge's
+            self.sites.provision_node(name, "edge", site, (host.address, "127.0.0.1"))
         self.sites.without_consul.add(name)  # a static center URL: no discovery
         self.sites.spawn(name, argv, EDGE_PORT, "edge")
         url = f"http://{host.address}:{EDGE_PORT}"

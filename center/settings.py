@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
@@ -14,6 +14,7 @@ from serving.config.settings import ServingSettings
 class CenterSettings(ServingSettings):
     model_config = SettingsConfigDict(env_prefix="CENTER_", extra="forbid", frozen=True,
                                       use_attribute_docstrings=True)
+    TIER: ClassVar[str] = "center"
 
     port: int = Field(default=8100, ge=0, le=65535)
     """HTTP port of the V2 API (the escalation API) and /metrics."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from serving.fleet.discovery import Instance, host_port
+from serving.fleet.discovery import Instance, host_port, node_tls_name
 
 Transport = Literal["http", "grpc"]
 # scheme -> (transport, TLS)
@@ -23,6 +23,8 @@ class CenterURL:
     transport: Transport
     tls: bool
     address: str  # what follows the scheme: host:port (a gRPC channel's target)
+    tls_name: str | None = None  # the name its certificate must carry (a center found in
+    # Consul: its node's own); None: the center role's (a configured URL)
 
     @classmethod
     def parse(cls, url: str) -> CenterURL:
@@ -36,15 +38,20 @@ class CenterURL:
         return cls(url, transport, tls, address)
 
     @classmethod
-    def discovered(cls, instance: Instance, transport: Transport, tls: bool) -> CenterURL:
+    def discovered(cls, instance: Instance, transport: Transport, tls: bool,
+                   by_node: bool = True) -> CenterURL:
         """A center Consul lists: over gRPC where ``transport`` is grpc and it registered a
-        gRPC port, else over REST on its HTTP port; over TLS when the edge pins a CA."""
+        gRPC port, else over REST on its HTTP port; over TLS when the edge pins a CA, to a
+        certificate naming the node the entry claims (``node_tls_name(service id, "center")``;
+        ValueError for an id no certificate can name); ``by_node`` False: any center's
+        certificate (the role name), for centers holding ``registry tls`` certificates."""
+        name = node_tls_name(instance.service_id, "center") if tls and by_node else None
         grpc_port = instance.grpc_port if transport == "grpc" else None
         if grpc_port:
             address = host_port(instance.address, grpc_port)
-            return cls(f"{'grpcs' if tls else 'grpc'}://{address}", "grpc", tls, address)
+            return cls(f"{'grpcs' if tls else 'grpc'}://{address}", "grpc", tls, address, name)
         return cls(f"{'https' if tls else 'http'}://{instance.target}", "http", tls,
-                   instance.target)
+                   instance.target, name)
 
 
 def parse_list(value: str | None) -> list[CenterURL]:

@@ -54,6 +54,7 @@ class Centers:
         self.transports, self.configured = transports, configured
         self._failures, self._reset_s = failures, reset_s
         self.clients: dict[str, CenterClient] = {}
+        self.centers: dict[str, CenterURL] = {}  # url -> what its client was made for
         self.breakers: dict[str, CircuitBreaker] = {}
         self._closing: set[asyncio.Task[None]] = set()
         self._turn = 0
@@ -66,12 +67,16 @@ class Centers:
     def set_urls(self, centers: list[CenterURL]) -> None:
         """Follow discovery: keep the clients and breakers of centers that stay, close the
         others' clients."""
-        clients = {c.url: self.clients.get(c.url) or self.transports.connect(c) for c in centers}
+        wanted = {c.url: c for c in centers}
+        # a client is kept only for the very same center (a URL now claimed by another node
+        # id must be checked for that node's TLS name)
+        clients = {url: self.clients[url] if self.centers.get(url) == c and url in self.clients
+                   else self.transports.connect(c) for url, c in wanted.items()}
         self.breakers = {url: self.breakers.get(url) or CircuitBreaker(self._failures,
                                                                        self._reset_s)
                          for url in clients}
-        dropped = [c for url, c in self.clients.items() if url not in clients]
-        self.clients = clients
+        dropped = [c for url, c in self.clients.items() if clients.get(url) is not c]
+        self.clients, self.centers = clients, wanted
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop: none of them opened a connection (they open in one)

@@ -34,7 +34,8 @@ class GrpcCenter:
                 credentials = grpc.ssl_channel_credentials(
                     self.ca.read_bytes() if self.ca is not None else None)
                 self._channel = grpc.aio.secure_channel(self.center.address, credentials, options=[
-                    ("grpc.ssl_target_name_override", CENTER_NAME)] if self.ca else [])
+                    ("grpc.ssl_target_name_override", self.center.tls_name or CENTER_NAME)]
+                    if self.ca else [])
             else:
                 self._channel = grpc.aio.insecure_channel(self.center.address)
         return self._channel

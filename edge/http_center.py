@@ -26,11 +26,12 @@ def http_pool(timeout_s: float, ca: Path | None,
 
 class HttpCenter:
     """One center's ``/v2/models/{model}/infer``. ``pinned`` (a fleet CA is set): HTTPS only,
-    to a certificate carrying the center's TLS name."""
+    to a certificate carrying the center's TLS name (its node's for a center found in Consul,
+    the center role's for a configured URL)."""
 
     def __init__(self, center: CenterURL, http: httpx.AsyncClient, pinned: bool) -> None:
         self.url, self.center, self.http, self.pinned = center.url, center, http, pinned
-        self.extensions = {"sni_hostname": CENTER_NAME} if pinned else {}
+        self.extensions = {"sni_hostname": center.tls_name or CENTER_NAME} if pinned else {}
 
     async def classify(self, call: Call) -> CenterAnswer:
         if self.pinned and not self.center.tls:

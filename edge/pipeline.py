@@ -153,8 +153,14 @@ class EdgeService:
         """Escalate to the centers Consul says are passing (over gRPC to those that registered
         a gRPC port, with ``escalation`` grpc); the configured ones when none is."""
         tls = self.settings.center_ca is not None
-        self.center.follow([CenterURL.discovered(i, self.settings.escalation, tls)
-                            for i in instances])
+        found = []
+        for instance in instances:
+            try:
+                found.append(CenterURL.discovered(instance, self.settings.escalation, tls,
+                                                  self.settings.center_tls_name == "node"))
+            except ValueError as exc:  # over TLS, a center whose id no certificate can name
+                log.warning("center %s skipped: %s", instance.service_id, exc)
+        self.center.follow(found)
 
     async def stop(self) -> None:
         await self.audit.stop()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -15,6 +15,7 @@ from serving.config.settings import ServingSettings
 class EdgeSettings(ServingSettings):
     model_config = SettingsConfigDict(env_prefix="EDGE_", extra="forbid", frozen=True,
                                       use_attribute_docstrings=True)
+    TIER: ClassVar[str] = "edge"
 
     port: int = Field(default=8200, ge=0, le=65535)
     """HTTP port of the V2 API and /metrics."""
@@ -35,10 +36,19 @@ class EdgeSettings(ServingSettings):
     port they registered (a center without one is called over REST)."""
 
     center_ca: Path | None = None
-    """PEM fleet CA (``registry tls``): when set, rows escalate only over HTTPS to centers whose
-    certificate chains to it and carries the center role, so an instance someone registered
-    in Consul as a center gets neither users' inputs nor a say in their answers; discovered
-    centers are then called at https://. Unset = plain HTTP (one host, or a trusted network)."""
+    """PEM fleet CA (``registry tls``; the bundle's by default): when set, rows escalate only
+    over HTTPS to centers whose certificate chains to it and carries the center's name: for a
+    center found in Consul its own node's (``<service id>.center.tiered.invalid``), for a
+    ``center_url`` the center role's. So an instance someone registered in Consul as a center,
+    or a center's entry moved to another address, gets neither users' inputs nor a say in
+    their answers; discovered centers are then called at https://. Unset = plain HTTP (one
+    host, or a trusted network)."""
+
+    center_tls_name: Literal["node", "role"] = "node"
+    """With ``center_ca``, the name a discovered center's certificate must carry: ``node``, its
+    own (``<service id>.center.tiered.invalid``, from its bundle), so an entry moved to another
+    address fails; ``role``, any center's (``center.tiered.invalid``): only while centers
+    still hold ``registry tls`` certificates, which name no node."""
 
     center_timeout_s: float = Field(default=2.0, gt=0)
     """How long one escalation call may take before the rows are answered degraded."""

@@ -18,13 +18,14 @@ import hashlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from serving.config.settings import ServingSettings
 from serving.errors import FidelityRefused
 from serving.release import hardware
 from serving.release.manifest import Manifest, decode
 from serving.release.probe import Measured
-from serving.release.signing import SigningError
+from serving.release.signing import SigningError, Verifier
 from serving.release.store import StoreError, check_release
 from serving.runtime.repository import Repository
 from sync import directive
@@ -52,6 +53,15 @@ def platform_message(repository: Repository,
     return pb.Platform(cpu=p.cpu, machine=p.machine, features=p.features, runtime=p.runtime)
 
 
+def node_directives(settings: ServingSettings, store_root: Path,
+                    verifier: Verifier | None) -> Directives | None:
+    """The node's directive checks: with a release key only (without one nothing is verified
+    at all), floored at ``settings.directive_floor`` (its bundle's)."""
+    if verifier is None:
+        return None
+    return Directives(store_root, settings.node_id, verifier, floor=settings.directive_floor)
+
+
 class Converger:
     """Per model, one worker applying the newest wanted release; acks go out through ``send``."""
 
@@ -63,8 +73,7 @@ class Converger:
         self._wanted: dict[str, Wanted] = {}
         # with a release key, pushed releases also need a signed directive no older than the
         # newest accepted (downgrade protection); without one nothing is verified at all
-        self.directives = (Directives(self.store.root, settings.node_id, self.store.verifier)
-                           if self.store.verifier is not None else None)
+        self.directives = node_directives(settings, self.store.root, self.store.verifier)
         self._workers: dict[str, asyncio.Task[None]] = {}
 
     async def forget(self) -> None:

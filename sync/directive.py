@@ -8,7 +8,9 @@ the audit chain's head then (seq and hash). The seq only grows: every change of 
 should run (publish, promote, rollback) is an audit record first. A node that verifies
 releases keeps, per model, the highest seq it accepted (``<store>/.directives.json``, written
 atomically) and refuses a directive below it; a legitimate rollback is a new audit record, so
-its directive carries a higher seq and is accepted.
+its directive carries a higher seq and is accepted. A node started from a bundle also refuses
+anything below the bundle's ``directive_floor`` (the chain's seq when it was provisioned), so a
+wiped store does not take a replayed old directive on trust.
 """
 
 from __future__ import annotations
@@ -82,8 +84,13 @@ class Accepted:
 class Directives:
     """A node's side: check each pushed release's directive, remember the newest per model."""
 
-    def __init__(self, store_root: Path, node_id: str, verifier: Verifier) -> None:
+    def __init__(self, store_root: Path, node_id: str, verifier: Verifier,
+                 floor: int = 0) -> None:
+        """``floor``: no directive below this seq is taken, whatever the store holds (the
+        audit chain's seq when the node's bundle was made): a wiped store, or one never
+        filled, does not trust the first directive it is shown."""
         self.path, self.node_id, self.verifier = store_root / FILE, node_id, verifier
+        self.floor = floor
         self.accepted = self._load()
 
     def _load(self) -> dict[str, Accepted]:
@@ -117,6 +124,10 @@ class Directives:
                 (model, version, manifest_sha256):
             raise DirectiveError(f"directive names {directive.model[:128]!r} version "
                                  f"{directive.version}, not this release")
+        if directive.seq < self.floor:
+            raise DirectiveError(f"directive seq {directive.seq} is older than seq {self.floor}, "
+                                 f"the audit chain when this node was provisioned: a replayed "
+                                 f"or downgraded release")
         last = self.accepted.get(model)
         if last is not None and (directive.seq < last.seq or (
                 directive.seq == last.seq and (version, manifest_sha256) !=

@@ -189,8 +189,9 @@ def summary(stack: Stack, s: TieredSettings, seconds: float) -> None:
         pairs.append(("Consul token", f"{stack.acl.token_file} (management: UI login, "
                                       f"CONSUL_HTTP_TOKEN; keep it private)"))
     pairs.append(("registry metrics", f"{stack.url}/registry/metrics"))
-    pairs += [(f"{child.name} metrics", f"http://127.0.0.1:{child.port}/metrics")
+    pairs += [(f"{child.name} metrics", f"{stack.node_url(child.name)}/metrics")
               for child in stack.children.values() if child.role in ("edge", "center")]
+    pairs.append(("fleet CA", f"{stack.tls / 'ca.pem'} (centers serve HTTPS: curl --cacert)"))
     pairs.append(("logs", str(stack.root / "logs")))
     endpoint = (stack.tracing.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
                 or stack.tracing.get("OTEL_EXPORTER_OTLP_ENDPOINT"))

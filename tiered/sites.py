@@ -7,11 +7,12 @@ with its own address (``tiered.netns``), talking over a bridge that can be cut.
   its nginx entry (``--region`` = the site: its own edges first, then the nearest other
   site's), and one host per edge, registered with the gateway's agent.
 
-Across sites everything is authenticated and encrypted: sync over TLS (the registry's
-certificate from the fleet CA) with per-node tokens, escalation over HTTPS to centers whose
-certificate carries the center role, Consul gossip encrypted (a fresh 32-byte key per fleet)
-and ACLs on (default deny, a token per role). Secrets go in 0600 files or the environment,
-never on a command line. ``tiered sites`` runs it; the sites test breaks it on purpose.
+Across sites everything is authenticated and encrypted: every edge and center starts from its
+own provisioning bundle (its token, its certificate from the fleet CA, the CA), sync over TLS
+(the registry's certificate) with per-node tokens, escalation over HTTPS to centers whose
+certificate names the node Consul lists them as, Consul gossip encrypted (a fresh 32-byte key
+per fleet) and ACLs on (default deny, a token per role). Secrets go in 0600 files or the
+environment, never on a command line. ``tiered sites`` runs it; the sites test breaks it on purpose.
 """
 
 from __future__ import annotations
@@ -99,11 +100,11 @@ class Sites(Stack):
         return [f"edge-{site}-{i}" for i in range(1, self.edges_per_site + 1)]
 
     def node_url(self, name: str) -> str:
-        """A center's or edge's own URL (the center serves HTTPS)."""
+        """A center's or edge's own URL (centers serve HTTPS: check with ``verify``)."""
         host = self.placement[name]
-        scheme, port = ("https", CENTER_PORT) if name.startswith("center") else ("http",
-                                                                                EDGE_PORT)
-        return f"{scheme}://{host.address}:{port}"
+        role = "center" if name.startswith("center") else "edge"
+        scheme = "https" if self.tls_serving(role) else "http"
+        return f"{scheme}://{host.address}:{CENTER_PORT if role == 'center' else EDGE_PORT}"
 
     def agent_of(self, host: Host) -> str:
         """The Consul agent a host's services register with: its own (center site), or its
@@ -227,6 +228,8 @@ class Sites(Stack):
     def start_center(self, name: str) -> Child:
         host = self.host("center")
         self.placement[name] = host
+        if self.provision:  # its certificate and key come from its bundle
+            return self._node("center", name, host, CENTER_PORT, CENTER_GRPC)
         tls = ["--tls-cert", str(self.tls / "center.pem"), "--tls-key",
                str(self.tls / "center.key")]
         return self._node("center", name, host, CENTER_PORT, CENTER_GRPC, *tls)
@@ -234,13 +237,15 @@ class Sites(Stack):
     def start_edge(self, name: str, region: str) -> Child:
         host = self.host(name)
         self.placement[name] = host
-        return self._node("edge", name, host, EDGE_PORT, EDGE_GRPC, "--center-ca",
-                          str(self.tls / "ca.pem"), *self.edge_flags)
+        ca = [] if self.provision else ["--center-ca", str(self.tls / "ca.pem")]  # the bundle's
+        return self._node("edge", name, host, EDGE_PORT, EDGE_GRPC, *ca, *self.edge_flags)
 
     def _node(self, tier: str, name: str, host: Host, port: int, grpc: int,
               *flags: str) -> Child:
         if self.release_key is None:
             self.release_key = registry_public_key(self.registry_home)
+        if self.provision:
+            self.provision_node(name, tier, host.site, (host.address, "127.0.0.1"))
         argv = tier_argv(tier, port, self.root / "stores" / name, name, "--host", host.address,
                          "--sync-backoff-max-s", "2", *self.tier_flags, *flags,
                          release_key=self.release_key, region=host.site, grpc_port=grpc)

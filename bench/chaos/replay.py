@@ -143,8 +143,8 @@ class Chaos:
             return any(str(child.port) in p for p in passing)
         if old.name not in passing:
             return False
-        return httpx.get(f"http://127.0.0.1:{child.port}/v2/health/ready",
-                         timeout=2).status_code == 200
+        return httpx.get(f"{self.stack.node_url(old.name)}/v2/health/ready", timeout=2,
+                         verify=self.stack.verify).status_code == 200
 
     # -- the registry, killed during a publish ----------------------------------------------
 

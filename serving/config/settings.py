@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import socket
+import tempfile
 from pathlib import Path
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, ClassVar, Self
 
 from pydantic import AfterValidator, AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from serving.config.tokens import check_node_token, check_secret, read_secret
+from serving.config import bundle as bundles
+from serving.config.tokens import check_node_token, check_secret, read_secret, write_secret
 
 REGION = r"[a-z0-9][a-z0-9-]{0,31}"  # a region tag: what discovery accepts from Consul too
 
@@ -54,6 +58,23 @@ class ConsulSettings(BaseSettings):
 
 class ServingSettings(ConsulSettings):
     model_config = SettingsConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    TIER: ClassVar[str] = ""  # "edge" or "center": the tier a bundle must be made for
+
+    bundle: Path | None = None
+    """This node's provisioning bundle (``registry node provision``, one mode-0600 file): its
+    node id, region, registry token, its own TLS certificate and key (served over HTTPS and
+    gRPC) and the fleet CA (the default ``registry_ca``, and an edge's ``center_ca``). A
+    node id, region, token or certificate set otherwise that disagrees with it stops the
+    node at start-up."""
+
+    serve_tls: bool = True
+    """With a bundle: serve HTTPS (and gRPC over TLS) with its certificate; false = plain
+    HTTP (a node reached only through a local proxy that does not speak TLS to it yet)."""
+
+    directive_floor: int = Field(default=0, ge=0)
+    """Lowest directive seq a pushed release may carry, even when the store (and its
+    ``.directives.json``) is empty: no trust on first use. The bundle's (the audit chain
+    when it was made) when that is higher."""
 
     host: str = "127.0.0.1"
     """Interface to listen on (0.0.0.0 in containers)."""
@@ -167,9 +188,50 @@ class ServingSettings(ConsulSettings):
     @model_validator(mode="before")
     @classmethod
     def _default_node_id(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("bundle") is not None:
+            data = cls._from_bundle(dict(data), Path(data["bundle"]))
         if isinstance(data, dict) and not data.get("node_id"):
             port = data.get("port", cls.model_fields["port"].default)
             data = {**data, "node_id": f"{socket.gethostname()}-{port}"}
+        return data
+
+    @classmethod
+    def _from_bundle(cls, data: dict[str, Any], path: Path) -> dict[str, Any]:
+        """``data`` with what the bundle at ``path`` says (ValueError where it disagrees)."""
+        b = bundles.load(path)
+        if cls.TIER and b.tier != cls.TIER:
+            raise ValueError(f"{path} is a {b.tier[:16]!r} bundle; this is a {cls.TIER}")
+        for key, value in (("node_id", b.node_id), ("region", b.region)):
+            given = data.get(key)
+            if given and given != value:
+                raise ValueError(f"{key} is {str(given)[:64]!r} but the bundle {path} is for "
+                                 f"{value!r}: leave {key} unset (the bundle says who this "
+                                 f"node is)")
+            data[key] = value
+        token = data.get("registry_token")
+        if data.get("registry_token_file") is not None:
+            token = read_secret(Path(data.pop("registry_token_file")), "registry_token_file")
+        if isinstance(token, SecretStr):
+            token = token.get_secret_value()
+        if token is not None and token != b.token:
+            raise ValueError(f"a registry token is set (REGISTRY_TOKEN or registry_token_file) "
+                             f"that is not the one in the bundle {path}: unset it")
+        data["registry_token"] = b.token
+        for key in ("tls_cert", "tls_key"):
+            if data.get(key) is not None:
+                raise ValueError(f"{key} is set, but the bundle {path} holds this node's "
+                                 f"certificate and key: unset tls_cert and tls_key")
+        folder = _private_folder()
+        (folder / "ca.pem").write_text(b.ca)
+        data.setdefault("registry_ca", None)
+        data["registry_ca"] = data["registry_ca"] or folder / "ca.pem"
+        if "center_ca" in cls.model_fields:
+            data["center_ca"] = data.get("center_ca") or folder / "ca.pem"
+        if str(data.get("serve_tls", True)).lower() not in ("false", "0", "no", "off"):
+            write_secret(folder / "cert.pem", b.cert.encode())
+            write_secret(folder / "key.pem", b.key.encode())
+            data["tls_cert"], data["tls_key"] = folder / "cert.pem", folder / "key.pem"
+        data["directive_floor"] = max(int(data.get("directive_floor") or 0), b.directive_floor)
         return data
 
     @model_validator(mode="after")
@@ -195,3 +257,12 @@ class ServingSettings(ConsulSettings):
         if self.advertise:
             return self.advertise
         return socket.gethostname() if self.host in ("0.0.0.0", "::", "") else self.host
+
+
+def _private_folder() -> Path:
+    """A folder only this user can read (0700), removed when the process exits: where a
+    bundle's certificate, key and CA are put for the servers that read them from files
+    (uvicorn, the gRPC server)."""
+    folder = Path(tempfile.mkdtemp(prefix="tiered-bundle-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder

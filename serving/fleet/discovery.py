@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import logging
 import re
 import time
@@ -32,14 +33,20 @@ from serving.errors import InvalidInstance
 
 log = logging.getLogger(__name__)
 SERVICES = {"edge": "tiered-edge", "center": "tiered-center", "registry": "tiered-registry"}
-# The TLS name a center's certificate answers to (registry.pki.role_name("center")): callers
-# that reach centers found in Consul check it, whatever address the catalog gave.
-CENTER_TLS_NAME = "center.tiered.invalid"
+# The TLS names certificates answer to (RFC 2606 .invalid: never resolved, only TLS matches
+# them). A center's role name (registry.pki.role_name("center")): what a static center URL is
+# checked against; a node's own name (``node_tls_name``): what a caller that found the node in
+# Consul checks, for the node id the entry claims, whatever address the catalog gave.
+TLS_DOMAIN = "tiered.invalid"
+CENTER_TLS_NAME = f"center.{TLS_DOMAIN}"
+TIERS = ("edge", "center")
+NODE_LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")  # a node id that can be a DNS label
 CHECK_INTERVAL = "1s"
 CHECK_TIMEOUT = "1s"
 # Consul reaps a critical instance only after a minute whatever is asked below that.
 DEREGISTER_AFTER = "1m"
-RECHECK_S = 2.0  # how often a registration is confirmed (re-registered after an agent restart)
+RECHECK_S = 2.0  # a registration is compared with the agent's entry at least this often
+MIN_RECHECK_S = 0.2  # and at most this often (a blocking query wakes it on any change)
 WAIT = "30s"  # blocking query wait
 ERRORS = (aiohttp.ClientError, consul.ConsulException, TimeoutError, OSError, ValueError)
 
@@ -115,6 +122,21 @@ class Throttled:
         self.held, self._last = 0, now
 
 
+def node_tls_name(node_id: str, tier: str) -> str:
+    """The TLS server name of one node's certificate, and no other node's:
+    ``<node id>.<tier>.tiered.invalid`` (``registry.pki.node`` signs it; ``registry.pki.
+    node_name`` is the same rule). An entry that Consul lists as ``center-1`` is reached
+    checking ``center-1.center.tiered.invalid``, so the entry moved to another address (even
+    another center's) reaches nobody but a failed handshake. ValueError for a node id that is
+    not a DNS label or a tier that is not one."""
+    if tier not in TIERS:
+        raise ValueError(f"tier must be one of {TIERS}, not {tier[:32]!r}")
+    if not NODE_LABEL.fullmatch(node_id):
+        raise ValueError(f"node id {node_id[:64]!r} cannot be named in a certificate: use "
+                         f"lower-case letters, digits and '-' (at most 63, not at either end)")
+    return f"{node_id}.{tier}.{TLS_DOMAIN}"
+
+
 def host_port(host: str, port: int) -> str:
     """``host:port``, an IPv6 address in brackets."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -168,9 +190,17 @@ def client(address: str, token: str | None) -> consul.aio.Consul:
 
 @dataclass
 class Registration:
-    """One service instance on the local agent: registered, confirmed every few seconds
-    (so an agent that restarted without its state gets it back, and new meta is published),
-    deregistered on shutdown."""
+    """One service instance on the local agent: registered, then held as registered, and
+    deregistered on shutdown.
+
+    Consul's ACLs cannot restrict a token by service *id*: whoever holds the edge role's token
+    may register ``edge-us-1`` again, at another address or port, with the same meta. So the
+    node does not trust that its id still means its entry: it follows the agent's definition
+    of its id with a blocking query (``/v1/agent/service/<id>`` with the content hash, so a
+    change wakes it within a round trip) and compares address, port, tags, meta and its
+    checks with what it registered at least every ``RECHECK_S``. Anything different is
+    registered again at once and logged as a warning naming what changed (an agent that lost
+    its state gets it back the same way)."""
 
     consul: consul.aio.Consul
     name: str
@@ -182,28 +212,91 @@ class Registration:
     meta: Callable[[], dict[str, str]]
     extra_checks: list[dict[str, Any]] = field(default_factory=list)  # e.g. the gRPC health
     _published: dict[str, str] | None = None
+    _hash: str | None = None  # the agent's content hash of the entry as last compared
 
     async def run(self) -> None:
         while True:
             try:
                 await self.ensure()
+                await self.wait_for_change(RECHECK_S)
             except ERRORS as exc:
                 log.warning("consul: cannot register %s: %s", self.service_id, exc)
-                self._published = None
-            await asyncio.sleep(RECHECK_S)
+                self._published, self._hash = None, None
+                await asyncio.sleep(RECHECK_S)
+            await asyncio.sleep(MIN_RECHECK_S)  # a tug of war re-registers 5 times a second
 
     async def ensure(self) -> None:
+        """Register when the agent's entry for this id is missing or differs from ours."""
         meta = self.meta()
-        services = await self.consul.agent.services()
-        if self.service_id in services and meta == self._published:
-            return
+        entry = await self._entry()
+        if entry is not None and self._published is not None:
+            changed = self.differences(entry, await self._check_kinds(), meta)
+            if not changed:
+                return
+            if meta != self._published and changed == ["meta"]:
+                log.debug("consul: publishing new meta of %s", self.service_id)
+            else:
+                log.warning("consul: the agent's entry for %s is not what this node registered "
+                            "(%s): someone else registered its id; registering it again",
+                            self.service_id, "; ".join(changed))
+        elif entry is None and self._published is not None:
+            log.warning("consul: %s is no longer registered with the agent; registering it "
+                        "again", self.service_id)
         await self.consul.agent.service.register(
             self.name, service_id=self.service_id, address=self.address, port=self.port,
             tags=self.tags, meta=meta, check=self.check, extra_checks=self.extra_checks or None)
         if self._published is None:
             log.info("consul: registered %s as %s at %s:%s", self.service_id, self.name,
                      self.address, self.port)
-        self._published = meta
+        self._published, self._hash = meta, None
+
+    def differences(self, entry: dict[str, Any], kinds: list[str],
+                    meta: dict[str, str]) -> list[str]:
+        """What the agent's ``entry`` (and its checks' kinds) has that this node did not
+        register, each as ``what: theirs != ours`` (empty: it is ours)."""
+        theirs = {"service": entry.get("Service"), "address": entry.get("Address"),
+                  "port": entry.get("Port"), "tags": entry.get("Tags") or [],
+                  "meta": entry.get("Meta") or {}, "checks": kinds}
+        ours = {"service": self.name, "address": self.address, "port": self.port,
+                "tags": list(self.tags), "meta": meta, "checks": self.check_kinds()}
+        return [f"{key}: {str(theirs[key])[:200]} != {ours[key]}" if key != "meta" else "meta"
+                for key in ours if theirs[key] != ours[key]]
+
+    def check_kinds(self) -> list[str]:
+        """The kinds of the checks this node registers (``http``, ``grpc``), sorted: what the
+        agent shows of a check (its target is not in Consul 1.8's ``Definition``)."""
+        return sorted(_kind(c) for c in [self.check, *self.extra_checks])
+
+    async def _entry(self) -> dict[str, Any] | None:
+        """The agent's definition of this service id (None: not registered), its content
+        hash remembered for ``wait_for_change``."""
+        entry, self._hash = await self._get(f"/v1/agent/service/{self.service_id}", {})
+        return entry if isinstance(entry, dict) else None
+
+    async def _check_kinds(self) -> list[str]:
+        checks, _ = await self._get("/v1/agent/checks", {})
+        return sorted(str(c.get("Type") or "").lower() for c in (checks or {}).values()
+                      if isinstance(c, dict) and c.get("ServiceID") == self.service_id)
+
+    async def wait_for_change(self, wait_s: float) -> None:
+        """Until the agent's entry for this id changes, or ``wait_s`` passes."""
+        if self._hash is None:
+            return
+        await self._get(f"/v1/agent/service/{self.service_id}",
+                        {"hash": self._hash, "wait": f"{max(1, round(wait_s))}s"})
+
+    async def _get(self, path: str, params: dict[str, str]) -> tuple[Any, str | None]:
+        def parse(response: Any) -> tuple[Any, str | None]:
+            if response.code == 404:
+                return None, None
+            if response.code != 200:
+                raise consul.ConsulException(f"{path}: HTTP {response.code}")
+            return (json.loads(response.body),
+                    response.headers.get("X-Consul-ContentHash"))
+
+        http = self.consul.http
+        return await http.get(parse, path, params=params or None,
+                              headers=self.consul.prepare_headers())
 
     async def deregister(self) -> None:
         try:
@@ -225,6 +318,12 @@ def grpc_check(target: str, tls: bool = False) -> dict[str, Any]:
     check = consul.Check.grpc(target, CHECK_INTERVAL, timeout=CHECK_TIMEOUT,
                               deregister=DEREGISTER_AFTER)
     return check | ({"GRPCUseTLS": True, "TLSSkipVerify": True} if tls else {})
+
+
+def _kind(check: dict[str, Any]) -> str:
+    """A check definition's kind as the agent reports it (``Type``)."""
+    keys = {k.lower() for k in check}
+    return next((k for k in ("http", "grpc", "tcp", "ttl") if k in keys), "")
 
 
 OnChange = Callable[[list[Instance]], Awaitable[None] | None]

@@ -259,8 +259,12 @@ def test_escalations_go_only_to_centers_with_a_center_certificate(
         ForgedCenter, (tls / "registry.pem", tls / "registry.key")))
     for i, fake in enumerate((plain, impostor)):
         register(consul, "tiered-center", f"aaa-fake-{i}", fake.server_address[1])
+    # the real center's own certificate: discovered centers are checked for their node name
+    cert, key = pki.node(tls, "real-center", "center", "local", ("127.0.0.1",))
+    (tls / "real-center.pem").write_bytes(cert)
+    (tls / "real-center.key").write_bytes(key)
     center = start("center", tmp_path / "center", tmp_path, "--tls-cert",
-                   str(tls / "center.pem"), "--tls-key", str(tls / "center.key"),
+                   str(tls / "real-center.pem"), "--tls-key", str(tls / "real-center.key"),
                    ca=tls / "ca.pem")
     edge = start("edge", tmp_path / "edge", tmp_path, "--center-ca", str(tls / "ca.pem"),
                  "--cache-size", "0", "--breaker-failures", "100",

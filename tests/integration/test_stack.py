@@ -23,9 +23,10 @@ import httpx
 import pytest
 
 from harness.processes import BIN, free_port
-from serving.config.tokens import node_token
+from serving.config import bundle
 from tests.conftest import RegistryCli
 from tests.servers import log_lines
+from tiered import bundles
 from tiered.stack import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -122,17 +123,21 @@ def _registry_id(stack: Stack) -> str:
 
 
 def test_no_secret_is_on_any_command_line(stack: Stack) -> None:
-    """``ps`` shows every argv: the registry's secret and the nodes' tokens are in their
-    environments only, and each node holds its own token, not the registry's secret."""
-    tokens = {name: node_token(stack.token, name) for name, child in stack.children.items()
-              if child.role in ("center", "edge")}
+    """``ps`` shows every argv: the registry's secret is in its environment only, and each
+    node's own token (not the registry's secret) is in its 0600 bundle, named by the
+    environment."""
+    tokens = {name: bundles.token(stack.token, name, child.role,
+                                  bundle.load(stack.bundle(name)).region)
+              for name, child in stack.children.items() if child.role in ("center", "edge")}
     for name, child in stack.children.items():
         argv = Path(f"/proc/{child.pid}/cmdline").read_bytes()
         assert stack.token.encode() not in argv, name
         assert not any(t.encode() in argv for t in tokens.values()), name
         environ = Path(f"/proc/{child.pid}/environ").read_bytes()
         if name in tokens:
-            assert tokens[name].encode() in environ and stack.token.encode() not in environ
+            assert stack.token.encode() not in environ and tokens[name].encode() not in environ
+            assert f"_BUNDLE={stack.bundle(name)}".encode() in environ
+            assert bundle.load(stack.bundle(name)).token == tokens[name]
 
 
 def test_nginx_routes_to_edges_and_escalations_reach_a_center(stack: Stack) -> None:

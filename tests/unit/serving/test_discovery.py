@@ -94,3 +94,18 @@ def test_a_watch_skips_hostile_entries_and_logs_a_flood_once(
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "skipping an invalid tiered-edge entry" in lines[0]
     assert watch.skips.held == len(HOSTILE) * 100 - 1  # counted for the next line
+
+
+def test_node_tls_names_are_the_names_node_certificates_carry() -> None:
+    """``serving.fleet`` may not import the registry: its copy of the rule must agree with
+    ``registry.pki.node_name`` (what ``pki.node`` signs)."""
+    from registry import pki
+
+    for node_id, tier in (("center-1", "center"), ("edge-us-1", "edge"), ("a", "center")):
+        assert discovery.node_tls_name(node_id, tier) == pki.node_name(node_id, tier)
+    for node_id, tier in (("Center_1", "center"), ("-x", "edge"), ("c1", "registry"),
+                          ("x" * 64, "edge")):
+        with pytest.raises(ValueError):
+            pki.node_name(node_id, tier)
+        with pytest.raises(ValueError):
+            discovery.node_tls_name(node_id, tier)

@@ -7,12 +7,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from serving.config import bundle
 from serving.config.tokens import node_token
-from tiered import commands
+from tiered import bundles, commands
 from tiered.cli import tracing_env
 from tiered.commands import BIN
 from tiered.settings import TieredSettings
-from tiered.stack import Stack
+from tiered.stack import EDGE_TLS, Stack
 
 SECRET = "stack-secret-0123456789"
 
@@ -82,12 +83,26 @@ def test_the_stack_starts_each_role_as_it_did(tmp_path: Path) -> None:
                         "--node-id": "edge-eu-west-1-store-0042", "--region": "eu",
                         "--sync-backoff-max-s": "2", "--log-level": "debug"}.items():
         assert flag(argv, name) == value, name
-    assert env["REGISTRY_TOKEN"] == node_token(SECRET, "edge-eu-west-1-store-0042")
-    assert env["EDGE_REGISTRY_CA"] == str(tmp_path / "tls" / "ca.pem")
+    # its bundle: its own token, certificate and the CA, no secret in argv or env
+    edge = bundle.load(Path(env["EDGE_BUNDLE"]))
+    assert (edge.node_id, edge.tier, edge.region) == ("edge-eu-west-1-store-0042", "edge", "eu")
+    assert edge.token == bundles.token(SECRET, "edge-eu-west-1-store-0042", "edge", "eu")
+    assert edge.ca == (tmp_path / "tls" / "ca.pem").read_text()
+    assert "REGISTRY_TOKEN" not in env and edge.token not in " ".join(argv)
+    assert env["EDGE_SERVE_TLS"] == ("true" if EDGE_TLS else "false")
 
     argv, env = stack.start_center("center-1")  # type: ignore[misc]
     assert flag(argv, "--region") == "local" and flag(argv, "--node-id") == "center-1"
-    assert env["CENTER_REGISTRY_CA"] == str(tmp_path / "tls" / "ca.pem")
+    center = bundle.load(Path(env["CENTER_BUNDLE"]))
+    assert (center.node_id, center.tier) == ("center-1", "center")
+    assert "CENTER_SERVE_TLS" not in env  # centers serve HTTPS from their bundle
+
+    # without provisioning: a token and the CA, as before
+    plain = Spawned(tmp_path, tmp_path / "registry", SECRET, consul_acl=False, provision=False,
+                    release_key=tmp_path / "signing.pub")
+    _, env = plain.start_edge("edge-eu-1", "eu")  # type: ignore[misc]
+    assert env["REGISTRY_TOKEN"] == node_token(SECRET, "edge-eu-1")
+    assert env["EDGE_REGISTRY_CA"] == str(tmp_path / "tls" / "ca.pem")
 
     argv, env = stack.start_nginx()  # type: ignore[misc]
     assert flag(argv, "--listen") == "127.0.0.1:8080"

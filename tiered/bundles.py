@@ -1,0 +1,41 @@
+"""Provisioning bundles for the nodes ``tiered up`` and ``tiered sites`` start (and the tests):
+each edge and center gets one file, made with the stack's fleet CA and the registry's secret,
+as ``registry node provision`` makes them on a registry host."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+from registry import pki
+from serving.config import bundle
+from serving.config.tokens import node_token
+
+
+def token(secret: str, node_id: str, tier: str, region: str) -> str:
+    """The node's registry token. ADAPTER (for the merge with reg-identity): its
+    ``node_token(secret, node_id, tier, region)`` binds tier and region; the older
+    ``node_token(secret, node_id)`` does not take them."""
+    if "tier" in inspect.signature(node_token).parameters:
+        return node_token(secret, node_id, tier, region)  # type: ignore[arg-type,call-arg,unused-ignore]
+    return node_token(secret, node_id)
+
+
+def make(tls: Path, secret: str, node_id: str, tier: str, region: str,
+         hosts: tuple[str, ...] = (), directive_floor: int = 0) -> bundle.Bundle:
+    """``node_id``'s bundle: its token, its own certificate from the fleet CA in ``tls``
+    (``pki.node``: named ``<node id>.<tier>.tiered.invalid``, and ``hosts``) and the CA."""
+    cert, key = pki.node(tls, node_id, tier, region, hosts)
+    return bundle.Bundle(bundle.KIND, node_id, tier, region, token(secret, node_id, tier, region),
+                         cert.decode(), key.decode(), (tls / "ca.pem").read_text(),
+                         directive_floor)
+
+
+def write(folder: Path, tls: Path, secret: str, node_id: str, tier: str, region: str,
+          hosts: tuple[str, ...] = (), directive_floor: int = 0) -> Path:
+    """``make`` written to ``<folder>/<node id>.json`` (0600, the folder 0700)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    folder.chmod(0o700)
+    path = folder / f"{node_id}.json"
+    bundle.write(path, make(tls, secret, node_id, tier, region, hosts, directive_floor))
+    return path
