@@ -294,11 +294,14 @@ def audit_cmd(ctx: Context, verify: bool, anchor_head: bool, model: str | None,
         elif anchor_head and problem is None and finding is None:
             raise RegistryError(f"{settings.home / anchor.FILE} exists or the log is empty: "
                                 f"nothing to anchor")
-        data = {"ok": finding is None and problem is None, "checked": checked,
-                "first_bad": None if finding is None else finding.__dict__,
-                "head": None if head is None else head.to_json(), "head_problem": problem}
-        emit(as_json, data, lambda: render.audit_verdict(out, checked, finding, head, problem))
-        if finding is not None or problem is not None:
+        seen, rewound = anchor.witnessed(db)  # the highest seq the nodes reported
+        data = {"ok": finding is None and problem is None and rewound is None,
+                "checked": checked, "first_bad": None if finding is None else finding.__dict__,
+                "head": None if head is None else head.to_json(), "head_problem": problem,
+                "nodes_seen_seq": seen, "nodes_problem": rewound}
+        emit(as_json, data, lambda: render.audit_verdict(out, checked, finding, head, problem,
+                                                         seen, rewound))
+        if finding is not None or problem is not None or rewound is not None:
             raise SystemExit(AuditChainBroken.exit_code)
         return
     rows = audit.records(db, model=model, limit=limit)

@@ -153,7 +153,7 @@ class NodeBook:
                 "length_drift": report.get("length_drift"), "report_at": r["report_at"],
                 **{key: report.get(key) for key in CASCADE},
                 "fidelity": r["fidelity"], "fidelity_rows": r["fidelity_rows"],
-                "fidelity_version": r["fidelity_version"],
+                "fidelity_version": r["fidelity_version"], "directive_seq": r["directive_seq"],
                 "cpu": platform.get("cpu"), "cpu_features": platform.get("features", []),
                 "machine": platform.get("machine"), "runtime": platform.get("runtime")})
         return rows

@@ -159,7 +159,8 @@ def audit_table(console: Console, rows: list[Record]) -> None:
 
 
 def audit_verdict(console: Console, checked: int, finding: Finding | None,
-                  head: SignedHead | None = None, problem: str | None = None) -> None:
+                  head: SignedHead | None = None, problem: str | None = None,
+                  nodes_seen: int = 0, rewound: str | None = None) -> None:
     if finding is None:
         console.print(f"[green]audit chain intact[/]: {checked} records verified")
     else:
@@ -170,6 +171,10 @@ def audit_verdict(console: Console, checked: int, finding: Finding | None,
     elif head is not None:
         console.print(f"[green]signed head holds[/]: record {head.head.seq} "
                       f"({head.head.hash[:16]}), key {head.key_id}, signed {head.at}")
+    if rewound is not None:
+        console.print(f"[red]nodes saw more[/]: {shown(rewound)}")
+    elif nodes_seen:
+        console.print(f"[green]nodes agree[/]: the highest seq a node reported is {nodes_seen}")
 
 
 def _fidelity(row: dict[str, Any]) -> str:
