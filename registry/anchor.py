@@ -211,3 +211,23 @@ def check(db: sqlite_utils.Database, path: Path, public: Ed25519PublicKey | None
         return kept, (f"record {kept.head.seq} has another hash than the signed head "
                       f"{kept.head.hash[:16]}: the chain was rewritten")
     return kept, None
+
+
+def witnessed(db: sqlite_utils.Database) -> tuple[int, str | None]:
+    """The highest directive seq any node reported having accepted (0: none) and what is
+    wrong (None: the chain reaches it). Nodes are a witness the database cannot rewind: a
+    chain that ends below a seq a node has seen lost its newest records, whatever the signed
+    head beside it says (an older, valid head file may have been put back)."""
+    row = db.conn.execute("SELECT node_id, model, directive_seq FROM node_models WHERE "
+                          "directive_seq IS NOT NULL ORDER BY directive_seq DESC, node_id "
+                          "LIMIT 1").fetchone()
+    if row is None:
+        return 0, None
+    node_id, model, seen = row
+    ours = audit.head(db.conn)
+    last = ours.seq if ours else 0
+    if last >= seen:
+        return seen, None
+    return seen, (f"a node has seen seq {seen} but the chain ends at {last}: records were "
+                  f"removed and an older head put back (node {node_id} accepted a directive "
+                  f"for {model} at seq {seen})")

@@ -9,6 +9,15 @@ The policy per model (``registry cascade MODEL``) is the operator's: ``auto`` (t
 ``static`` (every edge holds the release's calibrated threshold), a capacity figure that
 replaces the centers' own, and the split. Changing it is an audited action (``cascade-policy``);
 the budgets computed from it move with every report and are not audited.
+
+What a node reports is its own word, and one node's token may be in an attacker's hands. So a
+report's figures are clamped before they count (``Seen.of``): rows at most ``MAX_REQUEST_ROWS``
+per request, a window of at least ``MIN_WINDOW_S`` (or the report interval, if shorter), a
+node's first figure at most ``START_ROWS_S`` and each later one at most twice the last per
+report interval (falling figures count at once: a center under load must be able to say so).
+The operator's ceiling (``max_capacity_rows_s``) bounds the capacity the centers' reports add
+up to, and in a traffic split no edge counts more than ``MAX_SKEW`` times the median of the
+other edges' traffic.
 """
 
 from __future__ import annotations
@@ -32,6 +41,17 @@ FLOOR = 0.05
 0.1 rows/s): an edge that was idle gets a little budget, not none, until its next report."""
 CHANGE = 0.05
 """A budget is pushed again when it moves by more than this share (or 0.5 rows/s)."""
+MAX_REQUEST_ROWS = 256
+"""Rows a report may claim per request: the V2 default ``max_request_rows`` (serving
+settings, ``CENTER_/EDGE_MAX_REQUEST_ROWS``); a node cannot have answered more."""
+MIN_WINDOW_S = 1.0
+"""A report's window counts as at least this long (or the report interval, if shorter)."""
+START_ROWS_S = 100.0
+"""A node's first figure (capacity or traffic) for a model counts at most this much ..."""
+GROWTH = 2.0
+"""... and each later one at most this factor more than the last per report interval."""
+MAX_SKEW = 8.0
+"""In a traffic split an edge counts at most this many times the median of the others."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +59,7 @@ class Policy:
     mode: Mode = "auto"
     capacity_rows_s: float | None = None  # the operator's figure instead of the centers'
     split: Split = "traffic"
+    max_capacity_rows_s: float | None = None  # the ceiling on the centers' reported capacity
 
 
 @dataclass(frozen=True)
@@ -52,16 +73,25 @@ class Seen:
     capacity_rows_s: float  # a center's offer (0: none)
 
     @classmethod
-    def of(cls, node_id: str, tier: str, at: float, report: dict[str, Any]) -> Seen:
-        """From a received report; figures that are not finite, negative or absurd count 0."""
+    def of(cls, node_id: str, tier: str, at: float, report: dict[str, Any],
+           previous: Seen | None = None, interval_s: float = 10.0) -> Seen:
+        """From a received report, clamped (see the module's doc); figures that are not
+        finite, negative or absurd count 0. ``previous``: this node's last report of the
+        model on this stream; ``interval_s``: the report interval nodes were told."""
         def figure(value: object) -> float:
             number = float(value) if isinstance(value, int | float) else 0.0
             return number if math.isfinite(number) and 0 <= number <= MAX_ROWS_S else 0.0
 
-        window = figure(report.get("window_s"))
-        rows = figure(report.get("rows"))
-        return cls(node_id, tier, at, rows / window if window >= 0.1 else 0.0,
-                   figure(report.get("capacity_rows_s")))
+        window = max(figure(report.get("window_s")), min(MIN_WINDOW_S, interval_s))
+        rows = min(figure(report.get("rows")),
+                   figure(report.get("requests")) * MAX_REQUEST_ROWS)
+        rate, capacity = rows / window, figure(report.get("capacity_rows_s"))
+        if previous is None:
+            return cls(node_id, tier, at, min(rate, START_ROWS_S), min(capacity, START_ROWS_S))
+        factor = GROWTH ** (max(0.0, at - previous.at) / interval_s)
+        return cls(node_id, tier, at,
+                   min(rate, max(previous.rows_per_s, START_ROWS_S) * factor),
+                   min(capacity, max(previous.capacity_rows_s, START_ROWS_S) * factor))
 
 
 def split(policy: Policy, seen: list[Seen], now: float, stale_s: float) -> dict[str, Budget]:
@@ -71,12 +101,18 @@ def split(policy: Policy, seen: list[Seen], now: float, stale_s: float) -> dict[
     edges = sorted({s.node_id for s in seen if s.tier == "edge"})
     capacity = (policy.capacity_rows_s if policy.capacity_rows_s is not None else
                 sum(s.capacity_rows_s for s in fresh if s.tier == "center"))
+    if policy.max_capacity_rows_s is not None:
+        capacity = min(capacity, policy.max_capacity_rows_s)
     if policy.mode == "static" or not capacity or not edges:
         return {e: Budget(False) for e in edges}
     traffic = {e: 0.0 for e in edges}
     for s in fresh:
         if s.tier == "edge":
             traffic[s.node_id] = s.rows_per_s
+    if len(edges) > 1:  # no edge's word outweighs MAX_SKEW times the median of the others'
+        others = {e: _median([u for f, u in traffic.items() if f != e]) for e in edges}
+        traffic = {e: min(t, MAX_SKEW * others[e]) if others[e] > 0 else t
+                   for e, t in traffic.items()}
     if policy.split == "equal":
         weights = {e: 1.0 for e in edges}
     else:
@@ -85,6 +121,12 @@ def split(policy: Policy, seen: list[Seen], now: float, stale_s: float) -> dict[
     total = sum(weights.values())
     return {e: Budget(True, capacity * w / total, capacity, w / total)
             for e, w in weights.items()}
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 def changed(old: Budget | None, new: Budget) -> bool:
@@ -99,7 +141,8 @@ def changed(old: Budget | None, new: Budget) -> bool:
 # --- the operator's policy -------------------------------------------------------------------
 
 def policies(db: sqlite_utils.Database) -> dict[str, Policy]:
-    return {r["model"]: Policy(r["mode"], r["capacity_rows_s"], r["split"])
+    return {r["model"]: Policy(r["mode"], r["capacity_rows_s"], r["split"],
+                               r["max_capacity_rows_s"])
             for r in db.query("SELECT * FROM cascade_policies")}
 
 
@@ -108,23 +151,25 @@ def set_policy(db: sqlite_utils.Database, anchor: Anchor | None, actor: str, mod
     """Record ``model``'s policy with its audit record, in one transaction."""
     if policy.mode not in ("auto", "static") or policy.split not in ("traffic", "equal"):
         raise RegistryError(f"unknown cascade policy {policy}")
-    if policy.capacity_rows_s is not None and not (
-            math.isfinite(policy.capacity_rows_s) and 0 < policy.capacity_rows_s <= MAX_ROWS_S):
-        raise RegistryError(f"capacity must be a positive number of rows per second, at most "
-                            f"{MAX_ROWS_S:g}")
+    for figure in (policy.capacity_rows_s, policy.max_capacity_rows_s):
+        if figure is not None and not (math.isfinite(figure) and 0 < figure <= MAX_ROWS_S):
+            raise RegistryError(f"capacity must be a positive number of rows per second, at "
+                                f"most {MAX_ROWS_S:g}")
     with audited(db, anchor) as conn:
         if conn.execute("SELECT 1 FROM models WHERE name = ?", [model]).fetchone() is None:
             raise RegistryError(f"no model named {model!r}")
-        row = conn.execute("SELECT mode, capacity_rows_s, split FROM cascade_policies WHERE "
-                           "model = ?", [model]).fetchone()
+        row = conn.execute("SELECT mode, capacity_rows_s, split, max_capacity_rows_s FROM "
+                           "cascade_policies WHERE model = ?", [model]).fetchone()
         before = Policy(*row) if row else Policy()
         if before == policy:
             return policy  # nothing changes: nothing to audit
         audit.append(conn, actor=actor, action="cascade-policy", model=model,
                      payload={"from": asdict(before), "to": asdict(policy)})
         conn.execute("INSERT INTO cascade_policies (model, mode, capacity_rows_s, split, "
-                     "updated_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (model) DO UPDATE SET "
-                     "mode = excluded.mode, capacity_rows_s = excluded.capacity_rows_s, "
-                     "split = excluded.split, updated_at = excluded.updated_at",
-                     [model, policy.mode, policy.capacity_rows_s, policy.split, now()])
+                     "max_capacity_rows_s, updated_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT "
+                     "(model) DO UPDATE SET mode = excluded.mode, capacity_rows_s = "
+                     "excluded.capacity_rows_s, split = excluded.split, max_capacity_rows_s = "
+                     "excluded.max_capacity_rows_s, updated_at = excluded.updated_at",
+                     [model, policy.mode, policy.capacity_rows_s, policy.split,
+                      policy.max_capacity_rows_s, now()])
     return policy

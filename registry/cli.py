@@ -294,11 +294,14 @@ def audit_cmd(ctx: Context, verify: bool, anchor_head: bool, model: str | None,
         elif anchor_head and problem is None and finding is None:
             raise RegistryError(f"{settings.home / anchor.FILE} exists or the log is empty: "
                                 f"nothing to anchor")
-        data = {"ok": finding is None and problem is None, "checked": checked,
-                "first_bad": None if finding is None else finding.__dict__,
-                "head": None if head is None else head.to_json(), "head_problem": problem}
-        emit(as_json, data, lambda: render.audit_verdict(out, checked, finding, head, problem))
-        if finding is not None or problem is not None:
+        seen, rewound = anchor.witnessed(db)  # the highest seq the nodes reported
+        data = {"ok": finding is None and problem is None and rewound is None,
+                "checked": checked, "first_bad": None if finding is None else finding.__dict__,
+                "head": None if head is None else head.to_json(), "head_problem": problem,
+                "nodes_seen_seq": seen, "nodes_problem": rewound}
+        emit(as_json, data, lambda: render.audit_verdict(out, checked, finding, head, problem,
+                                                         seen, rewound))
+        if finding is not None or problem is not None or rewound is not None:
             raise SystemExit(AuditChainBroken.exit_code)
         return
     rows = audit.records(db, model=model, limit=limit)
@@ -325,31 +328,42 @@ def status_cmd(ctx: Context, as_json: bool) -> None:
 @click.option("--measured", is_flag=True, help="Use the centers' reported capacity again.")
 @click.option("--split", type=click.Choice(["traffic", "equal"]), default=None,
               help="How the capacity is split over the edges (default traffic).")
+@click.option("--max-capacity", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Ceiling (rows/s) on the capacity the centers report: budgets never add "
+                   "up to more, whatever a node says.")
+@click.option("--no-max-capacity", is_flag=True, help="Remove the ceiling.")
 @json_flag
 @pass_ctx
 def cascade_cmd(ctx: Context, name: str, mode: str | None, capacity: float | None,
-                measured: bool, split: str | None, as_json: bool) -> None:
+                measured: bool, split: str | None, max_capacity: float | None,
+                no_max_capacity: bool, as_json: bool) -> None:
     """Show or change NAME's cascade policy (audited when it changes): how ``registry serve``
     turns the centers' capacity into each edge's escalation budget (docs/cascade.md)."""
     if capacity is not None and measured:
         raise click.UsageError("--capacity and --measured contradict each other")
+    if max_capacity is not None and no_max_capacity:
+        raise click.UsageError("--max-capacity and --no-max-capacity contradict each other")
     catalog = ctx.catalog
     check_name(name)
     policy = budgets.policies(catalog.db).get(name, budgets.Policy(
         split=ctx.settings.budget_split))
-    if mode or capacity is not None or measured or split:
+    if mode or capacity is not None or measured or split or max_capacity or no_max_capacity:
         policy = budgets.set_policy(catalog.db, catalog.anchor, ctx.settings.actor, name,
                                     budgets.Policy(
                                         mode or policy.mode,  # type: ignore[arg-type]
                                         None if measured else (capacity or
                                                                policy.capacity_rows_s),
-                                        split or policy.split))  # type: ignore[arg-type]
+                                        split or policy.split,  # type: ignore[arg-type]
+                                        None if no_max_capacity else (
+                                            max_capacity or policy.max_capacity_rows_s)))
     data = {"model": name, "mode": policy.mode, "capacity_rows_s": policy.capacity_rows_s,
-            "split": policy.split}
+            "split": policy.split, "max_capacity_rows_s": policy.max_capacity_rows_s}
     given = ("reported by the centers" if policy.capacity_rows_s is None
              else f"{policy.capacity_rows_s:g} rows/s")
-    emit(as_json, data, lambda: out.print(f"{name}: cascade {policy.mode}, capacity {given}, "
-                                          f"split by {policy.split}"))
+    ceiling = ("" if policy.max_capacity_rows_s is None
+               else f" (at most {policy.max_capacity_rows_s:g} rows/s)")
+    emit(as_json, data, lambda: out.print(f"{name}: cascade {policy.mode}, capacity {given}"
+                                          f"{ceiling}, split by {policy.split}"))
 
 
 @cli.group("node")

@@ -16,6 +16,7 @@ from registry import budgets
 from registry.budgets import Policy, Seen
 from registry.nodes import STATES, Measured
 from registry.settings import RegistrySettings
+from serving.protocol.visible import visible
 from serving.release import probe
 from serving.release.manifest import is_valid_name
 from sync.gen import sync_pb2 as pb
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 FEATURE = re.compile(r"[a-z0-9_]{1,32}")
 MACHINE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 MAX_FEATURES = 64
+MAX_REASON = 1000  # characters of an ack's reason kept (control characters escaped first)
+SAY_EVERY_S = 60.0  # a node's dropped messages are logged at most this often
 
 
 class Intake:
@@ -39,29 +42,66 @@ class Intake:
         self.settings, self.db, self.metrics, self.sessions = settings, db, metrics, sessions
         self.seen: dict[str, dict[str, Seen]] = {}  # model -> node id -> its last report
         self.policies: dict[str, Policy] = {}  # model -> the operator's cascade policy
+        self.known: set[str] = set()  # the models in the catalog (reloaded with the policies)
+        self._said: dict[str, tuple[float, int]] = {}  # node id -> (last logged, drops since)
+
+    def _versions(self, session: Session, model: str) -> set[int]:
+        """The versions of ``model`` the node may speak of: the one pushed to it on this
+        stream, and the one it serves by its hello if the registry knows the model (empty:
+        a model it has no business reporting, whose name must not become a series or a
+        row)."""
+        versions = {session.sent[model]} if model in session.sent else set()
+        if model in session.active and model in self.known:
+            versions.add(session.active[model])
+        return versions
+
+    def _drop(self, session: Session, kind: str, reason: str, model: str) -> None:
+        """Count a dropped message (fixed labels) and log it at most once a minute per node."""
+        self.metrics.dropped.labels(kind, reason).inc()
+        node_id, at = session.node.node_id, time.monotonic()
+        last, since = self._said.get(node_id, (-math.inf, 0))
+        if at - last < SAY_EVERY_S:
+            self._said[node_id] = (last, since + 1)
+            return
+        self._said[node_id] = (at, 0)
+        log.warning("dropped a %s from %s (%s: %s)%s", kind, node_id, reason,
+                    visible(model, 64), f"; {since} more dropped since the last such line"
+                    if since else "")
 
     async def ack(self, session: Session, ack: pb.Ack) -> None:
         # proto3 enums are open: a value this registry does not know parses, Name() raises
         state = pb.AckState.Name(ack.state) if ack.state in pb.AckState.values() else "?"
         if state not in STATES or not is_valid_name(ack.model) or ack.version < 1:
-            log.warning("ignoring malformed ack from %s: %s", session.node.node_id, ack)
+            self._drop(session, "ack", "malformed", ack.model)
             return
+        if not self._versions(session, ack.model):
+            self._drop(session, "ack", "unknown-model", ack.model)
+            return
+        seq = ack.directive_seq
+        if seq and not 0 < seq <= session.seqs.get(ack.model, 0):
+            # only a seq the registry itself signed into a directive on this stream counts
+            self._drop(session, "ack", "seq-not-pushed", ack.model)
+            seq = 0
+        reason = visible(ack.reason[:MAX_REASON], MAX_REASON)
         self.metrics.acks.labels(state).inc()
         log.info("%s: %s version %s %s%s", session.node.node_id, ack.model, ack.version, state,
-                 f" ({ack.reason})" if ack.reason else "")
+                 f" ({reason})" if reason else "")
         measured = None
         if ack.fidelity_rows:
             if not (math.isfinite(ack.fidelity) and 0 <= ack.fidelity <= 1 and
                     ack.fidelity_rows <= probe.MAX_ROWS):
-                log.warning("ignoring malformed ack from %s: fidelity %r on %s rows",
-                            session.node.node_id, ack.fidelity, ack.fidelity_rows)
+                self._drop(session, "ack", "malformed", ack.model)
                 return
             measured = Measured(ack.fidelity, ack.fidelity_rows, platform(ack.platform))
         await self.db.run(self.db.nodes.acknowledged, session.node, ack.model, ack.version,
-                          state, ack.reason[:1000], measured)
+                          state, reason, measured, seq)
 
     async def report(self, session: Session, report: pb.QualityReport) -> None:
         if not is_valid_name(report.model):
+            self._drop(session, "report", "malformed", report.model)
+            return
+        if report.version not in self._versions(session, report.model):
+            self._drop(session, "report", "unknown-model", report.model)
             return
         data = MessageToDict(report, preserving_proto_field_name=True,
                              always_print_fields_with_no_presence=True)
@@ -76,12 +116,14 @@ class Intake:
         self.metrics.report([n.node_id, n.tier, n.region, report.model, str(report.version)],
                             data)
         await self.db.run(self.db.nodes.reported, n.node_id, report.model, data)
-        self.seen.setdefault(report.model, {})[n.node_id] = Seen.of(
-            n.node_id, n.tier, time.monotonic(), data)
+        seen = self.seen.setdefault(report.model, {})
+        seen[n.node_id] = Seen.of(n.node_id, n.tier, time.monotonic(), data,
+                                  seen.get(n.node_id), self.settings.report_interval_s)
         self.rebalance(report.model)
 
     def gone(self, node_id: str) -> None:
         """A node disconnected: its capacity or traffic is gone from every model's budgets."""
+        self._said.pop(node_id, None)
         for model, seen in self.seen.items():
             if seen.pop(node_id, None) is not None:
                 self.rebalance(model)
@@ -106,7 +148,9 @@ class Intake:
 
     async def load_policies(self) -> None:
         """The operators' cascade policies (``registry cascade``); budgets follow them."""
-        self.policies = await self.db.run(lambda: budgets.policies(self.db.catalog.db))
+        self.policies, self.known = await self.db.run(lambda: (
+            budgets.policies(self.db.catalog.db),
+            {r["name"] for r in self.db.catalog.db.query("SELECT name FROM models")}))
         for model in list(self.seen):
             self.rebalance(model)
 

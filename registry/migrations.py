@@ -128,4 +128,9 @@ CREATE TABLE cascade_policies (
     updated_at TEXT NOT NULL
 );
 """),
+    (7, "report clamps: a capacity ceiling; the directive seqs nodes reported", """
+ALTER TABLE cascade_policies ADD COLUMN max_capacity_rows_s REAL
+    CHECK (max_capacity_rows_s IS NULL OR max_capacity_rows_s > 0);
+ALTER TABLE node_models ADD COLUMN directive_seq INTEGER;
+"""),
 ]

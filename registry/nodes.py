@@ -61,13 +61,14 @@ class NodeBook:
                          "excluded.last_seen, platform = excluded.platform",
                          [node.node_id, node.tier, node.region, peer, at, at,
                           json.dumps(platform or {})])
-            for h in held:
+            for h in held:  # only models this registry knows: a node's names make no rows
                 state = "ACTIVE" if h.active else "HELD"
                 conn.execute("INSERT INTO node_models (node_id, model, version, state, "
-                             "updated_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT (node_id, model) DO "
+                             "updated_at) SELECT ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM "
+                             "models WHERE name = ?) ON CONFLICT (node_id, model) DO "
                              "UPDATE SET version = excluded.version, state = excluded.state, "
                              "reason = NULL, updated_at = excluded.updated_at",
-                             [node.node_id, h.model, h.active, state, at])
+                             [node.node_id, h.model, h.active, state, at, h.model])
 
     def all_disconnected(self) -> None:
         """At ``registry serve`` start: no stream is open yet, whatever a killed server left."""
@@ -80,10 +81,11 @@ class NodeBook:
                          [now(), node_id])
 
     def acknowledged(self, node: Node, model: str, version: int, state: str,
-                     reason: str, measured: Measured | None = None) -> None:
+                     reason: str, measured: Measured | None = None, seq: int = 0) -> None:
         """Record an ack and its audit record together (actor: the node). A release the node
         refused (bad or missing signature, unsafe manifest, fidelity below its floor on its
-        hardware) is its own action, ``refused``."""
+        hardware) is its own action, ``refused``. ``seq``: the directive seq the node accepted
+        (checked by the caller against what was pushed to it); the highest is kept."""
         at = now()
         action = "refused" if state == "REFUSED" else "ack"
         if state == "REFUSED":  # recorded as a failure the node will not retry
@@ -114,6 +116,10 @@ class NodeBook:
                 conn.execute("UPDATE node_models SET state = ?, reason = ?, updated_at = ? "
                              "WHERE node_id = ? AND model = ?",
                              [state, detail, at, node.node_id, model])
+            if seq > 0:
+                conn.execute("UPDATE node_models SET directive_seq = MAX(COALESCE(directive_seq, "
+                             "0), ?) WHERE node_id = ? AND model = ?",
+                             [seq, node.node_id, model])
             conn.execute("UPDATE nodes SET last_seen = ? WHERE node_id = ?", [at, node.node_id])
 
     def reported(self, node_id: str, model: str, report: dict[str, Any]) -> None:
@@ -147,7 +153,7 @@ class NodeBook:
                 "length_drift": report.get("length_drift"), "report_at": r["report_at"],
                 **{key: report.get(key) for key in CASCADE},
                 "fidelity": r["fidelity"], "fidelity_rows": r["fidelity_rows"],
-                "fidelity_version": r["fidelity_version"],
+                "fidelity_version": r["fidelity_version"], "directive_seq": r["directive_seq"],
                 "cpu": platform.get("cpu"), "cpu_features": platform.get("features", []),
                 "machine": platform.get("machine"), "runtime": platform.get("runtime")})
         return rows
@@ -173,12 +179,13 @@ class NodeBook:
         return generation
 
     def refused_calls(self, rows: list[dict[str, Any]]) -> None:
-        """Calls refused for a missing or wrong token, in aggregate: one audit record per peer
-        host and interval (``sync.limits``), so probing leaves a trace but a flood of refused
-        calls cannot flood the log or the database's one writer."""
+        """Calls refused for a missing or wrong token, in aggregate: one audit record per
+        interval (``sync.limits``: the top hosts by count, how many hosts, the total), so
+        probing leaves a trace but neither a flood of refused calls nor many source addresses
+        can flood the log or the database's one writer. ``rows``: one per interval (more only
+        when earlier writes failed)."""
         if not rows:
             return
         with audited(self.db, self.anchor) as conn:
             for row in rows:
-                audit.append(conn, actor=f"peer:{row['peer']}", action="auth-denied",
-                             payload=row)
+                audit.append(conn, actor="peers", action="auth-denied", payload=row)

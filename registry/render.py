@@ -15,11 +15,19 @@ from rich.text import Text
 from registry.anchor import SignedHead
 from registry.audit import Finding, Record
 from registry.catalog import VersionRow
+from serving.protocol.visible import visible
 from serving.release.manifest import Manifest
 from serving.release.signing import encode_signature
 
 if TYPE_CHECKING:
     from registry.publish import PublishResult
+
+
+def shown(value: object) -> str:
+    """A value that came from a node or a peer, for a rich table: control characters, C1
+    controls and bidi marks as visible escapes (``serving.protocol.visible``), then rich's
+    markup escaped."""
+    return escape(visible("-" if value is None else str(value)))
 
 
 def pct(value: float | None) -> str:
@@ -145,23 +153,28 @@ def audit_table(console: Console, rows: list[Record]) -> None:
     for col in ("seq", "at", "actor", "action", "model", "version", "hash"):
         table.add_column(col, overflow="fold")
     for r in rows:
-        table.add_row(str(r.seq), r.at, escape(r.actor), r.action, r.model or "-",
+        table.add_row(str(r.seq), r.at, shown(r.actor), shown(r.action), shown(r.model),
                       str(r.version or "-"), r.hash[:16])
     console.print(table)
 
 
 def audit_verdict(console: Console, checked: int, finding: Finding | None,
-                  head: SignedHead | None = None, problem: str | None = None) -> None:
+                  head: SignedHead | None = None, problem: str | None = None,
+                  nodes_seen: int = 0, rewound: str | None = None) -> None:
     if finding is None:
         console.print(f"[green]audit chain intact[/]: {checked} records verified")
     else:
         console.print(f"[red]audit chain broken at record {finding.seq}[/]: "
-                      f"{escape(finding.reason)} ({checked} records before it verified)")
+                      f"{shown(finding.reason)} ({checked} records before it verified)")
     if problem is not None:
-        console.print(f"[red]signed head check failed[/]: {escape(problem)}")
+        console.print(f"[red]signed head check failed[/]: {shown(problem)}")
     elif head is not None:
         console.print(f"[green]signed head holds[/]: record {head.head.seq} "
                       f"({head.head.hash[:16]}), key {head.key_id}, signed {head.at}")
+    if rewound is not None:
+        console.print(f"[red]nodes saw more[/]: {shown(rewound)}")
+    elif nodes_seen:
+        console.print(f"[green]nodes agree[/]: the highest seq a node reported is {nodes_seen}")
 
 
 def _fidelity(row: dict[str, Any]) -> str:
@@ -185,13 +198,13 @@ def fits(renderable: RenderableType, width: int) -> bool:
 def _status_cells(r: dict[str, Any]) -> list[str]:
     online = "" if r["connected"] else " [dim](offline)[/]"
     state = {"ACTIVE": "green", "FAILED": "red"}.get(r["state"], "yellow")
-    detail = f" {escape(r['reason'])}" if r["reason"] else ""
-    return [escape(r["node"]) + online, r["tier"], escape(r["region"]),
+    detail = f" {shown(r['reason'])}" if r["reason"] else ""
+    return [shown(r["node"]) + online, shown(r["tier"]), shown(r["region"]),
             str(r["version"] or "-"), str(r["desired"] or "-"),
-            f"[{state}]{r['state']}[/]{detail}", r["last_seen"],
+            f"[{state}]{shown(r['state'])}[/]{detail}", shown(r["last_seen"]),
             pct(r["escalation_rate"]) if r["tier"] == "edge" else "-",
             "-" if r["p99_ms"] is None else f"{r['p99_ms']:.1f} ms",
-            _fidelity(r), escape(" ".join(r["cpu_features"]) or "-")]
+            _fidelity(r), shown(" ".join(r["cpu_features"]) or "-")]
 
 
 def table_or_blocks(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]],
@@ -245,7 +258,7 @@ def _cascade_cells(r: dict[str, Any]) -> list[str]:
                  f"({r['audit_rows']} rows)" if audited else "-")
     accuracy = (f"{pct(r['estimated_accuracy'])} ± {pct(r['accuracy_interval'])}"
                 if audited and r.get("estimated_accuracy") else "-")
-    return [escape(r["node"]), r["tier"], _rate(r.get("capacity_rows_s")),
+    return [shown(r["node"]), shown(r["tier"]), _rate(r.get("capacity_rows_s")),
             f"{r['threshold']:.4f}" if edge and r.get("threshold") is not None else "-",
             (_rate(r.get("budget_rows_s")) if r.get("budget_rows_s") else "none") if edge
             else "-",
@@ -270,13 +283,13 @@ def status_tables(console: Console, rows: list[dict[str, Any]]) -> None:
         console.print("no nodes have subscribed yet (edge/center with --registry HOST:PORT)")
         return
     for model in sorted({r["model"] for r in rows}):
-        console.print(status_view(model, [r for r in rows if r["model"] == model],
+        console.print(status_view(shown(model), [r for r in rows if r["model"] == model],
                                   console.width))
         cascade = [r for r in rows if r["model"] == model and r.get("report_at")]
         if cascade:
             console.print(table_or_blocks(f"{model}: cascade", CASCADE_COLUMNS,
                                           [_cascade_cells(r) for r in cascade], console.width))
         lagging = [r["node"] for r in rows if r["model"] == model and r["lagging"]]
-        console.print(f"{model}: " + (f"[yellow]lagging[/] {', '.join(map(escape, lagging))}"
+        console.print(f"{model}: " + (f"[yellow]lagging[/] {', '.join(map(shown, lagging))}"
                                       if lagging else "[green]every node runs its desired "
                                       "version[/]"))

@@ -41,7 +41,8 @@ from sync.metrics import SyncMetrics
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 SERVICE = "tiered.sync.v1.Sync"
-MAX_UNWRITTEN = 100_000  # refused-call rows kept while the database cannot take them
+MAX_UNWRITTEN = 1_000  # refused-call records (one per interval) kept while the database
+# cannot take them
 MAX_MESSAGE = 1 << 20  # nodes send small messages only: hello, acks, reports
 KEEPALIVE = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
              ("grpc.keepalive_permit_without_calls", 1),
@@ -99,6 +100,7 @@ class Session:
     outbox: asyncio.Queue[pb.ServerMessage | None] = field(default_factory=asyncio.Queue)
     sent: dict[str, int] = field(default_factory=dict)  # model -> version pushed or held
     budgets: dict[str, Budget] = field(default_factory=dict)  # model -> last budget pushed
+    seqs: dict[str, int] = field(default_factory=dict)  # model -> seq of the last directive
     error: str | None = None  # a protocol violation: the stream ends INVALID_ARGUMENT
 
     def close(self) -> None:
@@ -207,6 +209,7 @@ class SyncService(pb_grpc.SyncServicer):
                     self.db.anchor.signer, directive.Directive(
                         session.node.node_id, t.model, t.version, t.manifest_sha256, head.seq,
                         head.hash))
+                session.seqs[t.model] = head.seq
             session.outbox.put_nowait(pb.ServerMessage(release=release))
             self.metrics.pushes.inc()
             log.info("pushing %s version %s (%s) to %s", t.model, t.version, t.alias,
@@ -305,7 +308,7 @@ class SyncServer:
             await self._write_refusals()
 
     async def _write_refusals(self) -> None:
-        """The interval's refusals as audit records, one per peer host; rows a failed write
+        """The interval's refusals as one audit record (``sync.limits``); rows a failed write
         left are tried again with the next (at most ``MAX_UNWRITTEN`` kept)."""
         rows = (self._unwritten + self.refusals.drain())[-MAX_UNWRITTEN:]
         if not rows:

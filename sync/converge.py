@@ -44,6 +44,19 @@ class Wanted:
     changed: asyncio.Event
     raw: bytes = b""  # the manifest exactly as signed
     signature: bytes = b""
+    seq: int = 0  # the seq of the release's signed directive (0: none), reported in its acks
+
+
+def directive_seq(data: bytes) -> int:
+    """The seq a release's directive carries (0: none or unreadable). Reported back in acks,
+    so the registry learns the highest audit seq its nodes have seen (``registry audit
+    --verify`` compares the chain with it)."""
+    if not data:
+        return 0
+    try:
+        return directive.parse(data).seq
+    except DirectiveError:
+        return 0
 
 
 def platform_message(repository: Repository,
@@ -121,6 +134,7 @@ class Converger:
             wanted = self._wanted[manifest.name] = Wanted(manifest, asyncio.Event())
         wanted.manifest, wanted.raw, wanted.signature = (manifest, release.manifest,
                                                          release.signature)
+        wanted.seq = directive_seq(release.directive)
         wanted.changed.set()
         worker = self._workers.get(manifest.name)
         if worker is None or worker.done():
@@ -192,6 +206,9 @@ class Converger:
                    platform: hardware.Platform | None = None) -> None:
         ack = pb.Ack(model=manifest.name, version=manifest.version, state=state,
                      reason=reason[:1000])
+        wanted = self._wanted.get(manifest.name)
+        if wanted is not None and wanted.manifest is manifest:  # the directive it acted on
+            ack.directive_seq = wanted.seq
         if fidelity is not None:
             ack.fidelity, ack.fidelity_rows = fidelity.agreement, fidelity.rows
             ack.platform.CopyFrom(platform_message(self.repository, platform))

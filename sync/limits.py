@@ -3,22 +3,31 @@
 Auditing each refused call on its own wrote and fsynced one undeletable record per call on the
 registry's one database thread: a peer guessing tokens grew the log without bound and slowed
 every legitimate call behind it. Here a refusal costs a few dictionary updates on the event
-loop. Per peer host (the ephemeral port stripped) and interval, ``registry serve`` writes one
-``auth-denied`` record with the count, the methods and the first and last time, on the interval
-and at shutdown. Past ``limit`` refusals in an interval a peer is no longer logged either, only
-counted. At most ``max_peers`` hosts are tracked per interval; the rest share one row
-(``peer: "*"``), so many source addresses cannot grow the table.
+loop. Refusals are tallied per peer host (the ephemeral port stripped), and per interval
+``registry serve`` writes **one** ``auth-denied`` record for all of them, on the interval and
+at shutdown: the total, the number of distinct hosts, the first and last time, the methods and
+the ``top`` hosts by count (each with its count, methods and refusals past the log limit); the
+rest are summed in ``others``. One record per interval whatever the number of source addresses
+(one record per host let 1,500 loopback addresses write 1,500 records, and an IPv6 /64 holds
+more than any cap). Past ``limit`` refusals in an interval a host is no longer logged either,
+only counted. At most ``max_peers`` hosts are tallied one by one; the rest share one tally
+(``peer: "*"``), and the distinct count goes on as an estimate (linear counting over a fixed
+bitmap), so memory stays bounded.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-OTHERS = "*"  # the row for hosts beyond max_peers
+OTHERS = "*"  # the tally of hosts beyond max_peers
 MAX_METHODS = 16
+TOP = 20  # hosts named in an interval's record
+BITMAP = 1 << 16  # bits of the distinct-host estimate past max_peers (8 KiB)
 _IPV6 = re.compile(r"ipv6:\[([^\]]*)\](?::\d+)?")
 _IPV4 = re.compile(r"ipv4:([^:]*)(?::\d+)?")
 
@@ -46,21 +55,35 @@ class Tally:
     over_limit: int = 0  # refusals past the limit: counted, not logged
     methods: dict[str, int] = field(default_factory=dict)
 
-    def row(self, interval_s: float) -> dict[str, Any]:
+    def row(self) -> dict[str, Any]:
         return {"peer": self.peer, "count": self.count, "methods": dict(self.methods),
-                "first": self.first, "last": self.last, "over_limit": self.over_limit,
-                "interval_s": interval_s}
+                "over_limit": self.over_limit}
 
 
 class Refusals:
     def __init__(self, limit: int, interval_s: float, max_peers: int = 10_000) -> None:
         self.limit, self.interval_s, self.max_peers = limit, interval_s, max_peers
         self._tallies: dict[str, Tally] = {}
+        self._bits = bytearray(BITMAP // 8)  # every host seen this interval, hashed
+
+    def _mark(self, host: str) -> None:
+        bit = int.from_bytes(hashlib.blake2b(host.encode(), digest_size=4).digest()) % BITMAP
+        self._bits[bit // 8] |= 1 << (bit % 8)
+
+    def hosts(self) -> tuple[int, bool]:
+        """Distinct hosts this interval, and whether that is an estimate (past max_peers)."""
+        named = sum(1 for h in self._tallies if h != OTHERS)
+        if OTHERS not in self._tallies:
+            return named, False
+        zeros = BITMAP - sum(bin(b).count("1") for b in self._bits)
+        estimate = BITMAP * math.log(BITMAP / max(zeros, 1))  # linear counting
+        return max(named + 1, round(estimate)), True
 
     def note(self, method: str, peer: str) -> str | None:
         """Count one refused call; what to log about it (None: nothing, it was said already
         in this interval)."""
         host = peer_host(peer)
+        self._mark(host)
         if host not in self._tallies and len(self._tallies) >= self.max_peers:
             host = OTHERS
         at = _now()
@@ -82,9 +105,27 @@ class Refusals:
         return None
 
     def drain(self) -> list[dict[str, Any]]:
-        """The interval's rows (one per peer host), and a new interval begins."""
+        """The interval's record (one, or none without refusals), and a new interval begins:
+        the total, the distinct hosts, the first and last time, the methods (at most
+        ``MAX_METHODS``), the ``TOP`` hosts by count and what the others add up to."""
+        hosts, estimated = self.hosts()
         tallies, self._tallies = self._tallies, {}
-        return [t.row(self.interval_s) for t in tallies.values()]
+        self._bits = bytearray(BITMAP // 8)
+        if not tallies:
+            return []
+        ranked = sorted(tallies.values(), key=lambda t: (-t.count, t.peer))
+        top = [t.row() for t in ranked[:TOP]]
+        methods: dict[str, int] = {}
+        for t in ranked:
+            for method, count in t.methods.items():
+                if method in methods or len(methods) < MAX_METHODS:
+                    methods[method] = methods.get(method, 0) + count
+        total = sum(t.count for t in ranked)
+        return [{"count": total, "hosts": hosts, "hosts_estimated": estimated,
+                 "first": min(t.first for t in ranked), "last": max(t.last for t in ranked),
+                 "methods": methods, "over_limit": sum(t.over_limit for t in ranked),
+                 "top": top, "others": total - sum(r["count"] for r in top),
+                 "interval_s": self.interval_s}]
 
     @property
     def pending(self) -> int:

@@ -7,6 +7,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 NODE = ["node", "tier", "region", "model", "version"]
+DROPPED = {"ack": ("unknown-model", "malformed", "seq-not-pushed"),
+           "report": ("unknown-model", "malformed")}
+"""Why a node's message was dropped, per kind: the only label values that series takes."""
 QUALITY = {  # report field -> (series, help, scale)
     "escalation_rate": ("escalation_rate", "Share of rows escalated to the center", 1.0),
     "degraded_rate": ("degraded_rate", "Share of rows answered degraded", 1.0),
@@ -56,6 +59,12 @@ class SyncMetrics:
                         for key, (name, text, _) in QUALITY.items()}
         self.requests = Counter("registry_node_requests", "Requests nodes reported", NODE,
                                 registry=r)
+        self.dropped = Counter("registry_sync_dropped", "Acks and quality reports dropped: "
+                               "for a model (version) not pushed to that node nor held by it, "
+                               "or malformed", ["kind", "reason"], registry=r)
+        for kind, reasons in DROPPED.items():
+            for reason in reasons:
+                self.dropped.labels(kind, reason)
         self._labels: dict[tuple[str, str], list[str]] = {}
 
     def report(self, labels: list[str], report: dict[str, Any]) -> None:

@@ -57,7 +57,7 @@ class Hello(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., tier: _Optional[str] = ..., region: _Optional[str] = ..., held: _Optional[_Iterable[_Union[Held, _Mapping]]] = ..., platform: _Optional[_Union[Platform, _Mapping]] = ...) -> None: ...
 
 class Ack(_message.Message):
-    __slots__ = ("model", "version", "state", "reason", "fidelity", "fidelity_rows", "platform")
+    __slots__ = ("model", "version", "state", "reason", "fidelity", "fidelity_rows", "platform", "directive_seq")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,7 @@ class Ack(_message.Message):
     FIDELITY_FIELD_NUMBER: _ClassVar[int]
     FIDELITY_ROWS_FIELD_NUMBER: _ClassVar[int]
     PLATFORM_FIELD_NUMBER: _ClassVar[int]
+    DIRECTIVE_SEQ_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     state: AckState
@@ -72,7 +73,8 @@ class Ack(_message.Message):
     fidelity: float
     fidelity_rows: int
     platform: Platform
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[AckState, str]] = ..., reason: _Optional[str] = ..., fidelity: _Optional[float] = ..., fidelity_rows: _Optional[int] = ..., platform: _Optional[_Union[Platform, _Mapping]] = ...) -> None: ...
+    directive_seq: int
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., state: _Optional[_Union[AckState, str]] = ..., reason: _Optional[str] = ..., fidelity: _Optional[float] = ..., fidelity_rows: _Optional[int] = ..., platform: _Optional[_Union[Platform, _Mapping]] = ..., directive_seq: _Optional[int] = ...) -> None: ...
 
 class Bucket(_message.Message):
     __slots__ = ("le", "count")

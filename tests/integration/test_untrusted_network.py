@@ -106,13 +106,15 @@ def test_a_flood_of_wrong_tokens_leaves_one_aggregate_record(home: Home) -> None
     registry.stop()  # the last interval's aggregate is written at shutdown
     rows = home.cli("audit", "--json").json()[audited_before:]
     denied = [r for r in rows if r["action"] == "auth-denied"]
-    assert len(rows) == len(denied) == 1  # one record per peer host and interval
-    payloads = [json.loads(r["payload"]) for r in denied]
-    assert sum(p["count"] for p in payloads) == FLOOD and payloads[0]["over_limit"] == FLOOD - 100
-    assert {r["actor"] for r in denied} == {"peer:127.0.0.1"}
-    assert all(set(p["methods"]) == {"/tiered.sync.v1.Sync/Fetch"} for p in payloads)
+    assert len(rows) == len(denied) == 1  # one record per interval, for every host
+    (payload,) = [json.loads(r["payload"]) for r in denied]
+    assert payload["count"] == FLOOD and payload["over_limit"] == FLOOD - 100
+    assert payload["hosts"] == 1 and payload["others"] == 0
+    assert [t["peer"] for t in payload["top"]] == ["127.0.0.1"]
+    assert {r["actor"] for r in denied} == {"peers"}
+    assert set(payload["methods"]) == {"/tiered.sync.v1.Sync/Fetch"}
     table = home.cli("audit", "--limit", "3").stdout
-    assert "auth-denied" in table and "peer:127.0.0.1" in table
+    assert "auth-denied" in table and "peers" in table
     home.cli("audit", "--verify")  # the aggregate moved the signed head too
 
 

@@ -79,3 +79,40 @@ def test_policy_changes_are_audited_once_and_bad_ones_refused(tmp_path: Path) ->
     records = [r for r in audit.records(catalog.db) if r.action == "cascade-policy"]
     assert len(records) == 1 and json.loads(records[0].payload)["to"]["mode"] == "static"
     assert budgets.policies(catalog.db) == {"m": Policy(mode="static")}
+
+
+def report(rows: float, window: float = 10.0, requests: float | None = None,
+           capacity: float = 0.0) -> dict[str, float]:
+    return {"rows": rows, "window_s": window, "capacity_rows_s": capacity,
+            "requests": rows if requests is None else requests}
+
+
+def test_rows_are_bounded_by_requests_and_a_short_window_is_stretched() -> None:
+    s = Seen.of("e", "edge", 1.0, report(1e9, requests=2), interval_s=10)
+    assert s.rows_per_s == pytest.approx(2 * budgets.MAX_REQUEST_ROWS / 10)
+    s = Seen.of("e", "edge", 1.0, report(50, window=0.1), interval_s=10)
+    assert s.rows_per_s == pytest.approx(50)  # 50 rows over 0.1 s count as over 1 s
+    s = Seen.of("e", "edge", 1.0, report(50, window=0.1), interval_s=0.5)
+    assert s.rows_per_s == pytest.approx(100)  # the report interval, when it is shorter
+
+
+def test_figures_start_small_and_grow_at_most_twofold_per_interval() -> None:
+    first = Seen.of("c", "center", 0.0, report(0, capacity=1e9), interval_s=10)
+    assert first.capacity_rows_s == budgets.START_ROWS_S
+    spam = Seen.of("c", "center", 0.01, report(0, capacity=1e9), first, interval_s=10)
+    assert spam.capacity_rows_s == pytest.approx(budgets.START_ROWS_S, rel=1e-3)  # no gain
+    later = Seen.of("c", "center", 10.0, report(0, capacity=1e9), first, interval_s=10)
+    assert later.capacity_rows_s == pytest.approx(2 * budgets.START_ROWS_S)
+    drop = Seen.of("c", "center", 10.1, report(0, capacity=5), later, interval_s=10)
+    assert drop.capacity_rows_s == 5  # falling figures count at once
+    honest = Seen.of("c", "center", 20.0, report(0, capacity=40), drop, interval_s=10)
+    assert honest.capacity_rows_s == 40
+
+
+def test_the_operator_ceiling_bounds_capacity_and_no_edge_outweighs_the_others() -> None:
+    nodes = [seen("c", "center", capacity=1e6), seen("e1", "edge", 10), seen("e2", "edge", 10),
+             seen("liar", "edge", 1e9)]
+    out = split(Policy(max_capacity_rows_s=100), nodes, now=100, stale_s=30)
+    assert sum(b.rows_per_s for b in out.values()) == pytest.approx(100)
+    assert out["liar"].share < budgets.MAX_SKEW / (budgets.MAX_SKEW + 2) + 0.01
+    assert out["e1"].rows_per_s > 9  # was ~0 with the liar's figure taken as said

@@ -1,8 +1,8 @@
-"""Refused calls tallied per peer host, for the aggregate audit records."""
+"""Refused calls tallied per peer host, for the one aggregate audit record per interval."""
 
 from __future__ import annotations
 
-from sync.limits import OTHERS, Refusals, peer_host
+from sync.limits import OTHERS, TOP, Refusals, peer_host
 
 FETCH, SYNC = "/tiered.sync.v1.Sync/Fetch", "/tiered.sync.v1.Sync/Sync"
 
@@ -15,7 +15,7 @@ def test_the_ephemeral_port_is_stripped() -> None:
     assert len(peer_host("x" * 1000)) == 128
 
 
-def test_one_row_per_host_with_count_methods_and_times() -> None:
+def test_one_record_per_interval_with_each_host_count_methods_and_times() -> None:
     refusals = Refusals(limit=1000, interval_s=60)
     said = [refusals.note(FETCH, f"ipv4:10.0.0.5:{port}") for port in range(40000, 40300)]
     said.append(refusals.note(SYNC, "ipv4:10.0.0.5:1"))
@@ -24,11 +24,14 @@ def test_one_row_per_host_with_count_methods_and_times() -> None:
                                       f"wrong token", f"refused {FETCH} from ipv4:10.0.0.6:1: "
                                       f"missing or wrong token"]
     assert refusals.pending == 302
-    rows = {r["peer"]: r for r in refusals.drain()}
-    assert set(rows) == {"10.0.0.5", "10.0.0.6"}
-    five = rows["10.0.0.5"]
-    assert five["count"] == 301 and five["methods"] == {FETCH: 300, SYNC: 1}
-    assert five["first"] <= five["last"] and five["over_limit"] == 0
+    (row,) = refusals.drain()
+    assert row["count"] == 302 and row["hosts"] == 2 and not row["hosts_estimated"]
+    assert row["methods"] == {FETCH: 301, SYNC: 1} and row["others"] == 0
+    assert row["first"] <= row["last"] and row["over_limit"] == 0 and row["interval_s"] == 60
+    five, six = row["top"]  # by count
+    assert five == {"peer": "10.0.0.5", "count": 301, "methods": {FETCH: 300, SYNC: 1},
+                    "over_limit": 0}
+    assert six["peer"] == "10.0.0.6" and six["count"] == 1
     assert refusals.drain() == [] and refusals.pending == 0  # a new interval
 
 
@@ -38,13 +41,30 @@ def test_past_the_limit_a_refusal_is_only_counted() -> None:
     assert sum(s is not None for s in said) == 2 and "passed 10 refused calls" in str(said[10])
     (row,) = refusals.drain()
     assert row["count"] == 2000 and row["over_limit"] == 1990
-    assert row["methods"] == {FETCH: 10}  # the cheap path does not even count methods
+    assert row["top"][0]["methods"] == {FETCH: 10}  # the cheap path does not count methods
 
 
-def test_many_hosts_share_one_row_past_max_peers() -> None:
+def test_refusals_from_1500_loopback_addresses_make_one_record() -> None:
+    """The attack: 1,500 source addresses (127.x.y.z) used to write 1,500 fsynced records."""
+    refusals = Refusals(limit=100, interval_s=60)
+    hosts = [f"127.{i // 250}.{i % 250}.{1 + i % 7}" for i in range(1500)]
+    for n, host in enumerate(hosts):
+        for _ in range(1 + (n == 7) * 50):  # one host much busier than the rest
+            refusals.note(FETCH, f"ipv4:{host}:40000")
+    (row,) = refusals.drain()
+    assert row["hosts"] == 1500 and not row["hosts_estimated"]
+    assert row["count"] == 1550 and len(row["top"]) == TOP == 20
+    assert row["top"][0] == {"peer": hosts[7], "count": 51, "methods": {FETCH: 51},
+                             "over_limit": 0}
+    assert row["others"] == 1550 - sum(t["count"] for t in row["top"]) == 1480
+
+
+def test_past_max_peers_hosts_share_one_tally_and_are_estimated() -> None:
     refusals = Refusals(limit=10, interval_s=60, max_peers=100)
     for i in range(5000):
         refusals.note(FETCH, f"ipv4:10.{i // 256}.{i % 256}.1:5")
-    rows = refusals.drain()
-    assert len(rows) == 101
-    assert [r["count"] for r in rows if r["peer"] == OTHERS] == [4900]
+    assert len(refusals._tallies) == 101  # memory: max_peers tallies and the shared one
+    (row,) = refusals.drain()
+    assert row["count"] == 5000 and row["hosts_estimated"]
+    assert 4500 < row["hosts"] < 5500  # linear counting over 64 Ki bits
+    assert row["top"][0]["peer"] == OTHERS and row["top"][0]["count"] == 4900
