@@ -241,6 +241,7 @@ class Sites(Stack):
               *flags: str) -> Child:
         if self.release_key is None:
             self.release_key = registry_public_key(self.registry_home)
+        self.node_regions[name] = host.site
         argv = tier_argv(tier, port, self.root / "stores" / name, name, "--host", host.address,
                          "--sync-backoff-max-s", "2", *self.tier_flags, *flags,
                          release_key=self.release_key, region=host.site, grpc_port=grpc)

@@ -85,6 +85,7 @@ class Stack:
     tracing: dict[str, str] = field(default_factory=dict)  # OTEL_* variables for the tiers
     echo: Echo | None = None
     children: dict[str, Child] = field(default_factory=dict)
+    node_regions: dict[str, str] = field(default_factory=dict)  # node -> its token's region
     notes: dict[str, dict[str, str]] = field(default_factory=dict)  # e.g. the full release
     # trained behind the quick one: shown by ``tiered status`` (stack.json)
     cancelled: threading.Event = field(default_factory=threading.Event)  # Ctrl-C while starting
@@ -116,7 +117,8 @@ class Stack:
         if role == "registry":
             env = registry_env(env, self.token, self.tls)
         elif role in ("center", "edge"):
-            env = tier_env(env, role, name, self.token, self.tls / "ca.pem") | self.tracing
+            env = tier_env(env, role, name, self.token, self.tls / "ca.pem",
+                           region=self.node_regions.get(name, "local")) | self.tracing
         elif role == JOB:
             env |= {"HOME": str(self.root)}
         consul = self.consul_token or self.consul_tokens.get(CHILD_CONSUL_ROLE.get(role, ""))
@@ -203,6 +205,7 @@ class Stack:
 
     def _tier(self, tier: str, name: str, region: str) -> Child:
         port = free_port()
+        self.node_regions[name] = region
         if self.release_key is None:
             self.release_key = registry_public_key(self.registry_home)
         argv = tier_argv(tier, port, self.root / "stores" / name, name, "--sync-backoff-max-s",

@@ -26,6 +26,7 @@ from harness.processes import BIN, free_port
 from serving.config.tokens import node_token
 from tests.conftest import RegistryCli
 from tests.servers import log_lines
+from tiered.commands import region_of
 from tiered.stack import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -123,8 +124,9 @@ def _registry_id(stack: Stack) -> str:
 def test_no_secret_is_on_any_command_line(stack: Stack) -> None:
     """``ps`` shows every argv: the registry's secret and the nodes' tokens are in their
     environments only, and each node holds its own token, not the registry's secret."""
-    tokens = {name: node_token(stack.token, name) for name, child in stack.children.items()
-              if child.role in ("center", "edge")}
+    tokens = {name: node_token(stack.token, name, child.role, region_of(child.argv, {},
+                                                                        child.role))
+              for name, child in stack.children.items() if child.role in ("center", "edge")}
     for name, child in stack.children.items():
         argv = Path(f"/proc/{child.pid}/cmdline").read_bytes()
         assert stack.token.encode() not in argv, name
