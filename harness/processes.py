@@ -16,7 +16,7 @@ from typing import TypeVar
 import grpc
 import httpx
 
-from tiered.commands import BIN, registry_argv, registry_env, tier_argv, tier_env
+from tiered.commands import BIN, region_of, registry_argv, registry_env, tier_argv, tier_env
 from tiered.processes import Process, free_port
 
 __all__ = ["BIN", "Process", "RegistryProcess", "TierProcess", "free_port", "start_registry",
@@ -115,7 +115,9 @@ def start_tier(tier: str, store: Path, log_dir: Path, *flags: str, timeout: floa
     node_id = node_id or f"{tier}-{port}"
     log = log_dir / f"{tier}-{port}.log"
     if registry_secret is not None:
-        env = tier_env(env if env is not None else os.environ, tier, node_id, registry_secret)
+        base = env if env is not None else os.environ
+        env = tier_env(base, tier, node_id, registry_secret,
+                       region=region_of(flags, base, tier))
     with log.open("wb") as out:
         process = subprocess.Popen(tier_argv(tier, port, store, node_id, *flags), stdout=out,
                                    stderr=subprocess.STDOUT, env=env)

@@ -24,7 +24,7 @@ from registry.nodes import NodeBook
 from registry.pull import pull
 from registry.settings import RegistrySettings
 from serving.config.flags import options as settings_options
-from serving.config.tokens import NODE_ID, TokenError, node_token, write_secret
+from serving.config.tokens import NODE_ID, TokenError, node_token, parse, write_secret
 from serving.release.store import ModelStore, StoreError
 
 out = Console(highlight=False)
@@ -368,25 +368,80 @@ def cascade_cmd(ctx: Context, name: str, mode: str | None, capacity: float | Non
 
 @cli.group("node")
 def node_group() -> None:
-    """Node identities: each edge and center has its own registry token."""
+    """Node identities: each edge and center has its own token (and, provisioned, its own
+    certificate); the registry believes a node's tier and region only as issued here."""
+
+
+tier_option = click.option("--tier", type=click.Choice(["edge", "center"]), required=True,
+                           help="The node's tier: the registry takes it from the token, never "
+                                "from the node's hello.")
+region_option = click.option("--region", required=True,
+                             help="The node's region tag (as its --region): lower-case "
+                                  "letters, digits and '-'. A hello naming another is refused.")
+
+
+@node_group.command("provision")
+@click.argument("node_id")
+@tier_option
+@region_option
+@click.option("--out", "path", type=click.Path(path_type=Path), default=None,
+              help="The bundle file to write (mode 0600; it holds the node's private key). "
+                   "Required: a private key is never printed.")
+@click.option("--ca", "ca_dir", type=click.Path(path_type=Path), default=None,
+              help="Fleet CA folder (default REGISTRY_CA_DIR, else <home>/tls; made on first "
+                   "use).")
+@click.option("--host", "hosts", multiple=True,
+              help="Another name or address the node is reached at, put in its certificate "
+                   "(repeat).")
+@json_flag
+@pass_ctx
+def node_provision_cmd(ctx: Context, node_id: str, tier: str, region: str, path: Path | None,
+                       ca_dir: Path | None, hosts: tuple[str, ...], as_json: bool) -> None:
+    """Make NODE_ID's bundle (audited): its token at the current generation (naming its tier
+    and region), a fresh key and certificate from the fleet CA, the CA, and the audit chain's
+    head as its directive floor. Copy the file to the node and start it with it."""
+    from registry.provision import ProvisionError, check, provision
+
+    if path is None:
+        raise click.UsageError("the bundle holds the node's private key, which is never "
+                               "printed: give --out FILE (written mode 0600). `registry node "
+                               "token` prints a token alone")
+    try:
+        check(ctx.settings, node_id, tier, region)
+    except ProvisionError as exc:
+        raise click.UsageError(str(exc)) from exc
+    ctx.catalog  # noqa: B018 - creates and migrates the database (and sweeps) first
+    made = provision(ctx.settings, node_id, tier, region, hosts, ca_dir, path)
+    data = {"node": node_id, "tier": tier, "region": region, "bundle": str(path),
+            "generation": parse(made.token).generation,
+            "directive_floor": made.directive_floor}
+    emit(as_json, data, lambda: out.print(
+        f"wrote {escape(node_id)}'s bundle ({tier}, region {escape(region)}, token generation "
+        f"{data['generation']}, directive floor {made.directive_floor}) to {escape(str(path))}: "
+        f"copy it to the node (it holds the node's private key)"))
 
 
 @node_group.command("token")
 @click.argument("node_id")
+@tier_option
+@region_option
 @click.option("--out", "path", type=click.Path(path_type=Path), default=None,
               help="Write the token to this file (mode 0600) instead of printing it.")
 @pass_ctx
-def node_token_cmd(ctx: Context, node_id: str, path: Path | None) -> None:
-    """The registry token of NODE_ID (give it to that node as REGISTRY_TOKEN or in its
-    *_REGISTRY_TOKEN_FILE): derived from REGISTRY_TOKEN and the node's current generation, so
-    the registry stores no per-node secret. It proves NODE_ID and no other node."""
+def node_token_cmd(ctx: Context, node_id: str, tier: str, region: str,
+                   path: Path | None) -> None:
+    """The registry token of NODE_ID alone (for a node without its own certificate; `node
+    provision` makes the whole bundle): derived from REGISTRY_TOKEN, the node's current
+    generation, tier and region, so the registry stores no per-node secret. It proves NODE_ID,
+    as that tier in that region, and no other node."""
     settings = ctx.settings
     if settings.token is None:
         raise click.UsageError("node tokens are derived from the registry's secret: set "
                                "REGISTRY_TOKEN (or REGISTRY_TOKEN_FILE)")
     generation = NodeBook(ctx.catalog.db).generations().get(node_id, 1)
     try:
-        token = node_token(settings.token.get_secret_value(), node_id, generation)
+        token = node_token(settings.token.get_secret_value(), node_id, tier, region,
+                           generation)
     except TokenError as exc:
         raise click.UsageError(str(exc)) from exc
     if path is None:
@@ -401,13 +456,13 @@ def node_token_cmd(ctx: Context, node_id: str, path: Path | None) -> None:
 @pass_ctx
 def node_revoke_cmd(ctx: Context, node_id: str) -> None:
     """Void NODE_ID's token (audited): ``registry serve`` closes its stream and refuses the old
-    token; ``registry node token NODE_ID`` then prints the new one."""
+    token; ``registry node provision NODE_ID`` then issues the new generation."""
     if not NODE_ID.fullmatch(node_id):
         raise click.UsageError(f"invalid node id {node_id[:64]!r}")
     catalog = ctx.catalog
     generation = NodeBook(catalog.db, catalog.anchor).revoke(node_id, ctx.settings.actor)
     out.print(f"revoked {escape(node_id)}'s token; its new one is generation {generation} "
-              f"(`registry node token {escape(node_id)}`)")
+              f"(`registry node provision {escape(node_id)} --tier T --region R --out FILE`)")
 
 
 @cli.command("tls")

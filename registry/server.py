@@ -101,10 +101,17 @@ class Session:
     sent: dict[str, int] = field(default_factory=dict)  # model -> version pushed or held
     budgets: dict[str, Budget] = field(default_factory=dict)  # model -> last budget pushed
     seqs: dict[str, int] = field(default_factory=dict)  # model -> seq of the last directive
+    pushed: asyncio.Event = field(default_factory=asyncio.Event)  # set after the first push
     error: str | None = None  # a protocol violation: the stream ends INVALID_ARGUMENT
 
     def close(self) -> None:
         self.outbox.put_nowait(None)
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """Something a node said, fit for a log line or an error: control characters escaped,
+    at most ``limit`` characters of it."""
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
 
 
 class SyncService(pb_grpc.SyncServicer):
@@ -115,7 +122,7 @@ class SyncService(pb_grpc.SyncServicer):
         self.settings, self.db, self.metrics = settings, db, metrics
         self.sessions: dict[str, Session] = {}
         self.intake = Intake(settings, db, metrics, self.sessions)
-        self.artifacts = Artifacts(settings, db, metrics)
+        self.artifacts = Artifacts(settings, db, metrics, self.sessions)
 
     async def Sync(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         first = await context.read()
@@ -131,6 +138,7 @@ class SyncService(pb_grpc.SyncServicer):
                 registry=self.settings.actor,
                 report_interval_s=self.settings.report_interval_s)))
             await self.push(session)
+            session.pushed.set()  # Fetch serves what ``sent`` holds from now on
             while (message := await session.outbox.get()) is not None:
                 await context.write(message)
             if session.error is not None:
@@ -142,23 +150,33 @@ class SyncService(pb_grpc.SyncServicer):
             await self._close(session)
 
     async def _open(self, hello: pb.Hello, context: grpc.aio.ServicerContext) -> Session:
+        """The node's session: its id, tier and region are its token's (the registry issued
+        them); a hello that says otherwise is refused, never believed."""
         if not NODE_ID.fullmatch(hello.node_id):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid node id "
-                                f"{hello.node_id[:64]!r}")
+                                f"{_shown(hello.node_id)}")
         token = auth.proven(context)
         proven = token.node_id if token else ""
-        if hello.node_id != proven:
+        if token is None or hello.node_id != proven:
             log.warning("refused a hello as %s from %s: its token is node %s's",
-                        hello.node_id[:64], context.peer(), proven)
+                        _shown(hello.node_id), context.peer(), proven)
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"this token is node "
-                                f"{proven!r}'s; it cannot say hello as {hello.node_id[:64]!r}")
-        if hello.tier not in ("edge", "center"):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "tier must be edge or center")
+                                f"{proven!r}'s; it cannot say hello as {_shown(hello.node_id)}")
+        assert token is not None
+        for what, said, issued in (("tier", hello.tier, token.tier),
+                                   ("region", hello.region, token.region)):
+            if said != issued:
+                log.warning("refused a hello from node %s at %s: it says %s %s, its token was "
+                            "issued for %s %s", proven, context.peer(), what, _shown(said),
+                            what, issued)
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"node {proven!r}'s "
+                                    f"token was issued for {what} {issued!r}; its hello says "
+                                    f"{_shown(said)} (re-provision it with `registry node "
+                                    f"provision` to change its {what})")
         held = [Held(h.model, sorted(h.versions), h.active or None) for h in hello.held
                 if is_valid_name(h.model)]
-        session = Session(Node(hello.node_id, hello.tier, hello.region[:64] or "local"),
-                          context.peer(), {h.model: h.active for h in held if h.active},
-                          token.generation if token else 0)
+        session = Session(Node(token.node_id, token.tier, token.region), context.peer(),
+                          {h.model: h.active for h in held if h.active}, token.generation)
         superseded = self.sessions.get(session.node.node_id)
         if superseded is not None:  # a reconnect before the old stream timed out, or a clash
             log.warning("node %s connected again from %s; closing its stream from %s (two "

@@ -54,6 +54,11 @@ class RegistrySettings(ConsulSettings):
     tls_key: Path | None = None
     """PEM private key matching ``tls_cert``."""
 
+    ca_dir: Path | None = None
+    """Folder of the fleet CA (``ca.pem``/``ca.key``) that ``registry node provision`` signs
+    node certificates with; unset = ``<home>/tls``, made on first use (as ``registry tls``
+    does)."""
+
     advertise: str | None = None
     """Address registered in Consul (default: host, or the host name on 0.0.0.0)."""
 
@@ -116,6 +121,10 @@ class RegistrySettings(ConsulSettings):
     @property
     def blobs(self) -> Path:
         return self.home / "blobs"
+
+    @property
+    def ca_folder(self) -> Path:
+        return self.ca_dir or self.home / "tls"
 
     @property
     def signing_key_path(self) -> Path:

@@ -4,7 +4,6 @@ as ``registry node provision`` makes them on a registry host."""
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 from registry import pki
@@ -13,12 +12,8 @@ from serving.config.tokens import node_token
 
 
 def token(secret: str, node_id: str, tier: str, region: str) -> str:
-    """The node's registry token. ADAPTER (for the merge with reg-identity): its
-    ``node_token(secret, node_id, tier, region)`` binds tier and region; the older
-    ``node_token(secret, node_id)`` does not take them."""
-    if "tier" in inspect.signature(node_token).parameters:
-        return node_token(secret, node_id, tier, region)  # type: ignore[arg-type,call-arg,unused-ignore]
-    return node_token(secret, node_id)
+    """The node's registry token (its tier and region under the registry's MAC)."""
+    return node_token(secret, node_id, tier, region)
 
 
 def make(tls: Path, secret: str, node_id: str, tier: str, region: str,

@@ -7,7 +7,7 @@ here, so a role starts the same way whoever starts it. Secrets go in the environ
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from serving.config.tokens import node_token
@@ -52,14 +52,26 @@ def tier_argv(tier: str, port: int, store: Path, node_id: str, *flags: str,
     return [*argv, *flags]
 
 
+def region_of(argv: Sequence[str], env: Mapping[str, str], tier: str) -> str:
+    """The region a tier started with ``argv`` and ``env`` runs in: its last ``--region``,
+    else ``<TIER>_REGION``, else ``local`` (the settings' default)."""
+    region = env.get(f"{tier.upper()}_REGION", "local")
+    for i, arg in enumerate(argv):
+        if arg == "--region" and i + 1 < len(argv):
+            region = argv[i + 1]
+        elif arg.startswith("--region="):
+            region = arg.partition("=")[2]
+    return region
+
+
 def tier_env(base: Mapping[str, str], tier: str, node_id: str, secret: str | None,
-             ca: Path | None = None) -> dict[str, str]:
+             ca: Path | None = None, region: str = "local") -> dict[str, str]:
     """``base`` plus, with the registry's ``secret``, the node's own token (derived for
-    ``node_id``: it proves that node and no other) and, with ``ca``, the CA its registry
-    must prove itself with (``<TIER>_REGISTRY_CA``)."""
+    ``node_id``, ``tier`` and ``region``: it proves that node and no other) and, with ``ca``,
+    the CA its registry must prove itself with (``<TIER>_REGISTRY_CA``)."""
     env = dict(base)
     if secret is not None:
-        env["REGISTRY_TOKEN"] = node_token(secret, node_id)
+        env["REGISTRY_TOKEN"] = node_token(secret, node_id, tier, region)
     if ca is not None:
         env[f"{tier.upper()}_REGISTRY_CA"] = str(ca)
     return env

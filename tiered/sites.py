@@ -244,6 +244,7 @@ class Sites(Stack):
               *flags: str) -> Child:
         if self.release_key is None:
             self.release_key = registry_public_key(self.registry_home)
+        self.node_regions[name] = host.site
         if self.provision:
             self.provision_node(name, tier, host.site, (host.address, "127.0.0.1"))
         argv = tier_argv(tier, port, self.root / "stores" / name, name, "--host", host.address,

@@ -95,6 +95,7 @@ class Stack:
     # certificate, the CA: centers serve HTTPS); False: a token and the CA as before, plain HTTP
     echo: Echo | None = None
     children: dict[str, Child] = field(default_factory=dict)
+    node_regions: dict[str, str] = field(default_factory=dict)  # node -> its token's region
     notes: dict[str, dict[str, str]] = field(default_factory=dict)  # e.g. the full release
     # trained behind the quick one: shown by ``tiered status`` (stack.json)
     cancelled: threading.Event = field(default_factory=threading.Event)  # Ctrl-C while starting
@@ -158,7 +159,8 @@ class Stack:
             if not self.tls_serving(role):
                 env[f"{role.upper()}_SERVE_TLS"] = "false"
         elif role in ("center", "edge"):
-            env = tier_env(env, role, name, self.token, self.tls / "ca.pem") | self.tracing
+            env = tier_env(env, role, name, self.token, self.tls / "ca.pem",
+                           region=self.node_regions.get(name, "local")) | self.tracing
         elif role == JOB:
             env |= {"HOME": str(self.root)}
         consul = self.consul_token or self.consul_tokens.get(CHILD_CONSUL_ROLE.get(role, ""))
@@ -245,6 +247,7 @@ class Stack:
 
     def _tier(self, tier: str, name: str, region: str) -> Child:
         port = free_port()
+        self.node_regions[name] = region
         if self.provision:
             self.provision_node(name, tier, region)
         if self.release_key is None:

@@ -54,6 +54,7 @@ from sync.gen import sync_pb2_grpc as pb_grpc
 
 RELEASE = ROOT / "var" / "demo" / "release"
 TOKEN = "bench-sync-token-0123456789"
+SIM_REGION = "bench"  # the region in each simulated node's token and hello
 SYNC_FLAGS = ("--sync-backoff-max-s", "1")
 EDGE_FLAGS = ("--cache-size", "0")
 NODES = ("center", "edge")
@@ -454,7 +455,8 @@ def make_sim(index: int, root: Path, target: str) -> Sim:
     channel = auth.channel(target, None, SIM_OPTIONS)
     metrics = CollectorRegistry()
     stub = pb_grpc.SyncStub(channel)
-    downloader = Downloader(lambda: stub, auth.metadata(node_token(TOKEN, f"sim-{index}")), store,
+    token = node_token(TOKEN, f"sim-{index}", "edge", SIM_REGION)
+    downloader = Downloader(lambda: stub, auth.metadata(token), store,
                             DownloadMetrics("sim", metrics))
     return Sim(index, store, metrics, channel, downloader)
 
@@ -462,10 +464,10 @@ def make_sim(index: int, root: Path, target: str) -> Sim:
 async def subscribe(sim: Sim) -> None:
     """Hello, Welcome, then for every Release: download the edge artifacts, ack ACTIVE."""
     call = pb_grpc.SyncStub(sim.channel).Sync(
-        metadata=auth.metadata(node_token(TOKEN, sim.node_id)))
+        metadata=auth.metadata(node_token(TOKEN, sim.node_id, "edge", SIM_REGION)))
     try:
         await call.write(pb.NodeMessage(hello=pb.Hello(node_id=sim.node_id, tier="edge",
-                                                       region="bench")))
+                                                       region=SIM_REGION)))
         if await call.read() is grpc.aio.EOF:
             raise RuntimeError("the registry closed the stream before its welcome")
         while (message := await call.read()) is not grpc.aio.EOF:

@@ -13,9 +13,8 @@ from pydantic import AfterValidator, AliasChoices, Field, SecretStr, model_valid
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from serving.config import bundle as bundles
+from serving.config.tokens import REGION as REGION  # a region tag; tokens carry it
 from serving.config.tokens import check_node_token, check_secret, read_secret, write_secret
-
-REGION = r"[a-z0-9][a-z0-9-]{0,31}"  # a region tag: what discovery accepts from Consul too
 
 
 def _long_enough(secret: SecretStr) -> SecretStr:
@@ -103,8 +102,9 @@ class ServingSettings(ConsulSettings):
 
     registry_token: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("registry_token", "REGISTRY_TOKEN"))
-    """This node's own token for the registry (``registry node token NODE_ID`` prints it; it
-    proves this node id and no other), from the environment only."""
+    """This node's own token for the registry (``registry node provision`` puts it in the
+    node's bundle, ``registry node token`` prints it; it proves this node id, tier and region
+    and no other), from the environment only."""
 
     registry_token_file: Path | None = None
     """File holding this node's registry token instead of ``REGISTRY_TOKEN``."""
@@ -241,7 +241,8 @@ class ServingSettings(ConsulSettings):
             object.__setattr__(self, "registry_token", SecretStr(
                 read_secret(self.registry_token_file, "registry_token_file")))
         if self.registry_token is not None:
-            check_node_token(self.registry_token.get_secret_value(), self.node_id)
+            check_node_token(self.registry_token.get_secret_value(), self.node_id,
+                             region=self.region)
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("HTTPS needs both tls_cert and tls_key")
         if self.workers > 1 and self.port == 0:

@@ -41,6 +41,14 @@ CONSUL_TOKEN_OF = {"registry": "CONSUL_REGISTRY_TOKEN", "center": "CONSUL_CENTER
 NODE_TOKENS = {"center": ("center-eu-1", "TIERED_CENTER_EU_1_TOKEN"),
                "edge-eu": ("edge-eu-1", "TIERED_EDGE_EU_1_TOKEN"),
                "edge-us": ("edge-us-1", "TIERED_EDGE_US_1_TOKEN")}
+IDENTITY = {"center-eu-1": ("center", "eu"), "edge-eu-1": ("edge", "eu"),
+            "edge-us-1": ("edge", "us")}  # node -> the tier and region its token names
+
+
+def token_of(secret: str, node: str) -> str:
+    return node_token(secret, node, *IDENTITY[node])
+
+
 TIERS = {"registry": "REGISTRY", "center": "CENTER", "edge-eu": "EDGE", "edge-us": "EDGE"}
 STORES = {"registry": "REGISTRY_HOME", "center": "CENTER_STORE", "edge-eu": "EDGE_STORE",
           "edge-us": "EDGE_STORE"}
@@ -74,7 +82,7 @@ def compose(tmp_path_factory: pytest.TempPathFactory) -> Any:
             env |= {k: v for k, v in CONSUL_SECRETS.items() if k not in unset}
             if token is not None:
                 env["REGISTRY_TOKEN"] = token
-            env |= {var: node_token(TOKEN, node) for node, var in NODE_TOKENS.values()
+            env |= {var: token_of(TOKEN, node) for node, var in NODE_TOKENS.values()
                     if var not in unset}
         files = [arg for file in (COMPOSE_FILE, *overrides) for arg in ("-f", str(file))]
         return subprocess.run([str(binary), *files, "--env-file",
@@ -240,7 +248,7 @@ def test_tracing_is_off_unless_an_otlp_endpoint_is_given(compose: Any, tmp_path:
     env_file.write_text("".join(f"{k}={v}\n" for k, v in {
         **CONSUL_SECRETS, "REGISTRY_TOKEN": TOKEN,
         "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317",
-        **{var: node_token(TOKEN, node) for node, var in NODE_TOKENS.values()}}.items()))
+        **{var: token_of(TOKEN, node) for node, var in NODE_TOKENS.values()}}.items()))
     assert endpoints(env_file) == {"http://collector:4317"}
 
 
@@ -250,8 +258,10 @@ def test_registry_token_is_never_hard_coded(compose: Any, services: dict[str, An
     assert holders == set(TIERS)
     assert services["registry"]["environment"]["REGISTRY_TOKEN"] == TOKEN
     for name, (node, _) in NODE_TOKENS.items():
-        assert services[name]["environment"]["REGISTRY_TOKEN"] == node_token(TOKEN, node)
+        assert services[name]["environment"]["REGISTRY_TOKEN"] == token_of(TOKEN, node)
         assert services[name]["environment"][f"{TIERS[name]}_NODE_ID"] == node
+        # the registry refuses a hello whose region is not its token's
+        assert services[name]["environment"][f"{TIERS[name]}_REGION"] == IDENTITY[node][1]
     raw = compose("config", "--no-interpolate", "--format", "json")
     assert raw.returncode == 0, raw.stderr
     for name in holders:
@@ -472,7 +482,7 @@ def test_compose_env_writes_every_secret_privately(compose: Any, tmp_path: Path)
     assert set(values) == {"REGISTRY_TOKEN", *CONSUL_SECRETS,
                            *(var for _, var in NODE_TOKENS.values())}
     for node, var in NODE_TOKENS.values():  # each node's, derived from the kept secret
-        assert values[var] == node_token("kept-as-it-was-0123456789", node)
+        assert values[var] == token_of("kept-as-it-was-0123456789", node)
     assert len(base64.b64decode(values["CONSUL_ENCRYPT_KEY"])) == 32
     assert all(uuid.UUID(v) for k, v in values.items() if k.startswith("CONSUL_")
                and k.endswith("_TOKEN"))

@@ -6,6 +6,8 @@ to centers that prove they are centers. Every attack runs against real processes
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import json
 import subprocess
 import time
@@ -17,12 +19,18 @@ from typing import Any, ClassVar
 import grpc
 import httpx
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from harness.processes import BIN, free_port, start_registry, start_tier
 from registry import pki
-from serving.config.tokens import node_token
+from serving.config import bundle as bundles
+from serving.config.tokens import Verifier, node_token, parse
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
+from tests import streams
 from tests.conftest import RegistryCli
 from tests.faults import JsonHandler, http_peer
 from tests.integration.test_sync import wait_for
@@ -58,7 +66,11 @@ def test_registry_serve_refuses_an_empty_or_short_secret(tmp_path: Path, secret:
 
 def test_a_node_refuses_a_token_that_is_not_its_own(tmp_path: Path) -> None:
     for token, message in (("", "not a node token"),
-                           (node_token(SECRET, "edge-other"), "edge-other")):
+                           (node_token(SECRET, "edge-other", "edge", "local"), "edge-other"),
+                           (f"edge-me.1.{'ab' * 32}", "made before tiers and regions were in "
+                                                      "tokens: re-provision with `registry node "
+                                                      "provision edge-me"),
+                           (node_token(SECRET, "edge-me", "edge", "us"), "region 'us'")):
         result = subprocess.run([str(BIN / "edge"), "--node-id", "edge-me", "--store",
                                  str(tmp_path), "--registry", "127.0.0.1:9"],
                                 capture_output=True, text=True, timeout=60,
@@ -89,8 +101,9 @@ def test_a_node_reads_its_token_from_a_file(tmp_path: Path, tiny_release: Path) 
     registry = start_registry(cli.home, tmp_path, SECRET)
     token_file = tmp_path / "edge.token"
     env = {**cli.env(), "REGISTRY_TOKEN": SECRET}
-    subprocess.run([str(BIN / "registry"), "node", "token", "edge-file", "--out",
-                    str(token_file)], check=True, env=env, capture_output=True, timeout=60)
+    subprocess.run([str(BIN / "registry"), "node", "token", "edge-file", "--tier", "edge",
+                    "--region", "local", "--out", str(token_file)], check=True, env=env,
+                   capture_output=True, timeout=60)
     assert token_file.stat().st_mode & 0o777 == 0o600
     try:
         edge = start_tier("edge", tmp_path / "edge", tmp_path, "--registry", registry.target,
@@ -126,7 +139,7 @@ def test_a_node_cannot_connect_ack_or_report_as_another(tmp_path: Path,
             hello = pb.NodeMessage(hello=pb.Hello(node_id=victim, tier="center", region="us"))
             forged = [hello, pb.NodeMessage(report=pb.QualityReport(
                 model="tiny", version=1, requests=10**9))]
-            for credential, code in ((node_token(SECRET, "mallory"),
+            for credential, code in ((node_token(SECRET, "mallory", "edge", "eu"),
                                       grpc.StatusCode.PERMISSION_DENIED),
                                      (SECRET, grpc.StatusCode.UNAUTHENTICATED)):
                 with pytest.raises(grpc.RpcError) as refused:
@@ -336,8 +349,13 @@ def test_one_node_cannot_hold_more_than_its_share_of_fetches(tmp_path: Path,
 
             def fetch(node: str) -> Any:
                 return stub.Fetch(pb.FetchRequest(sha256=sha), timeout=30, metadata=[
-                    ("authorization", f"Bearer {node_token(SECRET, node)}")])
+                    ("authorization", f"Bearer {node_token(SECRET, node, 'center', 'local')}")])
 
+            subscribed = contextlib.ExitStack()  # Fetch serves only what a stream was pushed
+            for node in ("greedy", "polite"):
+                sub = subscribed.enter_context(streams.stream(registry.target, SECRET, node,
+                                                              "center"))
+                assert sub.next().WhichOneof("kind") == "welcome"
             held = [fetch("greedy"), fetch("greedy")]
             for stream in held:
                 assert next(stream).offset == 0  # both in flight
@@ -348,6 +366,7 @@ def test_one_node_cannot_hold_more_than_its_share_of_fetches(tmp_path: Path,
             held[0].cancel()
             wait_for(lambda: _starts(fetch("greedy")), 10, "a slot freed by the cancel")
             held[1].cancel()
+            subscribed.close()
     finally:
         registry.stop()
 
@@ -359,3 +378,186 @@ def _starts(stream: Any) -> bool:
         return False
     finally:
         stream.cancel()
+
+
+# -- the registry believes only what it issued: a node's tier and region are its token's ------
+
+
+@pytest.fixture
+def served(tmp_path: Path, tiny_release: Path) -> Iterator[tuple[RegistryCli, Any]]:
+    """A registry with tiny@1 in production, serving."""
+    cli = RegistryCli(tmp_path / "registry")
+    cli("publish", tiny_release, "--name", "tiny")
+    registry = start_registry(cli.home, tmp_path, SECRET)
+    try:
+        yield cli, registry
+    finally:
+        registry.stop()
+
+
+def refusal(stream: streams.Stream) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as refused:
+        stream.next()
+    return refused.value
+
+
+def test_a_hello_claiming_another_tier_is_refused(served: tuple[RegistryCli, Any]) -> None:
+    """An attacker owning one edge box says hello as a center (to report a center's capacity
+    and steer the fleet's budgets): the registry takes the tier from the token it issued."""
+    cli, registry = served
+    held = [pb.Held(model="tiny", versions=[1], active=1)]  # so `registry status` lists it
+    claim = pb.Hello(node_id="edge-owned", tier="center", region="eu", held=held)
+    with streams.stream(registry.target, SECRET, "edge-owned", "edge", "eu", hello=claim) as s:
+        refused = refusal(s)
+    assert refused.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "'edge'" in refused.details() and "'center'" in refused.details()
+    assert "edge-owned" not in status(cli)  # never recorded, as a center or at all
+    assert "it says tier 'center'" in registry.log.read_text()
+    honest_hello = pb.Hello(node_id="edge-owned", tier="edge", region="eu", held=held)
+    with streams.stream(registry.target, SECRET, "edge-owned", "edge", "eu",
+                        hello=honest_hello) as honest:
+        assert honest.next().WhichOneof("kind") == "welcome"
+        wait_for(lambda: "edge-owned" in status(cli), 10, "the honest hello recorded")
+        assert (status(cli)["edge-owned"]["tier"], status(cli)["edge-owned"]["region"]) == \
+            ("edge", "eu")
+
+
+def test_a_hello_claiming_another_region_is_refused(served: tuple[RegistryCli, Any]) -> None:
+    cli, registry = served
+    for said in ("us", "eu\x1b[31m\nforged log line" + "x" * 500):
+        claim = pb.Hello(node_id="edge-eu-9", tier="edge", region=said,
+                         held=[pb.Held(model="tiny", versions=[1], active=1)])
+        with streams.stream(registry.target, SECRET, "edge-eu-9", "edge", "eu",
+                            hello=claim) as s:
+            refused = refusal(s)
+        assert refused.code() == grpc.StatusCode.PERMISSION_DENIED
+        details = refused.details()
+        assert "region 'eu'" in details and "\x1b" not in details and "\n" not in details
+        assert len(details) < 300  # what the node said is cut short
+    assert "edge-eu-9" not in status(cli)
+    log = registry.log.read_text()
+    assert "\x1b" not in log and "\nforged log line" not in log
+
+
+def test_an_edge_cannot_fetch_the_center_artifact(served: tuple[RegistryCli, Any]) -> None:
+    cli, registry = served
+    manifest = cli("show", "tiny@1", "--json").json()["manifest"]
+    center, edge = manifest["center"]["sha256"], manifest["edge"]["sha256"]
+    with streams.stream(registry.target, SECRET, "edge-thief", "edge", "local") as s:
+        assert s.next().WhichOneof("kind") == "welcome"
+        assert s.next().release.version == 1  # pushed to it: its edge artifact is served
+        with pytest.raises(grpc.RpcError) as refused:
+            next(s.fetch(pb.FetchRequest(sha256=center)))  # not one chunk comes
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "center model of tiny version 1" in refused.value.details()
+        data = b"".join(c.data for c in s.fetch(pb.FetchRequest(sha256=edge)))
+        assert len(data) == manifest["edge"]["size"]
+    with streams.stream(registry.target, SECRET, "center-1", "center", "local") as c:
+        assert c.next().WhichOneof("kind") == "welcome"
+        assert next(c.fetch(pb.FetchRequest(sha256=center))).offset == 0  # its own tier's
+
+
+def test_a_release_never_pushed_to_the_node_is_refused(served: tuple[RegistryCli, Any],
+                                                       tiny_release_b: Path) -> None:
+    """A canary for another node (and any Fetch without a Sync stream) streams no byte."""
+    cli, registry = served
+    cli("publish", tiny_release_b, "--name", "tiny", "--canary", "edge-chosen")
+    canary = cli("show", "tiny@2", "--json").json()["manifest"]["edge"]["sha256"]
+    request = pb.FetchRequest(sha256=canary)
+    with streams.stream(registry.target, SECRET, "edge-other", "edge", "local") as s:
+        assert s.next().WhichOneof("kind") == "welcome"
+        assert s.next().release.version == 1  # production, not the canary
+        with pytest.raises(grpc.RpcError) as refused:
+            next(s.fetch(request))
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "no release pushed to node 'edge-other'" in refused.value.details()
+    with streams.stream(registry.target, SECRET, "edge-chosen", "edge", "local") as chosen:
+        assert chosen.next().WhichOneof("kind") == "welcome"
+        assert chosen.next().release.version == 2  # the canary's node gets it
+        assert next(chosen.fetch(request)).offset == 0
+    # no open stream: nothing was pushed, nothing is served
+    token = streams.token(SECRET, "edge-never-connected")
+    with grpc.insecure_channel(registry.target) as channel, \
+            pytest.raises(grpc.RpcError) as refused:
+        next(pb_grpc.SyncStub(channel).Fetch(request, timeout=30, metadata=[
+            ("authorization", f"Bearer {token}")]))
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "no open Sync stream" in refused.value.details()
+
+
+def test_a_token_from_before_tiers_and_regions_is_refused(
+        served: tuple[RegistryCli, Any]) -> None:
+    """Its MAC covers no tier: the registry cannot tell what the node is, so it is refused
+    (and the node itself says why at start-up: test_a_node_refuses_a_token_that_is_not_its_own)."""
+    _, registry = served
+    mac = hmac.new(SECRET.encode(), b"tiered-node:edge-old:1", hashlib.sha256).hexdigest()
+    hello = pb.Hello(node_id="edge-old", tier="edge", region="local")
+    with streams.stream(registry.target, SECRET, "edge-old", hello=hello,
+                        credential=f"edge-old.1.{mac}") as s:
+        assert refusal(s).code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+# -- registry node provision: a node is its certificate ------------------------------------
+
+
+def provision(cli: RegistryCli, *args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / "registry"), "node", "provision", *map(str, args)],
+                          capture_output=True, text=True, timeout=60,
+                          env={**cli.env(), "REGISTRY_TOKEN": SECRET})
+
+
+def test_registry_node_provision_writes_one_bundle_that_proves_the_node(
+        served: tuple[RegistryCli, Any], tmp_path: Path) -> None:
+    cli, registry = served
+    head = cli("audit", "--json").json()[-1]["seq"]
+    cli("node", "revoke", "edge-eu-7")  # generation 2: the bundle carries the current one
+    path = tmp_path / "edge-eu-7.bundle"
+    result = provision(cli, "edge-eu-7", "--tier", "edge", "--region", "eu", "--out", path,
+                       "--host", "10.0.0.7", "--json")
+    assert result.returncode == 0, result.stderr
+    assert path.stat().st_mode & 0o777 == 0o600
+    made = bundles.load(path)
+    assert (made.node_id, made.tier, made.region) == ("edge-eu-7", "edge", "eu")
+    assert made.directive_floor == head + 1  # the chain's head then (the revoke's record)
+    token = parse(made.token)
+    assert (token.node_id, token.generation, token.tier, token.region) == \
+        ("edge-eu-7", 2, "edge", "eu")
+    assert Verifier(SECRET, lambda node: 2).node(made.token) == token
+    cert, ca = (x509.load_pem_x509_certificate(p.encode()) for p in (made.cert, made.ca))
+    cert.verify_directly_issued_by(ca)  # chains to the fleet CA (made in <home>/tls)
+    assert (cli.home / "tls" / "ca.pem").read_text() == made.ca
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "edge-eu-7.edge.tiered.invalid" in names.get_values_for_type(x509.DNSName)
+    subject = {a.oid: a.value for a in cert.subject}
+    assert (subject[NameOID.COMMON_NAME], subject[NameOID.ORGANIZATIONAL_UNIT_NAME],
+            subject[NameOID.LOCALITY_NAME]) == ("edge-eu-7", "edge", "eu")
+    key = serialization.load_pem_private_key(made.key.encode(), None)
+    assert isinstance(key, ec.EllipticCurvePrivateKey)
+    assert key.public_key().public_numbers() == cert.public_key().public_numbers()
+    record = cli("audit", "--json").json()[-1]
+    assert record["action"] == "provision-node" and record["actor"] == "tester@ci"
+    payload = json.loads(record["payload"])
+    assert payload["node"] == "edge-eu-7" and payload["generation"] == 2
+    assert payload["cert_serial"] == f"{cert.serial_number:x}"
+    assert made.key.split("\n")[1] not in record["payload"]  # no secret in the log
+    assert made.token[-64:] not in record["payload"]
+    cli("audit", "--verify")
+    # the token works as issued
+    with streams.stream(registry.target, SECRET, "edge-eu-7", "edge", "eu",
+                        credential=made.token) as s:
+        assert s.next().WhichOneof("kind") == "welcome"
+
+
+@pytest.mark.parametrize(("node_id", "flags", "message"), [
+    ("Edge_1", ("--tier", "edge", "--region", "eu"), "cannot be named in a certificate"),
+    ("edge-1", ("--tier", "edge", "--region", "EU"), "invalid region"),
+    ("edge-1", ("--tier", "edge", "--region", "eu"), "never printed: give --out FILE")])
+def test_registry_node_provision_refuses_what_it_cannot_issue(
+        tmp_path: Path, node_id: str, flags: tuple[str, ...], message: str) -> None:
+    cli = RegistryCli(tmp_path / "registry")
+    cli("list")  # an empty registry
+    out = ["--out", str(tmp_path / "b.json")] if "--out" not in message else []
+    result = provision(cli, node_id, *flags, *out)
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+    assert not (tmp_path / "b.json").exists()
+    assert not any(r["action"] == "provision-node" for r in cli("audit", "--json").json())

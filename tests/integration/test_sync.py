@@ -26,6 +26,7 @@ from registry.blobs import BlobStore
 from serving.config.tokens import node_token
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
+from tests import streams
 from tests.conftest import TEST_FLOOR, RegistryCli
 from tests.faults import CutProxy
 from tests.servers import Server, start
@@ -356,7 +357,7 @@ def test_wrong_token_is_refused_and_audited(fleet: Fleet) -> None:
             with pytest.raises(grpc.RpcError) as refused:
                 list(stub.Fetch(request, metadata=metadata, timeout=5))
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        hello = pb.NodeMessage(hello=pb.Hello(node_id="intruder", tier="edge"))
+        hello = pb.NodeMessage(hello=pb.Hello(node_id="intruder", tier="edge", region="local"))
         with pytest.raises(grpc.RpcError) as refused:
             list(stub.Sync(iter([hello]), metadata=[("authorization", "Bearer nope")],
                            timeout=5))
@@ -378,12 +379,13 @@ def test_fetch_rejects_bad_requests_cleanly(fleet: Fleet) -> None:
     manifest = fleet.cli("show", "tiny@1", "--json").json()["manifest"]
     sha, size = manifest["edge"]["sha256"], manifest["edge"]["size"]
     channel, stub = _stub(fleet)
-    auth = [("authorization", f"Bearer {node_token(TOKEN, 'fetcher')}")]
+    auth = [("authorization", f"Bearer {node_token(TOKEN, 'fetcher', 'edge', 'local')}")]
     cases = [(pb.FetchRequest(sha256="not-a-digest"), grpc.StatusCode.INVALID_ARGUMENT),
              (pb.FetchRequest(sha256="ab" * 32), grpc.StatusCode.NOT_FOUND),
              (pb.FetchRequest(sha256=sha, offset=size + 1), grpc.StatusCode.OUT_OF_RANGE),
              (pb.FetchRequest(sha256=sha, offset=-1), grpc.StatusCode.OUT_OF_RANGE)]
-    with channel:
+    with channel, streams.stream(fleet.registry.target, TOKEN, "fetcher") as held:
+        assert held.next().WhichOneof("kind") == "welcome"  # Fetch serves what was pushed
         for request, code in cases:
             with pytest.raises(grpc.RpcError) as failed:
                 list(stub.Fetch(request, metadata=auth, timeout=5))

@@ -22,6 +22,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from harness.processes import RegistryProcess, start_registry
 from serving.config.tokens import node_token
 from sync.gen import sync_pb2 as pb
+from tests import streams
 from tests.conftest import RegistryCli
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -29,11 +30,13 @@ TOKEN = "fuzz-token-0123456789"
 
 
 def auth(node: str = "fuzz-node") -> list[tuple[str, str]]:
-    """The bearer token of ``node`` (a hello must name the node its token proves)."""
-    return [("authorization", f"Bearer {node_token(TOKEN, node)}")]
+    """The bearer token of ``node``, an edge in region ``local`` (a hello must name the node,
+    tier and region its token proves)."""
+    return [("authorization", f"Bearer {node_token(TOKEN, node, 'edge', 'local')}")]
 
 
-AUTH = auth()
+FETCHER = "fuzz-fetcher"  # holds a Sync stream for the module: Fetch serves what was pushed
+AUTH = auth(FETCHER)
 FETCH, SYNC = "/tiered.sync.v1.Sync/Fetch", "/tiered.sync.v1.Sync/Sync"
 CLEAN = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
          grpc.StatusCode.OUT_OF_RANGE, grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -68,7 +71,8 @@ def status(call: Any, *args: Any) -> grpc.StatusCode:
 
 
 def hello(node_id: str = "fuzz-node", **fields: Any) -> bytes:
-    message = pb.NodeMessage(hello=pb.Hello(node_id=node_id, tier="edge", **fields))
+    message = pb.NodeMessage(hello=pb.Hello(**{"node_id": node_id, "tier": "edge",
+                                               "region": "local", **fields}))
     return message.SerializeToString()
 
 
@@ -81,7 +85,10 @@ def registry(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> It
     server = start_registry(cli.home, root, TOKEN)
     channel = grpc.insecure_channel(server.target)
     try:
-        yield Registry(cli, server, channel, manifest["edge"]["sha256"], manifest["edge"]["size"])
+        with streams.stream(server.target, TOKEN, FETCHER) as held:
+            assert held.next().WhichOneof("kind") == "welcome"
+            yield Registry(cli, server, channel, manifest["edge"]["sha256"],
+                           manifest["edge"]["size"])
     finally:
         channel.close()
         server.stop()
@@ -180,7 +187,9 @@ def _random_stream(rng: random.Random, i: int) -> list[bytes]:
             for _ in range(rng.randint(0, 3))]
     node_id = f"fz{i}" if rng.random() < 0.8 else text(20)
     messages = [pb.NodeMessage(hello=pb.Hello(node_id=node_id, tier=rng.choice(
-        ["edge", "center", text(6)]), region=text(80), held=held))]
+        ["edge", "edge", "edge", "center", text(6)]), region=rng.choice(["local", "local",
+                                                                         text(80)]),
+        held=held))]
     for _ in range(rng.randint(0, 4)):
         model = rng.choice(["tiny", text(10)])
         if rng.random() < 0.5:
@@ -205,7 +214,8 @@ def test_random_field_values_never_break_the_server(registry: Registry) -> None:
     for i in range(60):
         code = status(registry.sync, _random_stream(rng, i), f"fz{i}")
         seen[code] = seen.get(code, 0) + 1
-    # a random node id that is valid but not the token's: PERMISSION_DENIED
+    # a random node id that is valid but not the token's, or a tier or region not the
+    # token's: PERMISSION_DENIED
     assert set(seen) <= {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT,
                          grpc.StatusCode.PERMISSION_DENIED}, seen
     assert seen.get(grpc.StatusCode.OK, 0) > 10

@@ -26,15 +26,16 @@ from registry import anchor
 from serving.config.tokens import node_token
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
+from tests import streams
 from tests.conftest import RegistryCli
 from tests.integration.test_sync import TOKEN, metric, served, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-AUTH = [("authorization", f"Bearer {node_token(TOKEN, 'fetcher')}")]
+AUTH = [("authorization", f"Bearer {node_token(TOKEN, 'fetcher', 'edge', 'local')}")]
 
 
 def auth(node_id: str) -> list[tuple[str, str]]:
-    return [("authorization", f"Bearer {node_token(TOKEN, node_id)}")]
+    return [("authorization", f"Bearer {node_token(TOKEN, node_id, 'edge', 'local')}")]
 FLOOD = 2000
 CHUNK = 64 * 1024
 
@@ -97,8 +98,10 @@ def test_a_flood_of_wrong_tokens_leaves_one_aggregate_record(home: Home) -> None
         with ThreadPoolExecutor(4) as pool:
             codes = set(pool.map(wrong, range(FLOOD)))
         assert codes == {grpc.StatusCode.UNAUTHENTICATED}
-        data = b"".join(c.data for c in stub.Fetch(pb.FetchRequest(sha256=sha), metadata=AUTH,
-                                                   timeout=30))
+        with streams.stream(registry.target, TOKEN, "fetcher") as held:
+            assert held.next().WhichOneof("kind") == "welcome"
+            data = b"".join(c.data for c in stub.Fetch(pb.FetchRequest(sha256=sha),
+                                                       metadata=AUTH, timeout=30))
         assert hashlib.sha256(data).hexdigest() == sha  # a legitimate Fetch still works
     assert metric(registry.metrics_url, "registry_auth_failures_total") == FLOOD
     log = registry.log.read_text()
@@ -124,7 +127,7 @@ def capture(target: str, node_id: str) -> pb.Release:
     done = threading.Event()
 
     def requests() -> Iterator[pb.NodeMessage]:
-        yield pb.NodeMessage(hello=pb.Hello(node_id=node_id, tier="edge"))
+        yield pb.NodeMessage(hello=pb.Hello(node_id=node_id, tier="edge", region="local"))
         done.wait(60)  # keep the stream open until the release has come
 
     with grpc.insecure_channel(target) as channel:

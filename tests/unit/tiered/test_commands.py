@@ -41,13 +41,23 @@ def test_tier_argv_puts_extra_flags_last_and_secrets_only_in_env() -> None:
     assert flag(argv, "--node-id") == "edge-eu-1" and flag(argv, "--region") == "eu"
     assert flag(argv, "--release-key") == "/k/signing.pub"
     assert argv[-2:] == ["--port", "9"]  # a caller's flag wins over the builder's (click: last)
-    env = commands.tier_env({"PATH": "/bin"}, "edge", "edge-eu-1", SECRET, Path("/tls/ca.pem"))
-    assert env == {"PATH": "/bin", "REGISTRY_TOKEN": node_token(SECRET, "edge-eu-1"),
+    env = commands.tier_env({"PATH": "/bin"}, "edge", "edge-eu-1", SECRET, Path("/tls/ca.pem"),
+                            region="eu")
+    assert env == {"PATH": "/bin", "REGISTRY_TOKEN": node_token(SECRET, "edge-eu-1", "edge",
+                                                                "eu"),
                    "EDGE_REGISTRY_CA": "/tls/ca.pem"}
     assert not any(SECRET in a or env["REGISTRY_TOKEN"] in a for a in argv)
     bare = commands.tier_argv("center", 8100, Path("/s/c"), "center-8100")
     assert "--release-key" not in bare and "--region" not in bare
     assert commands.tier_env({"A": "1"}, "center", "center-8100", None) == {"A": "1"}
+
+
+def test_a_tiers_region_is_its_last_flag_else_its_variable() -> None:
+    assert commands.region_of(["--x", "1"], {}, "edge") == "local"
+    assert commands.region_of([], {"EDGE_REGION": "us"}, "edge") == "us"
+    assert commands.region_of([], {"EDGE_REGION": "us"}, "center") == "local"
+    assert commands.region_of(["--region", "eu", "--region=ap"], {"EDGE_REGION": "us"},
+                              "edge") == "ap"
 
 
 def test_nginx_argv() -> None:
@@ -101,7 +111,7 @@ def test_the_stack_starts_each_role_as_it_did(tmp_path: Path) -> None:
     plain = Spawned(tmp_path, tmp_path / "registry", SECRET, consul_acl=False, provision=False,
                     release_key=tmp_path / "signing.pub")
     _, env = plain.start_edge("edge-eu-1", "eu")  # type: ignore[misc]
-    assert env["REGISTRY_TOKEN"] == node_token(SECRET, "edge-eu-1")
+    assert env["REGISTRY_TOKEN"] == node_token(SECRET, "edge-eu-1", "edge", "eu")
     assert env["EDGE_REGISTRY_CA"] == str(tmp_path / "tls" / "ca.pem")
 
     argv, env = stack.start_nginx()  # type: ignore[misc]
