@@ -436,6 +436,14 @@ def write_atomically(path: Path, text: str) -> bool:
 
 
 class Renderer:
+    """The one nginx this renderer owns: its config checked and swapped in, its process
+    started, reloaded and stopped, the entries it left out counted.
+
+    Why one class: every method acts on the same nginx (its prefix, binary, child process and
+    the upstreams file it runs with); the check before a swap, the reload after it and the
+    metric of what was dropped must agree on which file nginx is running, so they share it
+    here rather than pass it between functions."""
+
     def __init__(self, prefix: Path, nginx: str, run_nginx: bool, region: str | None = None,
                  fallback: tuple[str, ...] = (), edge_tls: bool = False) -> None:
         self.prefix, self.nginx, self.run_nginx = prefix, nginx, run_nginx

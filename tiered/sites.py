@@ -261,8 +261,10 @@ class Sites(Stack):
         others = ",".join(s for s in self.edge_sites if s != site)
         argv = nginx_argv(self.root / name, f"{host.address}:{ENTRY_PORT}", "--region", site,
                           *(["--fallback-regions", others] if others else []), "--center-ca",
-                          str(self.tls / "ca.pem"), *self.nginx_flags,
-                          grpc_listen=f"{host.address}:{ENTRY_GRPC}")
+                          str(self.tls / "ca.pem"),
+                          *(["--edge-ca", str(self.tls / "ca.pem")]
+                            if self.tls_serving("edge") else []),
+                          *self.nginx_flags, grpc_listen=f"{host.address}:{ENTRY_GRPC}")
         return self.spawn(name, argv, ENTRY_PORT, "nginx")
 
     # -- health ------------------------------------------------------------------------

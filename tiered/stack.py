@@ -43,11 +43,11 @@ RESTARTED = ("registry", "center", "edge")  # roles the supervisor brings back
 JOB = "job"  # a child that runs to its end (the full release trained behind): never restarted,
 # its exit never stops the stack
 RESTART_DELAY_S = 0.5
-# Edges serve HTTPS from their bundles only once nginx reaches them over TLS; until then they
-# serve plain HTTP on loopback (their bundle still gives them their identity, token and CA).
-# TODO(merge nginx-guard): EDGE_TLS = True, and pass ["--edge-ca", str(self.tls / "ca.pem")]
-# to the renderer in Stack.start_nginx and Sites.start_entry.
-EDGE_TLS = False
+# Provisioned edges serve HTTPS with their own certificate, and nginx reaches each over TLS,
+# checking that node's name (the renderer's --edge-ca): a catalog entry moved to another
+# address reaches nobody. False keeps them on plain HTTP (their bundle still gives them their
+# identity, token and CA).
+EDGE_TLS = True
 LOOPBACK_NAMES = ("127.0.0.1", "localhost")
 
 
@@ -261,6 +261,8 @@ class Stack:
         grpc = f"127.0.0.1:{self.grpc_port}" if self.grpc_port else None
         # centers serve HTTPS from their bundles: nginx checks them against the fleet CA
         centers = ["--center-ca", str(self.tls / "ca.pem")] if self.provision else []
+        if self.tls_serving("edge"):  # each edge's own certificate checked, by node name
+            centers += ["--edge-ca", str(self.tls / "ca.pem")]
         argv = nginx_argv(self.root / "nginx", f"127.0.0.1:{self.http_port}", *centers,
                           *self.nginx_flags, grpc_listen=grpc)
         return self.spawn("nginx", argv, self.http_port, "nginx")

@@ -52,7 +52,8 @@ class FakeNode:
         self._channel = grpc.insecure_channel(target)
         self._call = pb_grpc.SyncStub(self._channel).Sync(
             iter(self._up.get, None),
-            metadata=[("authorization", f"Bearer {node_token(SECRET, node_id)}")])
+            metadata=[("authorization",
+                       f"Bearer {node_token(SECRET, node_id, tier, region)}")])
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 

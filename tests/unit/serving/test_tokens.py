@@ -130,8 +130,9 @@ def test_a_mac_wrong_in_any_one_hex_digit_is_refused() -> None:
     """The whole MAC is compared, not a prefix (nor a suffix): a token whose MAC differs from
     the right one in a single hex digit, the last included, proves nothing."""
     verifier = Verifier(SECRET, lambda _: 1)
-    token = node_token(SECRET, "edge-eu-1")
-    assert verifier.node(token) == "edge-eu-1"
+    token = node_token(SECRET, "edge-eu-1", "edge", "eu")
+    proven = verifier.node(token)
+    assert proven is not None and proven.node_id == "edge-eu-1"
     head, _, mac = token.rpartition(".")  # the MAC is the last field, whatever comes before
     for i, digit in enumerate(mac):
         wrong = "0" if digit != "0" else "1"
