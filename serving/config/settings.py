@@ -167,6 +167,10 @@ class ServingSettings(ConsulSettings):
     """Concurrent streams (calls) per gRPC connection (HTTP/2 MAX_CONCURRENT_STREAMS); a
     client's further calls wait on its side."""
 
+    grpc_max_calls: int = Field(default=1024, ge=1)
+    """Calls in progress on the gRPC server, all connections together; further ones end at once
+    with RESOURCE_EXHAUSTED (before any handler runs)."""
+
     grpc_max_health_watches: int = Field(default=64, ge=1)
     """Open gRPC health Watch streams, all connections together (at most 4 per connection);
     further ones end at once with RESOURCE_EXHAUSTED."""

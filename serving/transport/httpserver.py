@@ -7,11 +7,12 @@ timeout, which starts after a response, so a connection that never completes a r
 headers (idle, or trickling them a byte at a time) was never closed. Here a request's headers
 must arrive within ``header_timeout_s`` of its first byte (of the connection's opening for the
 first), its body within ``body_timeout_s`` of its headers, and their size is capped
-(``MAX_HEADER_BYTES``, else 431). A process holds at most ``max_connections``: a new connection beyond it
-closes the one that has waited longest for a request's headers (new or kept alive, as nginx
-reuses idle connections), and when every connection is inside a request it is answered 503 with
-the V2 error JSON and closed, long before the process runs out of descriptors. Both the
-single-process server and the workers (connections handed on by the acceptor) use this protocol.
+(``MAX_HEADER_BYTES``, else 431). A process holds at most ``max_connections``: a new
+connection beyond it closes the one that has waited longest for a request's headers (new or
+kept alive, as nginx reuses idle connections), and when every connection is inside a request
+it is answered 503 with the V2 error JSON and closed, long before the process runs out of
+descriptors. Both the single-process server and the workers (connections handed on by the
+acceptor) use this protocol.
 
 uvicorn writes a response's status line and headers when the app sends
 ``http.response.start`` and its body on ``http.response.body``: two ``send`` system calls

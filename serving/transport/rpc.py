@@ -293,7 +293,8 @@ class GrpcTransport:
     async def start(self) -> None:
         s = self.settings
         server = grpc.aio.server(interceptors=[ParseInterceptor(f"/{SERVICE}/")],
-                                 options=options(s, self.max_connections))
+                                 options=options(s, self.max_connections),
+                                 maximum_concurrent_rpcs=s.grpc_max_calls)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.plane), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(
