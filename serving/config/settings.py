@@ -53,6 +53,12 @@ class ConsulSettings(BaseSettings):
 
 
 class ServingSettings(ConsulSettings):
+    """What both tiers are run with: one field per flag and ``<TIER>_`` variable.
+
+    Why one class: pydantic-settings reads a flat class's fields as flat variables with the
+    tier's prefix, and the table in docs/operations.md is generated from it in one piece;
+    grouping the fields in nested models would rename every variable."""
+
     model_config = SettingsConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     host: str = "127.0.0.1"
