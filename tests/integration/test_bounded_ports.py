@@ -53,13 +53,18 @@ def connect(port: int, count: int) -> list[socket.socket]:
     return sockets
 
 
-def ready(url: str) -> int:
-    """/v2/health/ready's status on a new connection; 0 when it does not answer within 3 s."""
+def ready(url: str, took: list[float] | None = None) -> int:
+    """/v2/health/ready's status on a new connection; 0 when it does not answer within 3 s.
+    Appends the seconds it took to ``took``."""
+    started = time.monotonic()
     try:
         with httpx.Client(timeout=3) as client:
             return client.get(f"{url}/v2/health/ready").status_code
     except httpx.HTTPError:
         return 0
+    finally:
+        if took is not None:
+            took.append(time.monotonic() - started)
 
 
 def closed_by_server(sockets: list[socket.socket], within: float) -> int:
@@ -111,15 +116,17 @@ def test_slow_partial_header_connections_are_closed_and_health_still_answers(
         attack_sockets += idle + half + trickle
         for sock in half:
             with_reset(sock.send, HALF_SENT)
-        answers, started = [], time.monotonic()
+        answers, took, started = [], list[float](), time.monotonic()
         for i in range(8):  # 4 s: a byte each half second on the trickled ones
             for sock in trickle:
                 with_reset(sock.send, HALF_SENT[i:i + 1])
-            answers.append(ready(server.url))
+            answers.append(ready(server.url, took))
             time.sleep(max(0.0, started + 0.5 * (i + 1) - time.monotonic()))
         assert answers == [200] * len(answers), answers
         # those not yet closed go within the header timeout of their start, long past
         closed = closed_by_server(attack_sockets, HEADER_TIMEOUT_S + 3)
+        print(f"workers {workers}: ready slowest {max(took):.3f} s; {closed} of "
+              f"{len(attack_sockets)} closed {time.monotonic() - started:.1f} s after the first")
         assert closed == len(attack_sockets), f"{len(attack_sockets) - closed} still open"
         assert ready(server.url) == 200
         assert server.process.poll() is None
