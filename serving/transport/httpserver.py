@@ -224,6 +224,8 @@ class AdoptingServer(uvicorn.Server):
                 config=config, server_state=self.server_state, app_state=self.lifespan.state)
 
         listener = _ChannelListener(self.channel, loop, protocol, config.ssl)
+        if isinstance(config, BoundedConfig):  # a TLS handshake is part of the header time
+            listener.handshake_timeout = config.bounds.header_timeout_s
         self.servers.append(listener)  # type: ignore[arg-type]  # closed by uvicorn's shutdown
         listener.open()
         handoff.say_ready(self.channel)
@@ -237,6 +239,7 @@ class _ChannelListener:
                  protocol: Callable[[], asyncio.Protocol], ssl: Any) -> None:
         self.channel, self.loop, self.protocol, self.ssl = channel, loop, protocol, ssl
         self._adopting: set[asyncio.Task[Any]] = set()
+        self.handshake_timeout: float | None = None  # asyncio's default (60 s) when None
 
     def open(self) -> None:
         self.channel.setblocking(False)
@@ -259,7 +262,9 @@ class _ChannelListener:
 
     async def _adopt(self, sock: socket.socket) -> None:
         try:
-            await self.loop.connect_accepted_socket(self.protocol, sock, ssl=self.ssl)
+            await self.loop.connect_accepted_socket(
+                self.protocol, sock, ssl=self.ssl,
+                ssl_handshake_timeout=self.handshake_timeout if self.ssl else None)
         except (OSError, ConnectionError) as exc:  # the client left, or a failed handshake
             log.debug("could not adopt a connection: %s", exc)
             sock.close()
