@@ -240,3 +240,36 @@ def test_many_health_watch_streams_are_refused_beyond_the_limit_and_memory_stays
                 health_pb2.HealthCheckResponse.SERVING
     finally:
         server.stop()
+
+
+def test_grpc_connections_beyond_the_cap_are_refused_and_the_port_recovers(
+        stores: Path, tmp_path: Path) -> None:
+    """gRPC connections beyond ``grpc_max_connections`` are closed by the server (the client
+    sees UNAVAILABLE); once some close, new ones are served again."""
+    port = free_port()
+    server = edge(stores, tmp_path, "--grpc-port", str(port), grpc_max_connections="2")
+    channels = [grpc.insecure_channel(f"127.0.0.1:{port}",
+                                      options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(4)]
+
+    def check(channel: grpc.Channel) -> str:
+        try:
+            return health_pb2.HealthCheckResponse.ServingStatus.Name(
+                health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                          timeout=5).status)
+        except grpc.RpcError as exc:
+            return str(exc.code().name)
+
+    try:
+        assert [check(channel) for channel in channels] == \
+            ["SERVING", "SERVING", "UNAVAILABLE", "UNAVAILABLE"]
+        for channel in channels[:2]:
+            channel.close()
+        deadline = time.monotonic() + 10
+        while check(channels[2]) != "SERVING" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert check(channels[2]) == "SERVING"
+    finally:
+        for channel in channels:
+            channel.close()
+        server.stop()
