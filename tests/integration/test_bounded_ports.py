@@ -233,7 +233,7 @@ def test_many_health_watch_streams_are_refused_beyond_the_limit_and_memory_stays
         assert watching <= MAX_WATCHES
         assert other == 0
         assert refused == WATCH_CONNECTIONS * WATCHES_PER_CONNECTION - watching
-        assert grown < 40e6
+        assert grown < 60e6  # before the bounds: +134.7 MB (docs/security.md)
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             assert health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(), timeout=5).status == \
