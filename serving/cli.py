@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -18,10 +19,12 @@ from serving.release.signing import SigningError
 from serving.telemetry import tracing
 from serving.telemetry.logs import configure
 from serving.telemetry.quality_pool import QualityPool
-from serving.transport import workers
-from serving.transport.httpserver import AdoptingServer, GatheringHttpToolsProtocol
+from serving.transport import ports, workers
+from serving.transport.httpserver import AdoptingServer, BoundedConfig, GatheringHttpToolsProtocol
 from serving.transport.rest import create_app
 from serving.transport.rpc import GrpcTransport
+
+log = logging.getLogger(__name__)
 
 
 def tier_command(name: str, settings_cls: type[BaseSettings],
@@ -39,6 +42,7 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
         s: Any = settings
         configure(name, s.log_level, s.log_file, s.log_max_bytes, s.log_backups)
         worker = environment.worker_index()
+        caps = ports.caps(ports.raise_nofile(), s.max_connections, s.grpc_max_connections)
         if s.workers > 1 and worker is None:  # the supervisor: N copies of this command
             raise SystemExit(workers.supervise(_listen(s.host, s.port), s.workers, s.threads))
         if worker is not None:
@@ -51,17 +55,25 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
         if worker:  # not the first worker: serve HTTP only; worker 0 is the node
             process.node.primary = False
         elif s.grpc_port:
-            process.transports.append(GrpcTransport(process.plane, s))
+            process.transports.append(GrpcTransport(process.plane, s, caps.grpc))
         _pool_quality(process, worker)
         app = create_app(process.plane, process)
         tracing.configure(f"tiered-{name}", s.node_id)  # OTEL_* variables; off when unset
         # uvicorn owns SIGINT/SIGTERM: it stops accepting, drains in-flight requests (up to the
         # grace period), then runs the lifespan shutdown that drains the batchers.
-        config = uvicorn.Config(app, host=s.host, port=s.port, loop="uvloop",
-                                http=GatheringHttpToolsProtocol,
-                                log_config=None, access_log=False,
-                                timeout_graceful_shutdown=10, ssl_certfile=s.tls_cert,
-                                ssl_keyfile=s.tls_key)
+        # Each connection is bounded by the protocol (serving/transport/httpserver.py): header
+        # and body timeouts, keep-alive, and the process's connection cap under its open files
+        # limit (serving/transport/ports.py).
+        bounds = ports.HttpBounds(s.header_timeout_s, s.body_timeout_s, caps.http)
+        log.info("connections: at most %d HTTP, %d gRPC (open files limit %d); header timeout "
+                 "%g s, body %g s, keep-alive %g s", caps.http, caps.grpc, caps.nofile,
+                 s.header_timeout_s, s.body_timeout_s, s.keep_alive_timeout_s)
+        config = BoundedConfig(app, bounds, host=s.host, port=s.port, loop="uvloop",
+                               http=GatheringHttpToolsProtocol,
+                               log_config=None, access_log=False,
+                               timeout_keep_alive=s.keep_alive_timeout_s,
+                               timeout_graceful_shutdown=10, ssl_certfile=s.tls_cert,
+                               ssl_keyfile=s.tls_key)
         channel = environment.channel_fd()
         try:
             if channel is None:

@@ -56,6 +56,12 @@ class ConsulSettings(BaseSettings):
 
 
 class ServingSettings(ConsulSettings):
+    """What both tiers are run with: one field per flag and ``<TIER>_`` variable.
+
+    Why one class: pydantic-settings reads a flat class's fields as flat variables with the
+    tier's prefix, and the table in docs/operations.md is generated from it in one piece;
+    grouping the fields in nested models would rename every variable."""
+
     model_config = SettingsConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
     TIER: ClassVar[str] = ""  # "edge" or "center": the tier a bundle must be made for
 
@@ -160,6 +166,52 @@ class ServingSettings(ConsulSettings):
     three times over (256 rows of 128 padded token ids and masks: 329 KB as json.dumps writes
     it) and 256 texts of 4 KB each, far more than the model reads; bodies over it only cost
     parse time and memory."""
+
+    header_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    """A connection must send a request's complete headers within this many seconds of its
+    first byte (of the connection's opening, for its first request), else it is closed: idle
+    and slowly trickled connections hold no descriptor for long."""
+
+    body_timeout_s: float = Field(default=20.0, gt=0, le=600)
+    """A request's body must arrive within this many seconds of its headers, else the
+    connection is closed (``max_body_bytes`` in 20 s is 0.4 Mbit/s)."""
+
+    keep_alive_timeout_s: float = Field(default=5.0, gt=0, le=300)
+    """An idle connection kept alive after a response is closed after this many seconds."""
+
+    max_connections: int = Field(default=0, ge=0)
+    """Most HTTP connections one serving process holds (0 = derived from the open files limit,
+    RLIMIT_NOFILE, which start-up raises to its hard limit: what is left after a quarter kept
+    for models, the store, logs, Consul and gRPC, at most 10,000). Beyond it a new connection
+    closes the one that has waited longest for a request's headers, or, when every one is inside
+    a request, is answered 503 (V2 error JSON) and closed."""
+
+    grpc_max_connections: int = Field(default=0, ge=0)
+    """Most gRPC connections (0 = an eighth of what the open files limit leaves after the
+    reserve, at most 1,000); beyond it new connections are refused."""
+
+    grpc_max_streams: int = Field(default=100, ge=1, le=10_000)
+    """Concurrent streams (calls) per gRPC connection (HTTP/2 MAX_CONCURRENT_STREAMS); a
+    client's further calls wait on its side."""
+
+    grpc_max_calls: int = Field(default=1024, ge=1)
+    """Calls in progress on the gRPC server, all connections together; further ones end at once
+    with RESOURCE_EXHAUSTED (before any handler runs)."""
+
+    grpc_max_health_watches: int = Field(default=64, ge=1)
+    """Open gRPC health Watch streams, all connections together (at most 4 per connection);
+    further ones end at once with RESOURCE_EXHAUSTED."""
+
+    grpc_max_connection_idle_s: float = Field(default=300.0, gt=0)
+    """A gRPC connection with no call for this long is closed (GOAWAY)."""
+
+    grpc_max_connection_age_s: float = Field(default=1800.0, gt=0)
+    """A gRPC connection is asked to go away (GOAWAY) after this long (jittered by gRPC), so
+    long-lived streams and connections are renewed."""
+
+    grpc_max_connection_age_grace_s: float = Field(default=30.0, gt=0)
+    """Time the calls still open on an aged connection get before it is closed (a health Watch
+    stream ends here and the client opens a new one)."""
 
     threads: int = Field(default=0, ge=0)
     """Intra-op threads of the model runtime per worker (0 = the runtime's default with one

@@ -53,6 +53,7 @@ CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND, 
 CONTENTS = {"BYTES": "bytes_contents", "INT64": "int64_contents"}  # the inputs' datatypes
 # statuses that are the server's fault (OpenTelemetry's gRPC server span convention): the span
 # is marked failed; a client's bad request is not
+WATCHES_PER_CONNECTION = 4  # health Watch streams one connection may hold open
 SERVER_FAULTS = {grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED,
                  grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.INTERNAL,
                  grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DATA_LOSS}
@@ -223,11 +224,32 @@ async def _call(context: grpc.aio.ServicerContext[Any, Any], method: str,
 class ReadinessHealth(health.aio.HealthServicer):
     """gRPC health whose status follows the data plane's readiness (what Consul's gRPC check
     and load balancers ask): SERVING once a model is loaded, NOT_SERVING before and while
-    stopping, for the server ("") and the inference service alike."""
+    stopping, for the server ("") and the inference service alike.
 
-    def __init__(self, plane: DataPlane) -> None:
+    Watch streams are bounded (docs/security.md, "Bounded ports"): at most ``max_watches``
+    open together and ``WATCHES_PER_CONNECTION`` on one connection; one more ends at once with
+    RESOURCE_EXHAUSTED. Each open one costs a task and its buffers; unbounded, 20 connections
+    x 1,000 of them added 83 MB."""
+
+    def __init__(self, plane: DataPlane, max_watches: int = 64) -> None:
         super().__init__()
-        self.plane = plane
+        self.plane, self.max_watches = plane, max_watches
+        self.watching: dict[str, int] = {}  # open Watch streams by peer (its connection)
+
+    async def Watch(self, request: health_pb2.HealthCheckRequest,
+                    context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        peer = context.peer() or ""
+        if sum(self.watching.values()) >= self.max_watches or \
+                self.watching.get(peer, 0) >= WATCHES_PER_CONNECTION:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                "too many health Watch streams; use Check, or fewer Watches")
+        self.watching[peer] = self.watching.get(peer, 0) + 1
+        try:
+            await super().Watch(request, context)
+        finally:
+            self.watching[peer] -= 1
+            if not self.watching[peer]:
+                del self.watching[peer]
 
     async def refresh(self) -> None:
         try:
@@ -244,22 +266,35 @@ class ReadinessHealth(health.aio.HealthServicer):
         return await super().Check(request, context)
 
 
+def options(s: ServingSettings, max_connections: int) -> list[tuple[str, int]]:
+    """The server's channel arguments: message sizes, and the bounds on what a client may hold
+    (streams per connection, connections, their idle time and age; docs/security.md)."""
+    bounds = [("grpc.max_receive_message_length", s.max_body_bytes),
+              ("grpc.max_send_message_length", 4 * s.max_body_bytes),
+              ("grpc.max_concurrent_streams", s.grpc_max_streams),
+              ("grpc.max_connection_idle_ms", int(s.grpc_max_connection_idle_s * 1000)),
+              ("grpc.max_connection_age_ms", int(s.grpc_max_connection_age_s * 1000)),
+              ("grpc.max_connection_age_grace_ms", int(s.grpc_max_connection_age_grace_s * 1000))]
+    if max_connections:
+        bounds.append(("grpc.max_allowed_incoming_connections", max_connections))
+    return bounds
+
+
 class GrpcTransport:
     """The gRPC server: started after the data plane, stopped before it drains."""
 
-    def __init__(self, plane: DataPlane, settings: ServingSettings) -> None:
-        self.plane, self.settings = plane, settings
-        self.health = ReadinessHealth(plane)
+    def __init__(self, plane: DataPlane, settings: ServingSettings, max_connections: int = 0,
+                 ) -> None:
+        self.plane, self.settings, self.max_connections = plane, settings, max_connections
+        self.health = ReadinessHealth(plane, settings.grpc_max_health_watches)
         self.server: grpc.aio.Server | None = None
         self._refresh: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         s = self.settings
-        limit = s.max_body_bytes
-        server = grpc.aio.server(interceptors=[ParseInterceptor(f"/{SERVICE}/")], options=[
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", 4 * limit),
-            ("grpc.max_concurrent_streams", 1024)])
+        server = grpc.aio.server(interceptors=[ParseInterceptor(f"/{SERVICE}/")],
+                                 options=options(s, self.max_connections),
+                                 maximum_concurrent_rpcs=s.grpc_max_calls)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self.plane), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(

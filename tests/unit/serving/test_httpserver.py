@@ -1,11 +1,15 @@
 """The HTTP protocol that sends each response in one write: real uvicorn on loopback, a small
-ASGI app, keep-alive and ``Connection: close`` requests, a large streamed body."""
+ASGI app, keep-alive and ``Connection: close`` requests, a large streamed body. Its bounds
+(header and body timeouts, the connection cap) on the same server with a
+:class:`BoundedConfig`; the attacks themselves are in
+tests/integration/test_bounded_ports.py."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +17,8 @@ import httpx
 import pytest
 import uvicorn
 
-from serving.transport.httpserver import GatheringHttpToolsProtocol, _Gathering
+from serving.transport.httpserver import BoundedConfig, GatheringHttpToolsProtocol, _Gathering
+from serving.transport.ports import HttpBounds
 
 BIG = 3 * 1024 * 1024
 
@@ -46,11 +51,14 @@ async def app(scope: Any, receive: Any, send: Any) -> None:
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
+    yield from serve(uvicorn.Config(app, loop="asyncio", http=GatheringHttpToolsProtocol,
+                                    log_config=None, access_log=False))
+
+
+def serve(config: uvicorn.Config) -> Iterator[str]:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(app, loop="asyncio", http=GatheringHttpToolsProtocol,
-                            log_config=None, access_log=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
@@ -109,3 +117,99 @@ def test_writes_of_one_loop_turn_go_out_as_one() -> None:
         return real
 
     asyncio.run(main())
+
+
+CAP, TIMEOUT_S = 4, 1.0
+
+
+@pytest.fixture
+def bounded() -> Iterator[tuple[str, HttpBounds]]:
+    """A server with cap 4, header and body timeouts of 1 s, keep-alive 30 s (so a close within
+    a few seconds is the header timeout's): its address and bounds."""
+    bounds = HttpBounds(TIMEOUT_S, TIMEOUT_S, CAP)
+    config = BoundedConfig(app, bounds, loop="asyncio", http=GatheringHttpToolsProtocol,
+                           log_config=None, access_log=False, timeout_keep_alive=30)
+    for url in serve(config):
+        yield url.removeprefix("http://"), bounds
+
+
+def dial(address: str) -> socket.socket:
+    host, port = address.split(":")
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def closed_after(sock: socket.socket) -> float:
+    """Seconds until the server closes ``sock`` (reading and dropping what it sends)."""
+    started = time.monotonic()
+    while sock.recv(4096):
+        pass
+    return time.monotonic() - started
+
+
+def open_still(sock: socket.socket) -> bool:
+    sock.setblocking(False)
+    try:
+        return sock.recv(1, socket.MSG_PEEK) != b""
+    except BlockingIOError:
+        return True
+    finally:
+        sock.setblocking(True)
+
+
+def test_a_kept_alive_connection_must_send_its_next_headers_in_time(
+        bounded: tuple[str, HttpBounds]) -> None:
+    address, _ = bounded
+    with dial(address) as sock:
+        sock.sendall(b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\n")
+        assert sock.recv(4096).endswith(b"echo:")
+        sock.sendall(b"GET /echo HTTP/1.1\r\nHo")  # the next request, half sent
+        assert closed_after(sock) < TIMEOUT_S + 1.5  # not keep-alive's 30 s
+
+
+def test_a_body_in_time_is_served_one_too_slow_is_cut(bounded: tuple[str, HttpBounds]) -> None:
+    address, _ = bounded
+    head = b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n"
+    with dial(address) as sock:
+        sock.sendall(head)
+        time.sleep(TIMEOUT_S / 2)
+        sock.sendall(b"ok")
+        assert sock.recv(4096).endswith(b"echo:ok")
+    with dial(address) as sock:
+        sock.sendall(head + b"o")
+        assert closed_after(sock) < TIMEOUT_S + 1.5
+
+
+def test_at_the_cap_the_longest_waiting_connection_makes_room(
+        bounded: tuple[str, HttpBounds]) -> None:
+    address, bounds = bounded
+    idle = [dial(address) for _ in range(CAP)]
+    try:
+        time.sleep(0.2)
+        with dial(address) as sock:  # one more, with a request: served
+            sock.sendall(b"GET /echo HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        assert closed_after(idle[0]) < 0.5  # the oldest was closed for it
+        assert all(open_still(sock) for sock in idle[1:])
+        assert bounds.evicted == 1 and bounds.refused == 0
+    finally:
+        for sock in idle:
+            sock.close()
+
+
+def test_at_the_cap_with_every_connection_in_a_request_one_more_gets_503(
+        bounded: tuple[str, HttpBounds]) -> None:
+    address, bounds = bounded
+    held = [dial(address) for _ in range(CAP)]
+    try:
+        for sock in held:
+            sock.sendall(b"POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 9\r\n\r\n")
+        time.sleep(0.2)
+        with dial(address) as sock:
+            answer = sock.recv(4096)
+            assert answer.startswith(b"HTTP/1.1 503")
+            assert answer.endswith(b'{"error":"too many connections; retry"}\n')
+            assert closed_after(sock) < 0.5
+        assert bounds.refused == 1 and len(bounds.admitted) == CAP
+    finally:
+        for sock in held:
+            sock.close()

@@ -1,0 +1,275 @@
+"""Bounded ports (docs/security.md): the attacks a reviewer with one edge box made on an edge's
+own ports, each against a real edge on 127.0.0.1, bounded in counts and time.
+
+The bounds are set through the environment (``EDGE_*``), so the same test run against a tier
+without them starts it with its defaults and shows the attack working."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import resource
+import selectors
+import socket
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import cast
+
+import grpc
+import httpx
+import psutil
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from harness.processes import free_port
+from tests.servers import Server, start
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+# the spawned tier runs the code under test, also from a checkout not installed in the venv
+ENV = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+HEADER_TIMEOUT_S = 1.0
+HALF_SENT = b"GET /v2/health/ready HTTP/1.1\r\nHost: edge\r\nX-Slow: "
+
+
+@pytest.fixture
+def stores(tiny_stores: Path) -> Path:
+    return tiny_stores
+
+
+def edge(stores: Path, log_dir: Path, *flags: str, **settings: str) -> Server:
+    env = {**ENV, **{f"EDGE_{k.upper()}": v for k, v in settings.items()}}
+    return start("edge", stores / "edge", log_dir, "--cache-size", "0", *flags, env=env)
+
+
+def connect(port: int, count: int) -> list[socket.socket]:
+    sockets = []
+    for _ in range(count):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        sock.setblocking(False)
+        sockets.append(sock)
+    return sockets
+
+
+def ready(url: str, took: list[float] | None = None) -> int:
+    """/v2/health/ready's status on a new connection; 0 when it does not answer within 3 s.
+    Appends the seconds it took to ``took``."""
+    started = time.monotonic()
+    try:
+        with httpx.Client(timeout=3) as client:
+            return client.get(f"{url}/v2/health/ready").status_code
+    except httpx.HTTPError:
+        return 0
+    finally:
+        if took is not None:
+            took.append(time.monotonic() - started)
+
+
+def closed_by_server(sockets: list[socket.socket], within: float) -> int:
+    """How many of ``sockets`` the server closes within ``within`` s (EOF or reset; an answer
+    before it, such as a 503, is read and dropped)."""
+    selector = selectors.DefaultSelector()
+    for sock in sockets:
+        selector.register(sock, selectors.EVENT_READ)
+    closed, deadline = 0, time.monotonic() + within
+    while closed < len(sockets) and time.monotonic() < deadline:
+        for key, _ in selector.select(0.1):
+            sock = cast(socket.socket, key.fileobj)
+            try:
+                data = sock.recv(65536)
+            except ConnectionError:
+                data = b""
+            if not data:
+                selector.unregister(sock)
+                closed += 1
+    selector.close()
+    return closed
+
+
+@pytest.fixture
+def attack_sockets() -> Iterator[list[socket.socket]]:
+    sockets: list[socket.socket] = []
+    yield sockets
+    for sock in sockets:
+        sock.close()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_slow_partial_header_connections_are_closed_and_health_still_answers(
+        stores: Path, tmp_path: Path, attack_sockets: list[socket.socket], workers: int) -> None:
+    """Slowloris: idle connections, half-sent requests and requests trickled a byte at a
+    time, more of them than the edge's descriptors allow (RLIMIT_NOFILE of each of its
+    processes lowered to 256 once it serves), hold nothing: readiness keeps answering and each
+    is closed within the header timeout. One process, and an acceptor handing connections to
+    two workers."""
+    server = edge(stores, tmp_path, "--workers", str(workers),
+                  header_timeout_s=str(HEADER_TIMEOUT_S), max_connections="64")
+    try:
+        for process in [psutil.Process(server.process.pid),
+                        *psutil.Process(server.process.pid).children()]:
+            resource.prlimit(process.pid, resource.RLIMIT_NOFILE, (256, 256))
+        idle = connect(server.port, 100)
+        half = connect(server.port, 100)
+        trickle = connect(server.port, 100)
+        attack_sockets += idle + half + trickle
+        for sock in half:
+            with_reset(sock.send, HALF_SENT)
+        answers, took, started = [], list[float](), time.monotonic()
+        for i in range(8):  # 4 s: a byte each half second on the trickled ones
+            for sock in trickle:
+                with_reset(sock.send, HALF_SENT[i:i + 1])
+            answers.append(ready(server.url, took))
+            time.sleep(max(0.0, started + 0.5 * (i + 1) - time.monotonic()))
+        assert answers == [200] * len(answers), answers
+        # those not yet closed go within the header timeout of their start, long past
+        closed = closed_by_server(attack_sockets, HEADER_TIMEOUT_S + 3)
+        print(f"workers {workers}: ready slowest {max(took):.3f} s; {closed} of "
+              f"{len(attack_sockets)} closed {time.monotonic() - started:.1f} s after the first")
+        assert closed == len(attack_sockets), f"{len(attack_sockets) - closed} still open"
+        assert ready(server.url) == 200
+        assert server.process.poll() is None
+    finally:
+        server.stop()
+
+
+def with_reset(send: Callable[[bytes], object], data: bytes) -> None:
+    """Send, ignoring a connection the server already closed."""
+    with contextlib.suppress(ConnectionError, BlockingIOError):
+        send(data)
+
+
+def test_excess_connections_get_503_or_are_closed_never_hang(
+        stores: Path, tmp_path: Path, attack_sockets: list[socket.socket]) -> None:
+    """Connections beyond the cap that cannot make room (every slot holds a request whose
+    body never comes) are answered 503 with the V2 error JSON and closed at once; the slots
+    come back after the body timeout."""
+    server = edge(stores, tmp_path, max_connections="8", body_timeout_s="2")
+    try:
+        held = connect(server.port, 8)
+        attack_sockets += held
+        for sock in held:  # headers complete, the body never sent: not evictable
+            with_reset(sock.send, b"POST /v2/models/tiny/infer HTTP/1.1\r\nHost: e\r\n"
+                                  b"Content-Type: application/json\r\nContent-Length: 900\r\n"
+                                  b"\r\n")
+        time.sleep(0.5)
+        started = time.monotonic()
+        answers = []
+        for _ in range(20):
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=3)
+            attack_sockets.append(sock)
+            try:
+                answers.append(sock.recv(4096))
+            except TimeoutError:
+                answers.append(b"<hang>")
+            except ConnectionError:
+                answers.append(b"")
+        assert time.monotonic() - started < 10
+        assert all(a.startswith(b"HTTP/1.1 503") or a == b"" for a in answers), answers[:3]
+        assert any(a.startswith(b"HTTP/1.1 503") and b'{"error":' in a for a in answers)
+        assert closed_by_server(held, 2 + 3) == len(held)  # the body timeout
+        assert ready(server.url) == 200
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            with_reset(sock.sendall, b"GET / HTTP/1.1\r\n" + b"X-Big: " + b"a" * 100_000)
+            assert sock.recv(4096).startswith(b"HTTP/1.1 431")  # headers over 64 KiB
+    finally:
+        server.stop()
+
+
+WATCH_CONNECTIONS, WATCHES_PER_CONNECTION = 20, 1000
+MAX_WATCHES = 32
+# a Watch beyond the bound ends with RESOURCE_EXHAUSTED; a stream beyond the connection's
+# MAX_CONCURRENT_STREAMS that the client opened before the server's SETTINGS reached it is reset
+# (REFUSED_STREAM: UNAVAILABLE) or cancelled by the server
+REFUSED = {grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.UNAVAILABLE,
+           grpc.StatusCode.CANCELLED}
+
+
+async def watch_attack(target: str) -> tuple[int, int, int]:
+    """``WATCH_CONNECTIONS`` connections each opening ``WATCHES_PER_CONNECTION`` health Watch
+    streams: (watching, refused, other outcomes)."""
+    channels = [grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(WATCH_CONNECTIONS)]
+    calls = []
+    outcomes: Counter[str] = Counter()
+
+    async def watch(stub: health_pb2_grpc.HealthStub) -> None:
+        call = stub.Watch(health_pb2.HealthCheckRequest(), timeout=60)
+        calls.append(call)
+        try:
+            await asyncio.wait_for(call.read(), 30)
+            outcomes["watching"] += 1
+        except grpc.aio.AioRpcError as exc:
+            outcomes["refused" if exc.code() in REFUSED else exc.code().name] += 1
+        except TimeoutError:
+            outcomes["timeout"] += 1
+
+    try:
+        await asyncio.gather(*(watch(health_pb2_grpc.HealthStub(channel))
+                               for channel in channels for _ in range(WATCHES_PER_CONNECTION)))
+        print(dict(outcomes))
+        return outcomes["watching"], outcomes["refused"], \
+            sum(outcomes.values()) - outcomes["watching"] - outcomes["refused"]
+    finally:
+        for call in calls:
+            call.cancel()
+        await asyncio.gather(*(channel.close() for channel in channels))
+
+
+def test_many_health_watch_streams_are_refused_beyond_the_limit_and_memory_stays_bounded(
+        stores: Path, tmp_path: Path) -> None:
+    """20 connections x 1,000 health Watch streams: at most the bound are kept (the rest get
+    RESOURCE_EXHAUSTED, or are refused streams), the edge's memory grows by a bounded amount
+    and its health Check still answers."""
+    port = free_port()
+    server = edge(stores, tmp_path, "--grpc-port", str(port),
+                  grpc_max_health_watches=str(MAX_WATCHES))
+    try:
+        rss = psutil.Process(server.process.pid).memory_info().rss
+        watching, refused, other = asyncio.run(watch_attack(f"127.0.0.1:{port}"))
+        grown = psutil.Process(server.process.pid).memory_info().rss - rss
+        print(f"watching {watching}, refused {refused}, other {other}; RSS +{grown / 1e6:.1f} MB")
+        assert watching <= MAX_WATCHES
+        assert other == 0
+        assert refused == WATCH_CONNECTIONS * WATCHES_PER_CONNECTION - watching
+        assert grown < 60e6  # before the bounds: +134.7 MB (docs/security.md)
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            assert health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=5).status == \
+                health_pb2.HealthCheckResponse.SERVING
+    finally:
+        server.stop()
+
+
+def test_grpc_connections_beyond_the_cap_are_refused_and_the_port_recovers(
+        stores: Path, tmp_path: Path) -> None:
+    """gRPC connections beyond ``grpc_max_connections`` are closed by the server (the client
+    sees UNAVAILABLE); once some close, new ones are served again."""
+    port = free_port()
+    server = edge(stores, tmp_path, "--grpc-port", str(port), grpc_max_connections="2")
+    channels = [grpc.insecure_channel(f"127.0.0.1:{port}",
+                                      options=[("grpc.use_local_subchannel_pool", 1)])
+                for _ in range(4)]
+
+    def check(channel: grpc.Channel) -> str:
+        try:
+            return health_pb2.HealthCheckResponse.ServingStatus.Name(
+                health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                          timeout=5).status)
+        except grpc.RpcError as exc:
+            return str(exc.code().name)
+
+    try:
+        assert [check(channel) for channel in channels] == \
+            ["SERVING", "SERVING", "UNAVAILABLE", "UNAVAILABLE"]
+        for channel in channels[:2]:
+            channel.close()
+        deadline = time.monotonic() + 10
+        while check(channels[2]) != "SERVING" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert check(channels[2]) == "SERVING"
+    finally:
+        for channel in channels:
+            channel.close()
+        server.stop()
