@@ -25,11 +25,11 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from tritonclient.grpc import service_pb2 as pb  # this process's stubs of inference.* (the
+from tritonclient.grpc import service_pb2_grpc as pb_grpc  # tiers load theirs)
 
 from harness.processes import BIN, TierProcess, free_port, start_tier
 from registry import pki
-from serving.gen import grpc_predict_v2_pb2 as pb
-from serving.gen import grpc_predict_v2_pb2_grpc as pb_grpc
 from tests.faults import JsonHandler, http_peer
 from tests.integration.test_sync import wait_for
 from tiered.stack import Stack
