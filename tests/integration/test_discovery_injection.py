@@ -34,7 +34,7 @@ def edge() -> Iterator[int]:
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
     front = Stack(tmp_path, tmp_path / "registry", "unused", http_port=free_port(),
-                  consul_port=free_port(), consul_acl=False)
+                  consul_port=free_port(), consul_acl=False, provision=False)
     try:
         front.start_consul()
         front.start_nginx()

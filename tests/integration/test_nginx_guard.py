@@ -57,7 +57,7 @@ class Guarded:
         n = len(self.entries)
         entry = Stack(self.root / f"entry-{n}", self.root / "registry", "unused",
                       http_port=free_port(), consul_port=self.consul.consul_port,
-                      consul_acl=False, nginx_flags=flags)
+                      consul_acl=False, nginx_flags=flags, provision=False)
         self.entries.append(entry)
         entry.start_nginx()
         wait_for(lambda: _get(entry, "/nginx/health") == 200, 30, "the new entry")
@@ -85,7 +85,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory, tiny_stores: Path) -> Iter
     tls = root / "tls"
     pki.ca(tls)
     consul = Stack(root / "consul", root / "registry", "unused", http_port=free_port(),
-                   consul_port=free_port(), consul_acl=False)
+                   consul_port=free_port(), consul_acl=False, provision=False)
     started: list[Stack] = [consul]
     edge: TierProcess | None = None
     try:
@@ -99,7 +99,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory, tiny_stores: Path) -> Iter
         metrics_port = free_port()
         entry = Stack(root / "entry", root / "registry", "unused", http_port=free_port(),
                       consul_port=consul.consul_port, grpc_port=free_port(), consul_acl=False,
-                      consul_token=RENDERER_TOKEN,
+                      consul_token=RENDERER_TOKEN, provision=False,
                       nginx_flags=("--edge-ca", str(tls / "ca.pem"), "--metrics-listen",
                                    f"127.0.0.1:{metrics_port}", "--max-body", "256k"))
         started.append(entry)
