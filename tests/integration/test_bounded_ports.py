@@ -116,6 +116,9 @@ def test_slow_partial_header_connections_are_closed_and_health_still_answers(
         attack_sockets += idle + half + trickle
         for sock in half:
             with_reset(sock.send, HALF_SENT)
+        # the acceptor hands the burst of 300 to its workers first: a probe in that first
+        # instant waited behind it (seen twice in full-suite runs with two workers, never alone)
+        time.sleep(0.5)
         answers, took, started = [], list[float](), time.monotonic()
         for i in range(8):  # 4 s: a byte each half second on the trickled ones
             for sock in trickle:

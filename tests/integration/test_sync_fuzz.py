@@ -166,7 +166,10 @@ def test_unknown_ack_state_is_ignored_not_fatal(registry: Registry) -> None:
     odd = pb.NodeMessage(ack=pb.Ack(model="tiny", version=1, state=99))  # type: ignore[arg-type]
     good = pb.NodeMessage(ack=pb.Ack(model="tiny", version=1, state=pb.ACTIVE))
     node = "fuzz-acker"
-    assert status(registry.sync, [hello(node), odd.SerializeToString(),
+    # it says at hello that it holds tiny v1: an ack is taken for a release pushed to the
+    # stream or held (the push may come after these acks are read)
+    held = [pb.Held(model="tiny", versions=[1], active=1)]
+    assert status(registry.sync, [hello(node, held=held), odd.SerializeToString(),
                                   good.SerializeToString()], node) == grpc.StatusCode.OK
     rows = {r["node"]: r for r in registry.cli("status", "--json").json()}
     assert rows[node]["state"] == "ACTIVE" and rows[node]["version"] == 1
