@@ -245,7 +245,7 @@ class Run:
 
     def metric(self, node: str, name: str) -> float:
         """Sum of an edge's Prometheus series ``edge_<name>_total``."""
-        return metric(f"{self.sites.node_url(node)}/metrics", f"edge_{name}_total")
+        return metric(f"{self.sites.node_url(node)}/metrics", f"edge_{name}_total", self.ca)
 
     def artifact_bytes(self, version: int) -> int:
         show = self.registry("show", f"{MODEL}@{version}", "--json")
@@ -469,7 +469,7 @@ class Run:
             try:
                 for i, (label, url) in enumerate(links.items()):
                     edges.append((label, self._probe_edge(f"{site}-wan{i}", site, url)))
-                with httpx.Client(timeout=10) as http:
+                with httpx.Client(timeout=10, verify=self.ca) as http:
                     times: dict[str, list[float]] = {label: [] for label in links}
                     for n in range(requests + 5):
                         for label, url in edges:
@@ -503,9 +503,9 @@ class Run:
             self.sites.provision_node(name, "edge", site, (host.address, "127.0.0.1"))
         self.sites.without_consul.add(name)  # a static center URL: no discovery
         self.sites.spawn(name, argv, EDGE_PORT, "edge")
-        url = f"http://{host.address}:{EDGE_PORT}"
-        wait(lambda: httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200, 60,
-             f"{name} ready")
+        url = self.sites.node_url(name)  # HTTPS with its own certificate when provisioned
+        wait(lambda: httpx.get(f"{url}/v2/health/ready", timeout=1,
+                               verify=self.ca).status_code == 200, 60, f"{name} ready")
         return url
 
     def _stop_probe(self, url: str) -> None:

@@ -12,6 +12,7 @@ import json
 import math
 import re
 import shutil
+import ssl
 import subprocess
 import threading
 import time
@@ -280,17 +281,18 @@ def served(http: httpx.Client, url: str) -> int | None:
     return int(response.json()["version"]) if response.status_code == 200 else None
 
 
-def samples(url: str) -> list[tuple[str, str, float]]:
-    """(name, labels, value) of every sample a /metrics page shows."""
+def samples(url: str, verify: ssl.SSLContext | bool = True) -> list[tuple[str, str, float]]:
+    """(name, labels, value) of every sample a /metrics page shows (``verify``: the CA
+    context for a node serving HTTPS with its own certificate)."""
     found = []
-    for line in httpx.get(url, timeout=10).text.splitlines():
+    for line in httpx.get(url, timeout=10, verify=verify).text.splitlines():
         if (match := SAMPLE.match(line)) is not None:
             found.append((match[1], match[2] or "", float(match[3])))
     return found
 
 
-def metric(url: str, name: str) -> float:
-    return sum(value for n, _, value in samples(url) if n == name)
+def metric(url: str, name: str, verify: ssl.SSLContext | bool = True) -> float:
+    return sum(value for n, _, value in samples(url, verify) if n == name)
 
 
 def successes_by_version(edge: TierProcess) -> dict[str, float]:
