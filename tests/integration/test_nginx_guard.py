@@ -352,24 +352,26 @@ class Legit(JsonHandler):
 
 
 def test_a_catalog_entry_moved_to_another_address_reaches_nobody(guarded: Guarded) -> None:
-    """The stolen box re-registers ``edge-us-1`` (same name, same Meta) at its own port:
-    nginx used to send users' requests there in plain HTTP. Now nginx checks, in the
-    handshake, the certificate of ``edge-us-1``'s node name at every address it dials:
-    the stolen box's (valid, but for ``edge-stolen``) fails it, nginx moves on to the next
-    edge (``edge-us-2``, whose name it checks afresh) and the attacker sees no request."""
+    """The stolen box re-registers another edge's id (same name, same Meta) at its own
+    port: nginx used to send users' requests there in plain HTTP. Now nginx checks, in the
+    handshake, the certificate of that id's node name at every address it dials: the stolen
+    box's (valid, but for ``edge-stolen``) fails it, nginx moves on to the next edge (whose
+    name it checks afresh) and the attacker sees no request.
+
+    The entry moved is ``edge-us-2``'s (a listener this test runs, which does not re-assert
+    its registration): the real ``edge-us-1`` puts its own entry back within a fraction of a
+    second (test_node_identity.py), which would race the attack rather than test nginx."""
     tls = guarded.ca.parent
     attacker = Attacker(node_cert(tls, "edge-stolen"))
     threading.Thread(target=attacker.serve_forever, daemon=True).start()
     entry = guarded.entry
     upstreams = entry.root / "nginx" / "upstreams.conf"
-    catalog = httpx.get(f"http://{guarded.consul.consul}/v1/agent/service/edge-us-1",
-                        timeout=5).json()
     stop = threading.Event()
 
-    def keep_registering() -> None:  # the real edge re-registers itself; so does the attacker
+    def keep_registering() -> None:  # the attacker keeps edge-us-2's entry at its own port
         while not stop.is_set():
-            register(guarded.consul, "edge-us-1", "127.0.0.1", attacker.server_address[1],
-                     **catalog["Meta"])
+            register(guarded.consul, "edge-us-2", "127.0.0.1", attacker.server_address[1],
+                     region="us")
             stop.wait(0.2)
 
     with http_peer(Legit, node_cert(tls, "edge-us-2")) as legit:
@@ -380,7 +382,8 @@ def test_a_catalog_entry_moved_to_another_address_reaches_nobody(guarded: Guarde
             wait_for(lambda: f":{legit.server_address[1]} " in upstreams.read_text(), 30,
                      "edge-us-2 rendered")
             registering.start()
-            wait_for(lambda: f":{attacker.server_address[1]} " in upstreams.read_text(), 30,
+            wait_for(lambda: f":{attacker.server_address[1]} " in upstreams.read_text()
+                     and f":{legit.server_address[1]} " not in upstreams.read_text(), 30,
                      "the moved entry rendered")
             with httpx.Client(timeout=10) as client:  # keep-alive to nginx; nginx keeps its own
                 answers = [client.post(f"{entry.url}/v2/models/tiny/infer", json=BODY,
