@@ -44,8 +44,6 @@ skipped = discovery.Throttled(log)
 NGINX_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 RESOLVE_TIMEOUT_S = 1.0  # a host name in the catalog: resolved by the renderer, or dropped
 MAX_CHECKS = 64  # nginx -t runs spent looking for the entries a failing candidate owes to
-EDGE_TLS_DOMAIN = "edge.tiered.invalid"  # registry.pki.node_name(node_id, "edge")'s suffix
-NODE_LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")  # registry.pki.NODE_LABEL
 UNMAPPED_TLS_NAME = "unmapped.tiered.invalid"  # no certificate names it: the handshake fails
 
 DROPPED = prometheus_client.Gauge(
@@ -146,10 +144,11 @@ def edge_tls_name(service_id: str) -> str:
     """The TLS name only this edge's own certificate answers to (``registry.pki.node_name``
     for tier ``edge``: ``<node id>.edge.tiered.invalid``); in Consul an edge's service id is
     its node id. InvalidInstance for an id that cannot be a DNS label."""
-    if not NODE_LABEL.fullmatch(service_id):
+    try:
+        return discovery.node_tls_name(service_id, "edge")
+    except ValueError as exc:
         raise discovery.InvalidInstance(
-            f"service id {service_id[:64]!r} cannot name a node certificate")
-    return f"{service_id}.{EDGE_TLS_DOMAIN}"
+            f"service id {service_id[:64]!r} cannot name a node certificate") from exc
 
 
 def _renderable(instances: list[Instance]) -> list[Instance]:

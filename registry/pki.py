@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import re
 from pathlib import Path
 
 from cryptography import x509
@@ -23,11 +22,10 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from serving.config.tokens import write_secret
+from serving.fleet import discovery
 
 ROLES = ("registry", "center")
-TIERS = ("edge", "center")
 ROLE_DOMAIN = "tiered.invalid"  # RFC 2606: never resolves, so only TLS ever matches it
-NODE_LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")  # a node id that can be a DNS label
 VALID_DAYS = 365
 
 
@@ -41,14 +39,9 @@ def node_name(node_id: str, tier: str) -> str:
     ``<node id>.<tier>.tiered.invalid`` (e.g. ``edge-us-1.edge.tiered.invalid``). Whoever
     reaches a node found in Consul (nginx an edge, an edge a center) checks this name for the
     node id the catalog entry claims, so an entry moved to another address reaches nobody but
-    a failed handshake. ValueError for a node id that is not a DNS label or a tier that is
-    not one."""
-    if tier not in TIERS:
-        raise ValueError(f"tier must be one of {TIERS}, not {tier[:32]!r}")
-    if not NODE_LABEL.fullmatch(node_id):
-        raise ValueError(f"node id {node_id[:64]!r} cannot be named in a certificate: use "
-                         f"lower-case letters, digits and '-' (at most 63, not at either end)")
-    return f"{node_id}.{tier}.{ROLE_DOMAIN}"
+    a failed handshake. One rule for signer and checkers: ``discovery.node_tls_name``.
+    ValueError for a node id that is not a DNS label or a tier that is not one."""
+    return discovery.node_tls_name(node_id, tier)
 
 
 def _name(common: str) -> x509.Name:
