@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from registry import anchor, audit, budgets, keys, render
+from registry import anchor, audit, budgets, keys, render, replication
 from registry.blobs import BlobStore
 from registry.catalog import Catalog, check_name
 from registry.db import connect
@@ -35,14 +35,35 @@ class Context:
     def __init__(self, settings: RegistrySettings) -> None:
         self.settings = settings
         self._catalog: Catalog | None = None
+        self.opened_at = 0
 
     @property
     def catalog(self) -> Catalog:
         if self._catalog is None:
             self._catalog = Catalog(connect(self.settings.database), self.settings.actor,
                                     anchor.for_settings(self.settings))
+            self.opened_at = replication.position(self._catalog.db.conn)
             BlobStore(self.settings.blobs).sweep_temporaries()
         return self._catalog
+
+    def replicated(self) -> None:
+        """After a command that changed replicated data on the primary of a group: wait until
+        ``sync_standbys`` standbys hold it (semi-synchronous), or say that it stands on the
+        primary alone."""
+        if self._catalog is None:
+            return
+        conn = self._catalog.db.conn
+        at = replication.position(conn)
+        wanted = self.settings.sync_standbys
+        if at <= self.opened_at or wanted == 0 or replication.state(conn).role != "primary":
+            return
+        holders = replication.wait_replicated(self._catalog.db, at, wanted,
+                                              self.settings.sync_timeout_s)
+        if holders is None:
+            err.print(f"[yellow]warning:[/] committed on the primary, but fewer than {wanted} "
+                      f"standby(s) hold it after {self.settings.sync_timeout_s:g}s: it is "
+                      f"replicated asynchronously and would be lost if this host died now "
+                      f"(registry_replication_async_commits_total)")
 
 
 pass_ctx = click.make_pass_decorator(Context)
@@ -73,6 +94,12 @@ def cli(ctx: click.Context, home: Path | None, actor: str | None,
         ctx.obj = Context(RegistrySettings(**overrides))
     except ValidationError as exc:
         raise click.UsageError(f"invalid settings: {exc}") from exc
+
+
+@cli.result_callback()
+@pass_ctx
+def _after(ctx: Context, *_: Any, **__: Any) -> None:
+    ctx.replicated()
 
 
 @cli.command("publish")
@@ -485,19 +512,23 @@ def tls_cmd(folder: Path, hosts: tuple[str, ...]) -> None:
 
 
 @cli.command("serve")
-@settings_options(RegistrySettings, ("host", "grpc_port", "metrics_port", "tls_cert", "tls_key"),
+@settings_options(RegistrySettings, ("host", "grpc_port", "metrics_port", "tls_cert", "tls_key",
+                                   "ha", "follow"),
                   flags={"grpc_port": "port"},
-                  overrides={name: {"type": click.Path(path_type=Path, exists=True)}
-                             for name in ("tls_cert", "tls_key")})
+                  overrides={**{name: {"type": click.Path(path_type=Path, exists=True)}
+                                for name in ("tls_cert", "tls_key")},
+                             "ha": {"is_flag": True, "type": bool}})
 @pass_ctx
 def serve_cmd(ctx: Context, host: str | None, grpc_port: int | None,
-              metrics_port: int | None, tls_cert: Path | None, tls_key: Path | None) -> None:
+              metrics_port: int | None, tls_cert: Path | None, tls_key: Path | None,
+              ha: bool | None, follow: str | None) -> None:
     """Serve model sync over gRPC: push releases to every subscribed edge and center, send
     artifacts (resumable), record acks and quality reports. Needs REGISTRY_TOKEN."""
     from registry.serve import run  # grpc loads here only
 
     flags = {"host": host, "grpc_port": grpc_port, "metrics_port": metrics_port,
-             "tls_cert": tls_cert, "tls_key": tls_key}
+             "tls_cert": tls_cert, "tls_key": tls_key, "ha": ha or None,
+             "follow": follow}
     s = ctx.settings
     current = {name: getattr(s, name) for name in s.model_fields_set}
     try:
@@ -508,6 +539,10 @@ def serve_cmd(ctx: Context, host: str | None, grpc_port: int | None,
     if settings.token is None:
         raise click.UsageError("registry serve needs its secret: set REGISTRY_TOKEN (at least "
                                "16 characters) or REGISTRY_TOKEN_FILE")
+    if settings.ha and not settings.consul_http_addr:
+        raise click.UsageError("--ha elects the primary through Consul: set CONSUL_HTTP_ADDR")
+    if settings.ha and settings.follow:
+        raise click.UsageError("--ha finds the primary in Consul; --follow names one: not both")
     if (settings.tls_cert is None) != (settings.tls_key is None):
         raise click.UsageError("TLS needs both --tls-cert and --tls-key")
     ctx.catalog  # noqa: B018 - creates and migrates the database before serving

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import sqlite_utils
 
-from registry.migrations import MIGRATIONS
+from registry.errors import NotPrimary
+from registry.migrations import MIGRATIONS, NOT_PRIMARY
 
 BUSY_TIMEOUT_MS = 30_000
 
@@ -61,8 +62,12 @@ def transaction(db: sqlite_utils.Database) -> Iterator[sqlite3.Connection]:
     conn.execute("BEGIN IMMEDIATE")
     try:
         yield conn
-    except BaseException:
+    except BaseException as exc:
         conn.execute("ROLLBACK")
+        if isinstance(exc, sqlite3.IntegrityError) and NOT_PRIMARY in str(exc):
+            from registry.replication import refusal
+
+            raise NotPrimary(refusal(conn)) from exc
         raise
     conn.execute("COMMIT")
 

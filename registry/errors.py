@@ -50,3 +50,10 @@ class AnchorError(RegistryError):
     it signs (``registry.anchor``)."""
 
     exit_code = 1
+
+
+class NotPrimary(RegistryError):
+    """A write to a registry that is a standby, or a primary whose lease ran out
+    (``registry.replication``)."""
+
+    exit_code = 6

@@ -134,3 +134,78 @@ ALTER TABLE cascade_policies ADD COLUMN max_capacity_rows_s REAL
 ALTER TABLE node_models ADD COLUMN directive_seq INTEGER;
 """),
 ]
+
+# Replication (registry.replication): what a standby copies, in the order the primary wrote it.
+# Every write to these tables is captured into ``changes`` by a trigger, in commit order, so a
+# standby applies whole transactions of the primary in order; ``nodes``/``node_models`` (what
+# connected nodes report, rebuilt when they reconnect) are not replicated. A migration that adds
+# a column to one of these tables must recreate its two capture triggers.
+REPLICATED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    # table: (columns, primary key)
+    "models": (("name", "created_at"), ("name",)),
+    "blobs": (("sha256", "size", "created_at"), ("sha256",)),
+    "versions": (("model", "version", "manifest", "manifest_sha256", "source_sha256",
+                  "publisher", "created_at"), ("model", "version")),
+    "artifacts": (("model", "version", "role", "sha256"), ("model", "version", "role")),
+    "aliases": (("model", "alias", "version", "updated_at"), ("model", "alias")),
+    "rollouts": (("id", "model", "alias", "version", "targets", "created_at"), ("id",)),
+    "audit": (("seq", "at", "actor", "action", "model", "version", "sha256", "payload",
+               "prev_hash", "hash"), ("seq",)),
+    "signatures": (("model", "version", "key_id", "signature", "created_at"),
+                   ("model", "version")),
+    "node_tokens": (("node_id", "generation", "updated_at"), ("node_id",)),
+    "cascade_policies": (("model", "mode", "capacity_rows_s", "split", "updated_at",
+                          "max_capacity_rows_s"), ("model",)),
+}
+NOT_PRIMARY = "tiered: this registry is not the primary"
+# Unix time in SQL (SQLite 3.40 has no unixepoch('subsec')): milliseconds.
+NOW_S = "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+def _replication_sql() -> str:
+    parts = ["""
+CREATE TABLE changes (
+    id INTEGER PRIMARY KEY,
+    tbl TEXT NOT NULL,
+    op TEXT NOT NULL CHECK (op IN ('upsert', 'delete')),
+    row TEXT NOT NULL
+);
+CREATE TABLE replication_state (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    role TEXT NOT NULL CHECK (role IN ('standalone', 'primary', 'standby')),
+    term INTEGER NOT NULL DEFAULT 0,
+    registry_id TEXT,
+    leader TEXT,
+    lease_until REAL NOT NULL DEFAULT 0,
+    applying INTEGER NOT NULL DEFAULT 0,
+    async_commits INTEGER NOT NULL DEFAULT 0,
+    updated_at TEXT
+);
+INSERT INTO replication_state (id, role) VALUES (1, 'standalone');
+CREATE TABLE replicas (
+    replica TEXT PRIMARY KEY,
+    position INTEGER NOT NULL,
+    acked_at REAL NOT NULL
+);
+"""]
+    writable = (f"(SELECT applying = 1 OR role = 'standalone' OR (role = 'primary' AND "
+                f"lease_until > {NOW_S}) FROM replication_state WHERE id = 1)")
+    capturing = "(SELECT applying FROM replication_state WHERE id = 1) = 0"
+    for table, (columns, key) in REPLICATED.items():
+        for op in ("INSERT", "UPDATE", "DELETE"):
+            parts.append(f"CREATE TRIGGER fence_{table}_{op.lower()} BEFORE {op} ON {table} "
+                         f"WHEN NOT {writable}\nBEGIN SELECT RAISE(ABORT, '{NOT_PRIMARY}'); "
+                         f"END;\n")
+        new = ", ".join(f"'{c}', NEW.{c}" for c in columns)
+        old = ", ".join(f"'{c}', OLD.{c}" for c in key)
+        for op, kind, row in (("INSERT", "upsert", f"json_object({new})"),
+                              ("UPDATE", "upsert", f"json_object({new})"),
+                              ("DELETE", "delete", f"json_object({old})")):
+            parts.append(f"CREATE TRIGGER capture_{table}_{op.lower()} AFTER {op} ON {table} "
+                         f"WHEN {capturing}\nBEGIN INSERT INTO changes (tbl, op, row) VALUES "
+                         f"('{table}', '{kind}', {row}); END;\n")
+    return "".join(parts)
+
+
+MIGRATIONS.append((8, "replication: captured changes, role and lease, standbys' positions",
+                   _replication_sql()))

@@ -20,13 +20,14 @@ from typing import Any, TypeVar
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from registry import anchor, audit
+from registry import anchor, audit, replication
 from registry.audit import Head
 from registry.catalog import Catalog, Node, Target
 from registry.db import connect
 from registry.fetch import Artifacts
 from registry.intake import Intake, platform
 from registry.nodes import Held, NodeBook
+from registry.replicate import ReplicationService
 from registry.settings import RegistrySettings
 from serving.config.tokens import NODE_ID, Verifier
 from serving.protocol.budget import Budget
@@ -84,7 +85,16 @@ class Database:
             conn.execute("COMMIT")
 
     def data_version(self) -> int:
-        return int(self.catalog.db.execute("PRAGMA data_version").fetchone()[0])
+        """How far the replicated data goes (the newest captured change): what pushes depend
+        on. Not ``PRAGMA data_version``: the primary's lease renewals change the file every
+        half second and would look like a publish."""
+        return replication.position(self.catalog.db.conn)
+
+    def reopen(self) -> None:
+        """On this thread, after the database file was replaced (a standby's resync)."""
+        db = connect(self.settings.database)
+        self.catalog = Catalog(db, self.settings.actor, self.anchor)
+        self.nodes = NodeBook(db, self.anchor)
 
     def close(self) -> None:
         self._thread.submit(lambda: self.catalog.db.conn.close()).result()
@@ -122,6 +132,7 @@ class SyncService(pb_grpc.SyncServicer):
         self.settings, self.db, self.metrics = settings, db, metrics
         self.sessions: dict[str, Session] = {}
         self.intake = Intake(settings, db, metrics, self.sessions)
+        self.refusing: str | None = None  # why nodes are turned away (a standby says whom to ask)
         self.artifacts = Artifacts(settings, db, metrics, self.sessions)
 
     async def Sync(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
@@ -131,6 +142,8 @@ class SyncService(pb_grpc.SyncServicer):
         if first is grpc.aio.EOF or first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be "
                                 "a hello")
+        if self.refusing is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, self.refusing)
         session = await self._open(first.hello, context)
         reader = asyncio.create_task(self._read(session, context))
         try:
@@ -163,6 +176,9 @@ class SyncService(pb_grpc.SyncServicer):
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"this token is node "
                                 f"{proven!r}'s; it cannot say hello as {_shown(hello.node_id)}")
         assert token is not None
+        if token.tier not in ("edge", "center"):
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"a {token.tier} token "
+                                f"opens replication only, not a node's stream")
         for what, said, issued in (("tier", hello.tier, token.tier),
                                    ("region", hello.region, token.region)):
             if said != issued:
@@ -276,6 +292,8 @@ class SyncServer:
         self.metrics = metrics or SyncMetrics()
         self.db = Database(settings)
         self.service = SyncService(settings, self.db, self.metrics)
+        self.registry_id = settings.registry_id or ""
+        self.replication = ReplicationService(settings, self.db, lambda: self.registry_id)
         self.health = health.aio.HealthServicer()
         self.port = 0
         self._server: grpc.aio.Server | None = None
@@ -296,6 +314,7 @@ class SyncServer:
             options=[("grpc.max_receive_message_length", MAX_MESSAGE), *KEEPALIVE,
                      ("grpc.max_concurrent_streams", self.settings.max_concurrent_streams)])
         pb_grpc.add_SyncServicer_to_server(self.service, server)
+        pb_grpc.add_ReplicationServicer_to_server(self.replication, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         address = f"{self.settings.host}:{self.settings.grpc_port}"
         s = self.settings
@@ -353,7 +372,7 @@ class SyncServer:
             await asyncio.sleep(self.settings.watch_interval_s)
             try:
                 version = await self.db.run(self.db.data_version)
-                if version != seen:
+                if version != seen and self.service.refusing is None:
                     await self._load_generations()
                     await self.service.push_all()
                     await self.service.intake.load_policies()

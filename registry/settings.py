@@ -107,6 +107,39 @@ class RegistrySettings(ConsulSettings):
     """Calibration: share of bootstrap resamples of the calibration split in which the chosen
     threshold must be within tolerance (0 = judge the split as it is)."""
 
+    ha: bool = False
+    """Take part in electing the primary through a Consul lock (needs ``consul_http_addr``):
+    every registry of the group runs with this; the one holding the lock is the primary, the
+    others are standbys that follow it and take over when it is gone."""
+
+    follow: str | None = None
+    """``host:port`` of a primary to follow as a standby without Consul (no automatic
+    failover; ``registry serve --follow``)."""
+
+    registry_id: str | None = None
+    """This registry's name among its peers (a DNS label; default
+    ``registry-<advertised address>-<port>``, made one)."""
+
+    peer_ca: Path | None = None
+    """CA that a standby checks its primary's certificate with (default: ``<ca_dir>/ca.pem``
+    when this registry serves TLS; unset and no TLS = plaintext)."""
+
+    sync_standbys: int = Field(default=1, ge=0, le=8)
+    """As primary of a group: a publish, promote, rollback, revoke or provision returns once
+    this many standbys hold it (semi-synchronous); 0 = do not wait."""
+
+    sync_timeout_s: float = Field(default=5.0, gt=0, le=600)
+    """How long a change waits for the standbys before it stands on the primary alone (the
+    command says so, and ``registry_replication_async_commits_total`` counts it)."""
+
+    lock_ttl_s: float = Field(default=3.0, ge=1, le=60)
+    """Failover timing: the primary's lock check expires this long after its process stopped
+    passing it; the lock then waits as long again before another registry may take it, and
+    a primary stops accepting writes one second before that (its lease)."""
+
+    lock_key: str = Field(default="tiered/registry/leader", pattern=r"^[a-z0-9/_-]{1,128}$")
+    """Consul KV key the registries elect their primary with."""
+
     @model_validator(mode="after")
     def _token_from_file(self) -> RegistrySettings:
         if self.token_file is not None:
@@ -129,6 +162,12 @@ class RegistrySettings(ConsulSettings):
     @property
     def signing_key_path(self) -> Path:
         return self.signing_key or self.home / "keys" / "signing.key"
+
+    @property
+    def ca_pem(self) -> Path | None:
+        if self.peer_ca is not None:
+            return self.peer_ca
+        return self.ca_folder / "ca.pem" if self.tls_cert is not None else None
 
     @property
     def advertised(self) -> str:

@@ -80,3 +80,51 @@ class SyncMetrics:
             self.quality[field].labels(*labels).set(
                 float(value) * scale if isinstance(value, int | float) else 0.0)
         self.requests.labels(*labels).inc(int(report.get("requests", 0)))
+
+    def replication(self, roles: Any) -> None:
+        """The replication series, read from ``roles`` (``registry.serve.Roles``) and the
+        database at each scrape."""
+        self.registry.register(_Replication(roles))
+
+
+class _Replication:
+    def __init__(self, roles: Any) -> None:
+        self.roles = roles
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Any:
+        import sqlite3
+
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        roles = self.roles
+        primary = roles.server.service.refusing is None
+        yield GaugeMetricFamily("registry_replication_primary", "1 while this registry accepts "
+                                "writes and serves nodes (primary or standalone), 0 as a "
+                                "standby", value=1.0 if primary else 0.0)
+        follower = roles.follower if roles.following is not None else None
+        lag = (max(follower.primary_position - follower.position, 0)
+               if follower is not None else 0)
+        yield GaugeMetricFamily("registry_replication_lag_changes", "A standby: changes the "
+                                "primary has that it does not (0 on a primary)", value=lag)
+        yield GaugeMetricFamily("registry_replication_standbys_following", "A primary: standby "
+                                "streams open now", value=roles.server.replication.streams)
+        yield CounterMetricFamily("registry_replication_snapshots", "A standby: snapshots it "
+                                  "replaced its database with",
+                                  value=follower.snapshots if follower else 0)
+        try:
+            with sqlite3.connect(f"file:{roles.settings.database}?mode=ro", uri=True,
+                                 timeout=1) as conn:
+                row = conn.execute("SELECT async_commits, term, (SELECT max(id) FROM changes) "
+                                   "FROM replication_state WHERE id = 1").fetchone()
+        except sqlite3.Error:
+            return
+        yield CounterMetricFamily("registry_replication_async_commits", "Changes acknowledged "
+                                  "by the primary alone: no standby held them within "
+                                  "REGISTRY_SYNC_TIMEOUT_S", value=row[0])
+        yield GaugeMetricFamily("registry_replication_term", "The term this registry last "
+                                "knew (raised at each promotion)", value=row[1])
+        yield GaugeMetricFamily("registry_replication_position", "The newest change this "
+                                "registry holds", value=row[2] or 0)

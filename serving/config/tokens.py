@@ -26,7 +26,7 @@ from pathlib import Path
 from serving.errors import TokenError
 
 REGION = r"[a-z0-9][a-z0-9-]{0,31}"  # a region tag: what discovery accepts from Consul too
-TIERS = ("edge", "center")
+TIERS = ("edge", "center", "registry")  # registry: a standby following its primary
 MIN_SECRET = 16  # characters of REGISTRY_TOKEN; `secrets.token_hex(16)` gives 32
 NODE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 MAC = re.compile(r"[0-9a-f]{64}")

@@ -20,6 +20,102 @@ ACTIVE: AckState
 FAILED: AckState
 REFUSED: AckState
 
+class FollowerMessage(_message.Message):
+    __slots__ = ("hello", "applied")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    hello: FollowHello
+    applied: Applied
+    def __init__(self, hello: _Optional[_Union[FollowHello, _Mapping]] = ..., applied: _Optional[_Union[Applied, _Mapping]] = ...) -> None: ...
+
+class FollowHello(_message.Message):
+    __slots__ = ("registry_id", "position", "position_digest", "head_seq", "head_hash", "signing_key_id")
+    REGISTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    POSITION_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    HEAD_SEQ_FIELD_NUMBER: _ClassVar[int]
+    HEAD_HASH_FIELD_NUMBER: _ClassVar[int]
+    SIGNING_KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    registry_id: str
+    position: int
+    position_digest: str
+    head_seq: int
+    head_hash: str
+    signing_key_id: str
+    def __init__(self, registry_id: _Optional[str] = ..., position: _Optional[int] = ..., position_digest: _Optional[str] = ..., head_seq: _Optional[int] = ..., head_hash: _Optional[str] = ..., signing_key_id: _Optional[str] = ...) -> None: ...
+
+class Applied(_message.Message):
+    __slots__ = ("position",)
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    def __init__(self, position: _Optional[int] = ...) -> None: ...
+
+class Change(_message.Message):
+    __slots__ = ("id", "table", "op", "row")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    ROW_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    table: str
+    op: str
+    row: str
+    def __init__(self, id: _Optional[int] = ..., table: _Optional[str] = ..., op: _Optional[str] = ..., row: _Optional[str] = ...) -> None: ...
+
+class PrimaryMessage(_message.Message):
+    __slots__ = ("batch", "resync", "heartbeat")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    RESYNC_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    batch: Batch
+    resync: Resync
+    heartbeat: Heartbeat
+    def __init__(self, batch: _Optional[_Union[Batch, _Mapping]] = ..., resync: _Optional[_Union[Resync, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+
+class Batch(_message.Message):
+    __slots__ = ("changes", "last")
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    changes: _containers.RepeatedCompositeFieldContainer[Change]
+    last: bool
+    def __init__(self, changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ..., last: _Optional[bool] = ...) -> None: ...
+
+class Resync(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("position", "term", "registry_id")
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    REGISTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    position: int
+    term: int
+    registry_id: str
+    def __init__(self, position: _Optional[int] = ..., term: _Optional[int] = ..., registry_id: _Optional[str] = ...) -> None: ...
+
+class SnapshotRequest(_message.Message):
+    __slots__ = ("registry_id",)
+    REGISTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    registry_id: str
+    def __init__(self, registry_id: _Optional[str] = ...) -> None: ...
+
+class SnapshotChunk(_message.Message):
+    __slots__ = ("data", "offset", "size", "sha256", "position")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    offset: int
+    size: int
+    sha256: str
+    position: int
+    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., sha256: _Optional[str] = ..., position: _Optional[int] = ...) -> None: ...
+
 class Held(_message.Message):
     __slots__ = ("model", "versions", "active")
     MODEL_FIELD_NUMBER: _ClassVar[int]

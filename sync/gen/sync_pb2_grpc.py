@@ -138,3 +138,171 @@ class Sync:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ReplicationStub:
+    """Registry to registry: a standby follows the primary (registry.replicate). Only a token of
+    tier "registry" opens these calls.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Follow = channel.stream_stream(
+                '/tiered.sync.v1.Replication/Follow',
+                request_serializer=sync_dot_gen_dot_sync__pb2.FollowerMessage.SerializeToString,
+                response_deserializer=sync_dot_gen_dot_sync__pb2.PrimaryMessage.FromString,
+                _registered_method=True)
+        self.Snapshot = channel.unary_stream(
+                '/tiered.sync.v1.Replication/Snapshot',
+                request_serializer=sync_dot_gen_dot_sync__pb2.SnapshotRequest.SerializeToString,
+                response_deserializer=sync_dot_gen_dot_sync__pb2.SnapshotChunk.FromString,
+                _registered_method=True)
+        self.Blob = channel.unary_stream(
+                '/tiered.sync.v1.Replication/Blob',
+                request_serializer=sync_dot_gen_dot_sync__pb2.FetchRequest.SerializeToString,
+                response_deserializer=sync_dot_gen_dot_sync__pb2.Chunk.FromString,
+                _registered_method=True)
+
+
+class ReplicationServicer:
+    """Registry to registry: a standby follows the primary (registry.replicate). Only a token of
+    tier "registry" opens these calls.
+    """
+
+    def Follow(self, request_iterator, context):
+        """The standby says where it is; the primary streams whole transactions of captured changes
+        after it (or asks for a snapshot), and heartbeats; the standby acks each applied batch.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Snapshot(self, request, context):
+        """The primary's database as of one read transaction, in chunks; the last carries its digest.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Blob(self, request, context):
+        """One blob the primary's catalog lists, from `offset`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ReplicationServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Follow': grpc.stream_stream_rpc_method_handler(
+                    servicer.Follow,
+                    request_deserializer=sync_dot_gen_dot_sync__pb2.FollowerMessage.FromString,
+                    response_serializer=sync_dot_gen_dot_sync__pb2.PrimaryMessage.SerializeToString,
+            ),
+            'Snapshot': grpc.unary_stream_rpc_method_handler(
+                    servicer.Snapshot,
+                    request_deserializer=sync_dot_gen_dot_sync__pb2.SnapshotRequest.FromString,
+                    response_serializer=sync_dot_gen_dot_sync__pb2.SnapshotChunk.SerializeToString,
+            ),
+            'Blob': grpc.unary_stream_rpc_method_handler(
+                    servicer.Blob,
+                    request_deserializer=sync_dot_gen_dot_sync__pb2.FetchRequest.FromString,
+                    response_serializer=sync_dot_gen_dot_sync__pb2.Chunk.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'tiered.sync.v1.Replication', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('tiered.sync.v1.Replication', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Replication:
+    """Registry to registry: a standby follows the primary (registry.replicate). Only a token of
+    tier "registry" opens these calls.
+    """
+
+    @staticmethod
+    def Follow(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tiered.sync.v1.Replication/Follow',
+            sync_dot_gen_dot_sync__pb2.FollowerMessage.SerializeToString,
+            sync_dot_gen_dot_sync__pb2.PrimaryMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Snapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tiered.sync.v1.Replication/Snapshot',
+            sync_dot_gen_dot_sync__pb2.SnapshotRequest.SerializeToString,
+            sync_dot_gen_dot_sync__pb2.SnapshotChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Blob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tiered.sync.v1.Replication/Blob',
+            sync_dot_gen_dot_sync__pb2.FetchRequest.SerializeToString,
+            sync_dot_gen_dot_sync__pb2.Chunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

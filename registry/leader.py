@@ -1,0 +1,210 @@
+"""Who is the primary: a Consul session lock, a lease that fences writes, promotion and
+demotion (``registry serve`` with ``REGISTRY_HA``).
+
+Each registry registers a TTL check that its process passes every third of ``lock_ttl_s`` and
+holds a session tied to that check and to its node's ``serfHealth``: when the process or the
+host dies, or the host is cut off from Consul, the check or the node fails and Consul
+invalidates the session, which releases the lock key. The lock then waits ``lock_ttl_s``
+(Consul's lock-delay) before another session may take it.
+
+Fencing: the primary accepts writes only while its lease (in the database, checked by SQLite
+triggers on every write to a replicated table) is unexpired, and it extends the lease only to
+one second less than the lock-delay past the moment it last *asked* Consul and saw its own
+session still holding the key. Whatever invalidated the session happened after that question
+was asked, so the next primary can take the lock only after the old lease has run out: at no
+moment do two registries accept writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import consul
+
+from registry import audit, replication
+from registry.replicate import REGISTRY_ID
+from registry.settings import RegistrySettings
+from serving.fleet import discovery
+
+log = logging.getLogger(__name__)
+ERRORS = (consul.ConsulException, OSError, asyncio.TimeoutError, ValueError)
+
+
+def leader_value(raw: Any) -> tuple[str, str, int] | None:
+    """The lock key's value (``{"registry_id", "address", "term"}``) as written by a registry;
+    None when it is anything else: the catalog is hostile until checked."""
+    try:
+        data = json.loads(raw)
+        registry_id, address, term = data["registry_id"], data["address"], data["term"]
+        if not (isinstance(registry_id, str) and REGISTRY_ID.fullmatch(registry_id)
+                and isinstance(term, int) and term >= 0 and isinstance(address, str)):
+            return None
+        host, _, port = address.rpartition(":")
+        return registry_id, discovery.host_port(discovery.checked_address(host.strip("[]")),
+                                                discovery.checked_port(int(port))), term
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return None
+
+
+class Leadership:
+    """The election loop. ``promote(term, previous)`` and ``demote(leader)`` are the server's:
+    they change the role in the database (and what is registered, served, followed)."""
+
+    def __init__(self, settings: RegistrySettings, registry_id: str, address: str,
+                 db_run: Callable[..., Awaitable[Any]], conn: Callable[[], Any],
+                 promote: Callable[[int, str | None], Awaitable[None]],
+                 demote: Callable[[str | None], Awaitable[None]]) -> None:
+        assert settings.consul_http_addr
+        token = settings.consul_http_token
+        self.consul = discovery.client(settings.consul_http_addr,
+                                       token.get_secret_value() if token else None)
+        self.settings, self.registry_id, self.address = settings, registry_id, address
+        self.run_db, self.conn = db_run, conn
+        self.promote, self.demote = promote, demote
+        self.key = settings.lock_key
+        self.check_id = f"{registry_id}-lock"
+        self.session: str | None = None
+        self.primary = False
+        self.leader: str | None = None  # the address of the registry holding the lock
+        self.term = 0
+        self.lease_s = max(settings.lock_ttl_s - 1.0, 0.5)
+        self.lock_delay = math.ceil(settings.lock_ttl_s)
+
+    async def run(self) -> None:
+        passing = asyncio.create_task(self._pass())
+        try:
+            while True:
+                try:
+                    await self._round()
+                except ERRORS as exc:
+                    log.warning("consul: %s", exc)
+                    self.session = None
+                    await asyncio.sleep(0.5)
+        finally:
+            passing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await passing
+
+    async def _pass(self) -> None:
+        """Keep the lock check passing while this process runs (and re-register it when the
+        agent lost it)."""
+        interval = self.settings.lock_ttl_s / 3
+        registered = False
+        while True:
+            try:
+                if not registered:
+                    await self.consul.agent.check.register(
+                        f"registry lock ({self.registry_id})", check_id=self.check_id,
+                        check={"TTL": f"{self.settings.lock_ttl_s:g}s",
+                               "DeregisterCriticalServiceAfter": "1h"})
+                    registered = True
+                await self.consul.agent.check.ttl_pass(self.check_id)
+            except ERRORS as exc:
+                registered = False
+                log.warning("consul: cannot pass the lock check: %s", exc)
+            await asyncio.sleep(interval)
+
+    async def _session(self) -> str:
+        if self.session is None:
+            self.session = await self.consul.session.create(
+                name=f"tiered registry {self.registry_id}",
+                checks=["serfHealth", self.check_id], lock_delay=self.lock_delay,
+                behavior="release")
+        return self.session
+
+    async def _round(self) -> None:
+        asked = time.time()
+        if self.primary:
+            _, entry = await self.consul.kv.get(self.key, consistency="consistent")
+            if entry is not None and entry.get("Session") == self.session:
+                await self.run_db(self._renew, asked + self.lease_s)
+                await asyncio.sleep(min(0.5, self.lease_s / 3))
+                return
+            log.warning("lost the registry lock (%s): stepping down", self.key)
+            self.primary, self.session = False, None
+            await self.demote(None)
+            return
+        index, entry = await self.consul.kv.get(self.key, consistency="consistent")
+        holder = entry.get("Session") if entry else None
+        value = leader_value(entry.get("Value")) if entry else None
+        if holder is None:
+            session = await self._session()
+            ours_term = await self.run_db(lambda: replication.state(self.conn()).term)
+            term = max(ours_term, value[2] if value else 0) + 1
+            asked = time.time()
+            body = json.dumps({"registry_id": self.registry_id, "address": self.address,
+                               "term": term})
+            if await self.consul.kv.put(self.key, body, acquire=session):
+                previous = value[1] if value else None
+                self.primary, self.term, self.leader = True, term, self.address
+                await self.run_db(self._renew_as, term, asked + self.lease_s)
+                log.info("took the registry lock: primary for term %d", term)
+                await self.promote(term, previous)
+                return
+            await asyncio.sleep(0.25)  # the lock-delay of a lost holder: try again soon
+            return
+        leader = value[1] if value else None
+        if leader != self.leader:
+            self.leader = leader
+            log.info("the primary is %s", leader or "unreadable in the lock's value")
+            await self.demote(leader)
+        # until the key changes (a lost holder releases it), at most a few seconds
+        await self.consul.kv.get(self.key, index=index, wait="5s")
+
+    def _renew(self, until: float) -> None:
+        conn = self.conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            replication.renew(conn, until)
+        finally:
+            conn.execute("COMMIT")
+
+    def _renew_as(self, term: int, until: float) -> None:
+        """Become the primary in the database: role, term, lease."""
+        conn = self.conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            replication.set_role(conn, "primary", term=term, registry_id=self.registry_id,
+                                 leader=self.address, lease_until=until)
+        finally:
+            conn.execute("COMMIT")
+
+    async def stop(self) -> None:
+        """A clean stop: refuse writes first, then let the lock go (no lock-delay for the next
+        primary), and take the check away."""
+        with contextlib.suppress(*ERRORS):
+            if self.primary:
+                self.primary = False
+                await self.run_db(self._step_down)
+                if self.session is not None:
+                    await self.consul.kv.put(self.key, json.dumps(
+                        {"registry_id": self.registry_id, "address": self.address,
+                         "term": self.term}), release=self.session)
+            if self.session is not None:
+                await self.consul.session.destroy(self.session)
+            await self.consul.agent.check.deregister(self.check_id)
+        await self.consul.close()
+
+    def _step_down(self) -> None:
+        conn = self.conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            replication.set_role(conn, "standby", leader=None)
+        finally:
+            conn.execute("COMMIT")
+
+
+def promotion_record(conn: Any, actor: str, registry_id: str, term: int,
+                     previous: str | None) -> None:
+    """The audit record of a new primary (in the caller's transaction): the chain says who
+    accepted writes from which record on."""
+    audit.append(conn, actor=actor, action="registry-promote", payload={
+        "registry_id": registry_id, "term": term, "previous": previous,
+        "position": replication.position(conn)})

@@ -1,0 +1,226 @@
+"""Replication at the database: the role and lease that fence writes, the captured changes a
+standby applies, and the standbys' positions that a semi-synchronous commit waits for.
+
+The primary's triggers copy every write to a replicated table (``migrations.REPLICATED``) into
+``changes`` in commit order; a standby reads them in one read transaction (so it always gets
+whole transactions), applies them in one transaction of its own with the same ids, and says how
+far it got. Fencing is in SQLite too: a write to a replicated table is refused (``NOT_PRIMARY``)
+unless this registry is standalone, or the primary with an unexpired lease, or applying what its
+primary sent. So no code path and no other process can write to a standby or to a primary that
+lost its lock, whatever it runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import sqlite_utils
+
+from registry.db import now, transaction
+from registry.errors import RegistryError
+from registry.migrations import NOT_PRIMARY, REPLICATED
+
+ROLES = ("standalone", "primary", "standby")
+
+
+@dataclass(frozen=True)
+class State:
+    role: str
+    term: int
+    registry_id: str | None
+    leader: str | None  # host:port of the primary it follows (or its own, as primary)
+    lease_until: float
+    async_commits: int
+
+    @property
+    def writable(self) -> bool:
+        return self.role == "standalone" or (self.role == "primary" and
+                                              self.lease_until > time.time())
+
+
+def state(conn: sqlite3.Connection) -> State:
+    row = conn.execute("SELECT role, term, registry_id, leader, lease_until, async_commits "
+                       "FROM replication_state WHERE id = 1").fetchone()
+    return State(str(row[0]), int(row[1]), row[2], row[3], float(row[4]), int(row[5]))
+
+
+def set_role(conn: sqlite3.Connection, role: str, *, term: int | None = None,
+             registry_id: str | None = None, leader: str | None = None,
+             lease_until: float = 0.0) -> None:
+    """Change the role (in its own transaction, or the caller's). ``standby`` and a lapsed
+    ``primary`` refuse writes from the moment this commits."""
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}")
+    conn.execute("UPDATE replication_state SET role = ?, term = COALESCE(?, term), "
+                 "registry_id = COALESCE(?, registry_id), leader = ?, lease_until = ?, "
+                 "updated_at = ? WHERE id = 1",
+                 (role, term, registry_id, leader, lease_until, now()))
+
+
+def renew(conn: sqlite3.Connection, until: float) -> None:
+    """Move the primary's lease on (only while it is the primary: a demoted one stays so)."""
+    conn.execute("UPDATE replication_state SET lease_until = ? WHERE id = 1 AND role = "
+                 "'primary'", (until,))
+
+
+def refusal(conn: sqlite3.Connection) -> str:
+    """Why this registry refuses writes, for the person who tried one."""
+    s = state(conn)
+    if s.role == "standby":
+        where = f"the primary is {s.leader}" if s.leader else "no primary is known yet"
+        return (f"this registry is a standby ({s.registry_id or 'unnamed'}, term {s.term}): it "
+                f"refuses writes; {where}. Run the command on the primary's host")
+    late = time.time() - s.lease_until
+    return (f"this registry was the primary (term {s.term}) but its lease ran out "
+            f"{max(late, 0):.1f}s ago: `registry serve` is not running here or lost its "
+            f"Consul lock, so another registry may be primary now")
+
+
+def is_refusal(exc: BaseException) -> bool:
+    return isinstance(exc, sqlite3.IntegrityError) and NOT_PRIMARY in str(exc)
+
+
+def position(conn: sqlite3.Connection) -> int:
+    """The id of the newest captured change (0: none): how far this registry's data goes."""
+    row = conn.execute("SELECT max(id) FROM changes").fetchone()
+    return int(row[0] or 0)
+
+
+def first_position(conn: sqlite3.Connection) -> int:
+    row = conn.execute("SELECT min(id) FROM changes").fetchone()
+    return int(row[0] or 0)
+
+
+def digest_at(conn: sqlite3.Connection, change_id: int) -> str | None:
+    """The sha256 of change ``change_id`` (None: there is none): two registries agree on their
+    history up to an id when they hold the same change there."""
+    row = conn.execute("SELECT tbl, op, row FROM changes WHERE id = ?", (change_id,)).fetchone()
+    if row is None:
+        return None
+    return hashlib.sha256(json.dumps([change_id, *row]).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Change:
+    id: int
+    table: str
+    op: str
+    row: str  # JSON object of the row's columns (upsert) or its key (delete)
+
+
+def read_changes(conn: sqlite3.Connection, after: int, limit: int) -> list[Change]:
+    """Changes after ``after``, oldest first. Call inside a read transaction and read up to the
+    newest id in it: a batch then ends on a commit of the primary, never inside one."""
+    rows = conn.execute("SELECT id, tbl, op, row FROM changes WHERE id > ? ORDER BY id LIMIT ?",
+                        (after, limit)).fetchall()
+    return [Change(int(r[0]), str(r[1]), str(r[2]), str(r[3])) for r in rows]
+
+
+class BadChange(RegistryError):
+    """A change a primary sent that does not fit this registry's schema."""
+
+    exit_code = 5
+
+
+def _checked(change: Change) -> tuple[str, tuple[str, ...], tuple[str, ...], dict[str, Any]]:
+    spec = REPLICATED.get(change.table)
+    if spec is None:
+        raise BadChange(f"change {change.id}: table {change.table[:40]!r} is not replicated")
+    columns, key = spec
+    try:
+        row = json.loads(change.row)
+    except ValueError as exc:
+        raise BadChange(f"change {change.id}: row is not JSON") from exc
+    wanted = columns if change.op == "upsert" else key
+    if change.op not in ("upsert", "delete") or not isinstance(row, dict) or \
+            set(row) != set(wanted):
+        raise BadChange(f"change {change.id} ({change.table} {change.op[:10]!r}): its columns "
+                        f"are not the table's")
+    for value in row.values():
+        if value is not None and not isinstance(value, str | int | float):
+            raise BadChange(f"change {change.id}: a value of type {type(value).__name__}")
+    return change.table, columns, key, row
+
+
+def apply(db: sqlite_utils.Database, changes: list[Change]) -> int:
+    """Apply a batch a primary sent, in one transaction, keeping its ids; return the new
+    position. Every change is checked against the schema (names come from ``REPLICATED``,
+    never from the wire); a change this registry already holds, or one out of order, is
+    refused with the rest of the batch."""
+    conn = db.conn
+    checked = [_checked(c) for c in changes]
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        at = position(conn)
+        conn.execute("UPDATE replication_state SET applying = 1 WHERE id = 1")
+        for change, (table, columns, key, row) in zip(changes, checked, strict=True):
+            if change.id <= at:
+                raise BadChange(f"change {change.id} is not after this registry's position {at}")
+            at = change.id
+            if change.op == "upsert":
+                updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in key)
+                conflict = (f"ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}"
+                            if updates else "ON CONFLICT DO NOTHING")
+                conn.execute(f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
+                             f"({', '.join('?' for _ in columns)}) {conflict}",
+                             [row[c] for c in columns])
+            else:
+                conn.execute(f"DELETE FROM {table} WHERE "
+                             f"{' AND '.join(f'{c} = ?' for c in key)}", [row[c] for c in key])
+            conn.execute("INSERT INTO changes (id, tbl, op, row) VALUES (?, ?, ?, ?)",
+                         (change.id, change.table, change.op, change.row))
+        conn.execute("UPDATE replication_state SET applying = 0 WHERE id = 1")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return at
+
+
+def blobs_in(changes: list[Change]) -> list[tuple[str, int]]:
+    """The blobs a batch records (sha256, size): a standby holds each before it commits."""
+    wanted = []
+    for change in changes:
+        if change.table == "blobs" and change.op == "upsert":
+            row = json.loads(change.row)
+            wanted.append((str(row["sha256"]), int(row["size"])))
+    return wanted
+
+
+def acked(conn: sqlite3.Connection, replica: str, at: int) -> None:
+    """A standby says it holds everything up to change ``at`` (the primary records it)."""
+    conn.execute("INSERT INTO replicas (replica, position, acked_at) VALUES (?, ?, ?) ON "
+                 "CONFLICT (replica) DO UPDATE SET position = max(position, excluded.position),"
+                 " acked_at = excluded.acked_at", (replica, at, time.time()))
+
+
+def standbys_at(conn: sqlite3.Connection, at: int, fresh_s: float = 30.0) -> list[str]:
+    """The standbys (heard from in the last ``fresh_s``) that hold change ``at``."""
+    rows = conn.execute("SELECT replica FROM replicas WHERE position >= ? AND acked_at > ? "
+                        "ORDER BY replica", (at, time.time() - fresh_s)).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def wait_replicated(db: sqlite_utils.Database, at: int, count: int, timeout_s: float,
+                    poll_s: float = 0.01) -> list[str] | None:
+    """Wait until ``count`` standbys hold change ``at``: their names, or None at the timeout
+    (which is counted: the commit stands on the primary alone, replicated asynchronously)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        holders = standbys_at(db.conn, at)
+        if len(holders) >= count:
+            return holders
+        if time.monotonic() >= deadline:
+            try:
+                with transaction(db) as conn:
+                    conn.execute("UPDATE replication_state SET async_commits = "
+                                    "async_commits + 1 WHERE id = 1")
+            except sqlite3.Error:
+                pass  # a count, not the change: the change is committed already
+            return None
+        time.sleep(poll_s)
