@@ -635,12 +635,16 @@ def _pid(path: Path) -> int | None:
         return None
 
 
-async def serve(renderer: Renderer, consul_addr: str | None, token: str | None) -> None:
+async def serve(renderer: Renderer, consul_addr: str | None, token: str | None,
+                registries: bool = True) -> None:
+    """Follow the fleet in Consul until a signal. ``registries``: also the registry (only
+    for /registry/metrics: otherwise a registry failover would reload nginx, and a reload
+    resets the keep-alive connections clients are about to reuse)."""
     tasks = []
     client = discovery.client(consul_addr, token) if consul_addr else None
     if client is not None:
-        for role, service in (("edges", "edge"), ("centers", "center"),
-                              ("registries", "registry")):
+        followed = [("edges", "edge"), ("centers", "center")]
+        for role, service in followed + ([("registries", "registry")] if registries else []):
             watch = discovery.Watch(client, discovery.SERVICES[service], renderer.follow(role),
                                     passing_only=False)
             tasks.append(asyncio.create_task(watch.run()))
@@ -751,7 +755,8 @@ def main(prefix: Path, listen: str, grpc_listen: str | None, consul_addr: str | 
                 renderer.start_nginx()
             except RuntimeError as exc:
                 raise click.ClickException(str(exc)) from exc
-        uvloop.run(serve(renderer, consul_addr, consul_token(consul_token_file)))
+        uvloop.run(serve(renderer, consul_addr, consul_token(consul_token_file),
+                         registries=expose_registry_metrics))
     finally:
         renderer.stop_nginx()
         if temp != prefix / "tmp":

@@ -7,7 +7,9 @@ it, ``signing.pub`` beside it. An explicitly configured path is never created.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +78,11 @@ def signer(settings: RegistrySettings) -> Signer:
     path = settings.signing_key_path
     try:
         if settings.signing_key is None and not path.exists():
+            if _replicated(settings):
+                raise SigningKeyError(
+                    f"no signing key at {path}, and this registry is one of a replicated group: "
+                    f"every registry of a group signs with the one key nodes pin, so it is "
+                    f"provisioned (REGISTRY_SIGNING_KEY), never made here")
             key = generate_key_pair(path, public_path(path))
         else:
             key = load_private_key(path)
@@ -83,6 +90,20 @@ def signer(settings: RegistrySettings) -> Signer:
         raise SigningKeyError(f"{exc} (REGISTRY_SIGNING_KEY; `registry keygen` makes a key pair)") \
             from exc
     return Signer(key)
+
+
+def _replicated(settings: RegistrySettings) -> bool:
+    """Whether the registry at ``settings.home`` is a primary or standby of a group."""
+    database = settings.database
+    if not database.exists():
+        return False
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True,
+                                                timeout=5)) as conn:
+            row = conn.execute("SELECT role FROM replication_state WHERE id = 1").fetchone()
+    except sqlite3.Error:
+        return False
+    return row is not None and row[0] != "standalone"
 
 
 def existing_public(settings: RegistrySettings) -> Ed25519PublicKey | None:

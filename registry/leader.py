@@ -1,11 +1,12 @@
 """Who is the primary: a Consul session lock, a lease that fences writes, promotion and
 demotion (``registry serve`` with ``REGISTRY_HA``).
 
-Each registry registers a TTL check that its process passes every third of ``lock_ttl_s`` and
-holds a session tied to that check and to its node's ``serfHealth``: when the process or the
-host dies, or the host is cut off from Consul, the check or the node fails and Consul
-invalidates the session, which releases the lock key. The lock then waits ``lock_ttl_s``
-(Consul's lock-delay) before another session may take it.
+Each registry registers a TTL check (on a service of its own, ``tiered-registry-lock``) that
+its process passes every third of ``lock_ttl_s`` and holds a session tied to that check and to
+its node's ``serfHealth``: when the process or the host dies, or the host is cut off from
+Consul, the check or the node fails and Consul invalidates the session, which releases the
+lock key. The lock then waits ``lock_ttl_s`` (Consul's lock-delay) before another session may
+take it.
 
 Fencing: the primary accepts writes only while its lease (in the database, checked by SQLite
 triggers on every write to a replicated table) is unexpired, and it extends the lease only to
@@ -34,6 +35,7 @@ from registry.settings import RegistrySettings
 from serving.fleet import discovery
 
 log = logging.getLogger(__name__)
+LOCK_SERVICE = "tiered-registry-lock"  # one per registry of a group: its lock check
 ERRORS = (consul.ConsulException, OSError, asyncio.TimeoutError, ValueError)
 
 
@@ -53,6 +55,21 @@ def leader_value(raw: Any) -> tuple[str, str, int] | None:
         return None
 
 
+def candidate(raw: Any) -> tuple[str, int, int] | None:
+    """A peer's candidate entry (``{"registry_id", "history_term", "position"}``), checked."""
+    try:
+        data = json.loads(raw)
+        registry_id, term, position = data["registry_id"], data["history_term"], \
+            data["position"]
+    except (TypeError, ValueError, KeyError):
+        return None
+    if not (isinstance(registry_id, str) and REGISTRY_ID.fullmatch(registry_id)
+            and isinstance(term, int) and isinstance(position, int)
+            and 0 <= term < 1 << 62 and 0 <= position < 1 << 62):
+        return None
+    return registry_id, term, position
+
+
 class Leadership:
     """The election loop. ``promote(term, previous)`` and ``demote(leader)`` are the server's:
     they change the role in the database (and what is registered, served, followed)."""
@@ -69,6 +86,10 @@ class Leadership:
         self.run_db, self.conn = db_run, conn
         self.promote, self.demote = promote, demote
         self.key = settings.lock_key
+        self.candidates = f"{settings.lock_key.rsplit('/', 1)[0]}/candidates/"
+        self.candidate_key = f"{self.candidates}{registry_id}"
+        self.started = time.monotonic()
+        self.deferred_to: str | None = None
         self.check_id = f"{registry_id}-lock"
         self.session: str | None = None
         self.primary = False
@@ -100,10 +121,13 @@ class Leadership:
         while True:
             try:
                 if not registered:
-                    await self.consul.agent.check.register(
-                        f"registry lock ({self.registry_id})", check_id=self.check_id,
-                        check={"TTL": f"{self.settings.lock_ttl_s:g}s",
-                               "DeregisterCriticalServiceAfter": "1h"})
+                    # a service of its own: a critical node-level check would take every
+                    # service of the host out of Consul's passing lists
+                    await self.consul.agent.service.register(
+                        LOCK_SERVICE, service_id=self.check_id, tags=["registry-lock"],
+                        check={"CheckID": self.check_id, "Name": "registry lock",
+                               "TTL": f"{self.settings.lock_ttl_s:g}s",
+                               "DeregisterCriticalServiceAfter": "1m"})
                     registered = True
                 await self.consul.agent.check.ttl_pass(self.check_id)
             except ERRORS as exc:
@@ -134,8 +158,22 @@ class Leadership:
         index, entry = await self.consul.kv.get(self.key, consistency="consistent")
         holder = entry.get("Session") if entry else None
         value = leader_value(entry.get("Value")) if entry else None
+        session = await self._session()
+        rank = await self.run_db(self._rank)
+        await self.consul.kv.put(self.candidate_key, json.dumps(
+            {"registry_id": self.registry_id, "history_term": rank[0], "position": rank[1]}),
+            acquire=session)
         if holder is None:
-            session = await self._session()
+            if time.monotonic() < self.started + self.settings.lock_ttl_s:
+                await asyncio.sleep(0.25)  # let the peers say how far they are first
+                return
+            better = await self._better(rank)
+            if better is not None:
+                if better != self.deferred_to:
+                    log.info("not taking the lock: %s holds a newer or longer history", better)
+                    self.deferred_to = better
+                await asyncio.sleep(0.25)
+                return
             ours_term = await self.run_db(lambda: replication.state(self.conn()).term)
             term = max(ours_term, value[2] if value else 0) + 1
             asked = time.time()
@@ -155,8 +193,32 @@ class Leadership:
             self.leader = leader
             log.info("the primary is %s", leader or "unreadable in the lock's value")
             await self.demote(leader)
-        # until the key changes (a lost holder releases it), at most a few seconds
-        await self.consul.kv.get(self.key, index=index, wait="5s")
+        # until the key changes (a lost holder releases it), at most a second: the candidate
+        # entry above says how far this standby is
+        await self.consul.kv.get(self.key, index=index, wait="1s")
+
+    def _rank(self) -> tuple[int, int]:
+        """How recent and how long this registry's history is: (the term of its newest
+        promotion, its newest change)."""
+        conn = self.conn()
+        return replication.state(conn).history_term, replication.position(conn)
+
+    async def _better(self, rank: tuple[int, int]) -> str | None:
+        """A live peer (its candidate entry held by a valid session) whose history beats
+        ours: newer term, then more changes, then the smaller id. The election goes to the
+        registry that holds the most, so an empty or lagging one never wins over it."""
+        _, entries = await self.consul.kv.get(self.candidates, recurse=True,
+                                              consistency="consistent")
+        for entry in entries or []:
+            if not entry.get("Session") or entry.get("Key") == self.candidate_key:
+                continue
+            peer = candidate(entry.get("Value"))
+            if peer is None:
+                continue
+            registry_id, term, position = peer
+            if (term, position, self.registry_id) > (rank[0], rank[1], registry_id):
+                return registry_id
+        return None
 
     def _renew(self, until: float) -> None:
         conn = self.conn()
@@ -188,8 +250,9 @@ class Leadership:
                         {"registry_id": self.registry_id, "address": self.address,
                          "term": self.term}), release=self.session)
             if self.session is not None:
+                await self.consul.kv.delete(self.candidate_key)
                 await self.consul.session.destroy(self.session)
-            await self.consul.agent.check.deregister(self.check_id)
+            await self.consul.agent.service.deregister(self.check_id)
         await self.consul.close()
 
     def _step_down(self) -> None:
@@ -205,6 +268,7 @@ def promotion_record(conn: Any, actor: str, registry_id: str, term: int,
                      previous: str | None) -> None:
     """The audit record of a new primary (in the caller's transaction): the chain says who
     accepted writes from which record on."""
-    audit.append(conn, actor=actor, action="registry-promote", payload={
+    audit.append(conn, actor=actor, action=replication.PROMOTE, payload={
         "registry_id": registry_id, "term": term, "previous": previous,
         "position": replication.position(conn)})
+    replication.promoted_term(conn)

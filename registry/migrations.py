@@ -179,6 +179,7 @@ CREATE TABLE replication_state (
     lease_until REAL NOT NULL DEFAULT 0,
     applying INTEGER NOT NULL DEFAULT 0,
     async_commits INTEGER NOT NULL DEFAULT 0,
+    history_term INTEGER NOT NULL DEFAULT 0,
     updated_at TEXT
 );
 INSERT INTO replication_state (id, role) VALUES (1, 'standalone');

@@ -483,6 +483,7 @@ def _checked_snapshot(path: Path, leader: str) -> list[tuple[str, int]]:
         conn = db.conn
         conn.execute("BEGIN IMMEDIATE")
         replication.set_role(conn, "standby", leader=leader)
+        replication.promoted_term(conn)
         conn.execute("DELETE FROM replicas")
         conn.execute("COMMIT")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -12,6 +12,7 @@ lost its lock, whatever it runs.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sqlite3
@@ -36,6 +37,8 @@ class State:
     leader: str | None  # host:port of the primary it follows (or its own, as primary)
     lease_until: float
     async_commits: int
+    history_term: int  # the term of the newest promotion in its audit chain: how recent its
+    # history is (an election prefers the newest history, then the longest)
 
     @property
     def writable(self) -> bool:
@@ -44,9 +47,26 @@ class State:
 
 
 def state(conn: sqlite3.Connection) -> State:
-    row = conn.execute("SELECT role, term, registry_id, leader, lease_until, async_commits "
-                       "FROM replication_state WHERE id = 1").fetchone()
-    return State(str(row[0]), int(row[1]), row[2], row[3], float(row[4]), int(row[5]))
+    row = conn.execute("SELECT role, term, registry_id, leader, lease_until, async_commits, "
+                       "history_term FROM replication_state WHERE id = 1").fetchone()
+    return State(str(row[0]), int(row[1]), row[2], row[3], float(row[4]), int(row[5]),
+                 int(row[6]))
+
+
+PROMOTE = "registry-promote"  # the audit action of a new primary
+
+
+def promoted_term(conn: sqlite3.Connection) -> int:
+    """The term of the newest promotion recorded in the audit chain (0: none), stored as the
+    history's term."""
+    row = conn.execute("SELECT payload FROM audit WHERE action = ? ORDER BY seq DESC LIMIT 1",
+                       (PROMOTE,)).fetchone()
+    term = 0
+    if row is not None:
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            term = int(json.loads(row[0]).get("term", 0))
+    conn.execute("UPDATE replication_state SET history_term = ? WHERE id = 1", (term,))
+    return term
 
 
 def set_role(conn: sqlite3.Connection, role: str, *, term: int | None = None,
@@ -175,6 +195,8 @@ def apply(db: sqlite_utils.Database, changes: list[Change]) -> int:
             conn.execute("INSERT INTO changes (id, tbl, op, row) VALUES (?, ?, ?, ?)",
                          (change.id, change.table, change.op, change.row))
         conn.execute("UPDATE replication_state SET applying = 0 WHERE id = 1")
+        if any(c.table == "audit" and PROMOTE in c.row for c in changes):
+            promoted_term(conn)
     except BaseException:
         conn.execute("ROLLBACK")
         raise

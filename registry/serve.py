@@ -18,7 +18,6 @@ from serving.telemetry.logs import configure
 from sync.metrics import SyncMetrics
 
 log = logging.getLogger("registry.serve")
-STANDBY_SERVICE = "tiered-registry-standby"
 
 
 async def serve(settings: RegistrySettings) -> None:
@@ -125,7 +124,7 @@ class Roles:
                                         f"{primary or 'being elected'}")
         for session in list(self.server.service.sessions.values()):
             session.close()
-        await self._register(STANDBY_SERVICE)
+        await self._register(discovery.SERVICES["registry-standby"])
         if self.following is None:
             self.follower = replicate.Follower(self.settings, self.db, self.registry_id,
                                                self._target)

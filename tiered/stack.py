@@ -93,6 +93,8 @@ class Stack:
     tracing: dict[str, str] = field(default_factory=dict)  # OTEL_* variables for the tiers
     provision: bool = True  # each center and edge starts from its own bundle (its token, its
     # certificate, the CA: centers serve HTTPS); False: a token and the CA as before, plain HTTP
+    standbys: int = 0  # registries beside the primary (REGISTRY_HA: a Consul lock elects one;
+    # they follow it and one takes over when it is gone); 0: one standalone registry
     echo: Echo | None = None
     children: dict[str, Child] = field(default_factory=dict)
     node_regions: dict[str, str] = field(default_factory=dict)  # node -> its token's region
@@ -154,6 +156,9 @@ class Stack:
                "REGISTRY_HOME": str(self.registry_home)}
         if role == "registry":
             env = registry_env(env, self.token, self.tls)
+            if self.standbys:  # one signing key (nodes pin it), one CA, an elected primary
+                env |= {"REGISTRY_HA": "true", "REGISTRY_CA_DIR": str(self.tls),
+                        "REGISTRY_SIGNING_KEY": str(self.signing_key)}
         elif role in ("center", "edge") and self.provision:
             env |= {f"{role.upper()}_BUNDLE": str(self.bundle(name)), **self.tracing}
             if not self.tls_serving(role):
@@ -175,6 +180,8 @@ class Stack:
             pki.fleet(self.tls, ["127.0.0.1", "localhost"])
         self.start_consul()
         self.start_registry()
+        for i in range(1, self.standbys + 1):
+            self.start_standby(i)
         for i in range(1, self.centers + 1):
             self.start_center(f"center-{i}")
         for region in self.regions:
@@ -239,6 +246,30 @@ class Stack:
         argv = registry_argv(self.registry_home, port, free_port())
         return self.spawn("registry", argv, port, "registry")
 
+    @property
+    def signing_key(self) -> Path:
+        """The key every registry of an HA stack signs with: provisioned beside the homes
+        (``<root>/keys``), so losing any one registry's disk loses no key."""
+        from registry import keys
+
+        path = self.root / "keys" / "signing.key"
+        if not path.exists():
+            keys.generate_key_pair(path, keys.public_path(path))
+        return path
+
+    def registry_homes(self) -> dict[str, Path]:
+        """Each registry child's home: the first's, then one per standby."""
+        return {"registry": self.registry_home,
+                **{f"registry-standby-{i}": self.root / f"registry-standby-{i}"
+                   for i in range(1, self.standbys + 1)}}
+
+    def start_standby(self, i: int) -> Child:
+        name = f"registry-standby-{i}"
+        home = self.registry_homes()[name]
+        port = free_port()
+        argv = registry_argv(home, port, free_port())
+        return self.spawn(name, argv, port, "registry", env={"REGISTRY_HOME": str(home)})
+
     def start_center(self, name: str) -> Child:
         return self._tier("center", name, "local")
 
@@ -250,6 +281,10 @@ class Stack:
         self.node_regions[name] = region
         if self.provision:
             self.provision_node(name, tier, region)
+        if self.release_key is None and self.standbys:
+            from registry import keys
+
+            self.release_key = keys.public_path(self.signing_key)
         if self.release_key is None:
             self.release_key = registry_public_key(self.registry_home)
         argv = tier_argv(tier, port, self.root / "stores" / name, name, "--sync-backoff-max-s",
@@ -304,7 +339,8 @@ class Stack:
     # -- health ------------------------------------------------------------------------
 
     def expected(self) -> dict[str, int]:
-        return {SERVICES["registry"]: 1, SERVICES["center"]: self.centers,
+        standbys = {SERVICES["registry-standby"]: self.standbys} if self.standbys else {}
+        return {SERVICES["registry"]: 1, **standbys, SERVICES["center"]: self.centers,
                 SERVICES["edge"]: len(self.regions)}
 
     def passing(self) -> dict[str, list[str]]:

@@ -1,5 +1,5 @@
-# Read-only (CONSUL_HTTP_TOKEN of the nginx renderer; `tiered up`'s own health polling): the three
-# Tiered services and their nodes, nothing written.
+# Read-only (CONSUL_HTTP_TOKEN of the nginx renderer; `tiered up`'s own health polling): the Tiered
+# services (a standby registry included) and their nodes, nothing written.
 service "tiered-edge" {
   policy = "read"
 }
@@ -7,6 +7,9 @@ service "tiered-center" {
   policy = "read"
 }
 service "tiered-registry" {
+  policy = "read"
+}
+service "tiered-registry-standby" {
   policy = "read"
 }
 node_prefix "" {

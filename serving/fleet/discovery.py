@@ -32,7 +32,8 @@ from serving.config.tokens import NODE_ID
 from serving.errors import InvalidInstance
 
 log = logging.getLogger(__name__)
-SERVICES = {"edge": "tiered-edge", "center": "tiered-center", "registry": "tiered-registry"}
+SERVICES = {"edge": "tiered-edge", "center": "tiered-center", "registry": "tiered-registry",
+            "registry-standby": "tiered-registry-standby"}  # a standby: nodes never use it
 # The TLS names certificates answer to (RFC 2606 .invalid: never resolved, only TLS matches
 # them). A center's role name (registry.pki.role_name("center")): what a static center URL is
 # checked against; a node's own name (``node_tls_name``): what a caller that found the node in
