@@ -93,19 +93,43 @@ class Finding:
     reason: str
 
 
+_encode_string = json.encoder.encode_basestring  # what ``canonical`` writes for a str
+COLUMNS = "seq, at, actor, action, model, version, sha256, payload, prev_hash, hash"
+
+
+def row_hash(row: tuple[Any, ...]) -> str:
+    """``Record.expected_hash`` of a row of ``COLUMNS`` (the definition stays there), without
+    building the record: the canonical JSON of the hashed fields written directly when they
+    are strings, ints and None (what the table holds), through ``canonical`` otherwise."""
+    parts = []
+    for value in row[:9]:
+        if value is None:
+            parts.append("null")
+        elif type(value) is str:
+            parts.append(_encode_string(value))
+        elif type(value) is int:
+            parts.append(int.__repr__(value))
+        else:  # a float or blob a forger wrote: the slow path says what it hashes to
+            return hashlib.sha256(canonical(list(row[:9])).encode()).hexdigest()
+    return hashlib.sha256(("[" + ",".join(parts) + "]").encode()).hexdigest()
+
+
 def verify(db: sqlite_utils.Database) -> tuple[int, Finding | None]:
-    """Walk the whole chain; return how many records were checked and the first bad one."""
+    """Walk the whole chain; return how many records were checked and the first bad one.
+    Plain cursor tuples and ``row_hash``: a million records in a few seconds."""
     expected_seq, prev = 1, GENESIS
     checked = 0
-    for row in db.query("SELECT * FROM audit ORDER BY seq"):
-        record = Record(**row)
-        if record.seq != expected_seq:
-            return checked, Finding(record.seq, f"sequence gap: expected record {expected_seq}")
-        if record.prev_hash != prev:
-            return checked, Finding(record.seq, "previous-hash link does not match the record "
-                                                "before it")
-        if record.expected_hash() != record.hash:
-            return checked, Finding(record.seq, "content does not match its hash (altered)")
-        checked += 1
-        expected_seq, prev = record.seq + 1, record.hash
+    cursor = db.conn.execute(f"SELECT {COLUMNS} FROM audit ORDER BY seq")
+    while rows := cursor.fetchmany(4096):
+        for row in rows:
+            seq = row[0]
+            if seq != expected_seq:
+                return checked, Finding(seq, f"sequence gap: expected record {expected_seq}")
+            if row[8] != prev:
+                return checked, Finding(seq, "previous-hash link does not match the record "
+                                             "before it")
+            if row_hash(row) != row[9]:
+                return checked, Finding(seq, "content does not match its hash (altered)")
+            checked += 1
+            expected_seq, prev = seq + 1, row[9]
     return checked, None
