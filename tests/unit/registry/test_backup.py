@@ -99,12 +99,33 @@ def test_verify_walks_chains_written_by_append_including_odd_text(tmp_path: Path
         with transaction(db) as conn:
             audit.append(conn, actor=actor or "x", action=action or "y", model=model,
                          version=version, sha256=sha, payload={"i": i, "s": actor})
-    assert audit.verify(db) == (12, None)
+    assert audit.verify(db) == audit._verify_rows(db.conn) == (12, None)
     assert all(r.expected_hash() == r.hash for r in audit.records(db))
     db.conn.execute("DROP TRIGGER audit_no_update")
     db.conn.execute("UPDATE audit SET actor = 'mallory' WHERE seq = 7")
-    checked, finding = audit.verify(db)
-    assert checked == 6 and finding is not None and finding.seq == 7
+    for checked, finding in (audit.verify(db), audit._verify_rows(db.conn)):
+        assert checked == 6 and finding is not None and finding.seq == 7
+        assert "altered" in finding.reason
+
+
+def test_a_value_sqlite_writes_otherwise_is_judged_by_the_definition(tmp_path: Path) -> None:
+    """SQLite's json_array writes the REAL 0.1 + 0.2 as 0.3, Python's json as
+    0.30000000000000004: the fast walk must fall back to Record.expected_hash, not call the
+    record altered (and still catch a real change to it)."""
+    db = connect(tmp_path / "r.sqlite3")
+    with transaction(db) as conn:
+        audit.append(conn, actor="a", action="b")
+        fields = (2, "t", "a", "b", "m", 0.1 + 0.2, None, "{}", audit.head(conn).hash)  # type: ignore[union-attr]
+        digest = Record(*fields, hash="").expected_hash()  # type: ignore[arg-type]
+        conn.execute("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (*fields, digest))
+        audit.append(conn, actor="a", action="c")
+    assert db.conn.execute("SELECT json_array(version) FROM audit WHERE seq = 2").fetchone()[0] \
+        == "[0.3]"
+    assert audit.verify(db) == audit._verify_rows(db.conn) == (3, None)
+    db.conn.execute("DROP TRIGGER audit_no_update")
+    db.conn.execute("UPDATE audit SET version = 0.3 WHERE seq = 2")
+    assert audit.verify(db)[1].seq == 2  # type: ignore[union-attr]
+    assert audit._verify_rows(db.conn)[1].seq == 2  # type: ignore[union-attr]
 
 
 # -- backup ------------------------------------------------------------------------------------
