@@ -316,10 +316,13 @@ def test_after_restore_runs_on_a_database_with_replication_tables(
 # -- concurrency -------------------------------------------------------------------------------
 
 
-def test_backup_during_writes_is_a_snapshot_whose_chain_verifies(home: Path,
-                                                                 tmp_path: Path) -> None:
+def test_backup_during_writes_is_a_snapshot_whose_chain_verifies(
+        home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A writer appends (BEGIN IMMEDIATE) throughout the backup: it is never held up for long
-    and the backup is a consistent snapshot, its signed head no further than its chain."""
+    and the backup is a consistent snapshot, its signed head no further than its chain. Small
+    steps: the writer commits between many of them (the pinned read transaction keeps them
+    one snapshot)."""
+    monkeypatch.setattr(backup, "STEP_PAGES", 64)
     settings = settings_for(home)
     db = connect(settings.database)
     with transaction(db) as conn:  # bulk: a database big enough for the copy to take a while
