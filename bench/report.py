@@ -14,7 +14,7 @@ from bench.kit import machine_line
 
 DOCS = Path("docs")
 ORDER = ["tiers", "profile", "quantization", "peers", "protocols", "cascade", "control",
-         "rollout", "chaos", "fuzz", "swaps", "sites", "soak", "gpu"]
+         "rollout", "chaos", "fuzz", "swaps", "sites", "soak", "registry_backup", "gpu"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

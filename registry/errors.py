@@ -25,6 +25,13 @@ class FidelityTooLow(RegistryError):
     exit_code = 3
 
 
+class BackupRefused(RegistryError):
+    """``registry backup``/``restore`` refused before writing anything: the destination or
+    home is taken, or the folder is not a backup (``registry.backup``)."""
+
+    exit_code = 2
+
+
 class NotFound(RegistryError):
     exit_code = 4
 
