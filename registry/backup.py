@@ -392,15 +392,18 @@ def load_public(settings: RegistrySettings, home: Path, src: Path) -> tuple[
 
 
 def after_restore(conn: sqlite3.Connection) -> None:
-    """Hook run on the restored database before it is moved into place. A restored registry
-    starts standalone: when the database has replication tables (migration 8), the role is
-    reset here (``replication_role`` -> standalone) so a restored copy of a primary or a
-    replica never acts as one. Filled in with the replication feature."""
+    """Run on the restored database before it is moved into place: a restored registry starts
+    standalone, whatever the backed-up one was (primary or standby of a group), with no
+    standbys' positions and no lease, so a restored copy never acts as a group's member; start
+    it with ``registry serve --ha`` to join a group (it then follows, or is elected)."""
     if conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
-                    "name = 'replication_role'").fetchone() is None:
+                    "name = 'replication_state'").fetchone() is None:
         return
-    # TODO(replication): reset the role to standalone here, e.g.
-    # conn.execute("UPDATE replication_role SET role = 'standalone' ...")
+    conn.execute("UPDATE replication_state SET role = 'standalone', leader = NULL, "
+                 "lease_until = 0, applying = 0 WHERE id = 1")
+    conn.execute("DELETE FROM replicas")
+    if conn.in_transaction:
+        conn.commit()
 
 
 def compare_with(old_database: Path, restored: sqlite3.Connection,

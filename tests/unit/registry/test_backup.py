@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 
-from registry import anchor, audit, backup
+from registry import anchor, audit, backup, replication
 from registry.audit import Record
 from registry.blobs import BlobStore
 from registry.db import connect, now, transaction
@@ -294,23 +294,23 @@ def test_an_existing_home_needs_force_and_is_moved_aside(home: Path, made: Path,
     assert anchor.read(home / anchor.FILE).head.seq == 7  # type: ignore[union-attr]
 
 
-def test_after_restore_runs_on_a_database_with_replication_tables(
-        home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    with sqlite3.connect(home / "registry.sqlite3") as conn:
-        conn.execute("CREATE TABLE replication_role (role TEXT NOT NULL)")
-        conn.execute("INSERT INTO replication_role VALUES ('primary')")
-    conn.close()
+def test_a_backup_of_a_group_s_primary_restores_as_a_standalone_registry_that_takes_writes(
+        home: Path, tmp_path: Path) -> None:
+    """A primary's backup carries its role and (expired) lease: restored as it was, the
+    triggers would refuse every write. A restored registry is standalone until it joins a
+    group again."""
+    db = connect(settings_for(home).database)
+    with transaction(db) as conn:
+        replication.set_role(conn, "primary", term=3, registry_id="registry-a",
+                             leader="10.0.0.1:50051", lease_until=time.time() + 60)
+        replication.acked(conn, "registry-b", 5)
     backup.backup(settings_for(home), tmp_path / "backup")
-    seen: list[list[str]] = []
-    real = backup.after_restore
-
-    def spy(conn: sqlite3.Connection) -> None:
-        seen.append([r[0] for r in conn.execute("SELECT role FROM replication_role")])
-        real(conn)
-
-    monkeypatch.setattr(backup, "after_restore", spy)
     backup.restore(settings_for(tmp_path / "r"), tmp_path / "backup", tmp_path / "r")
-    assert seen == [["primary"]]
+    restored = connect(tmp_path / "r" / "registry.sqlite3")
+    state = replication.state(restored.conn)
+    assert (state.role, state.leader, state.lease_until) == ("standalone", None, 0.0)
+    assert restored.conn.execute("SELECT count(*) FROM replicas").fetchone()[0] == 0
+    append(restored, settings_for(tmp_path / "r"))  # writes are accepted
 
 
 # -- concurrency -------------------------------------------------------------------------------
