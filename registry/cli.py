@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -343,6 +344,44 @@ def status_cmd(ctx: Context, as_json: bool) -> None:
     escalation rate and p99 from its last quality report; nodes that lag are named."""
     rows = NodeBook(ctx.catalog.db).status(ctx.catalog)
     emit(as_json, rows, lambda: render.status_tables(out, rows))
+
+
+@cli.command("replication")
+@json_flag
+@pass_ctx
+def replication_cmd(ctx: Context, as_json: bool) -> None:
+    """This registry's part in a replicated group: its role (standalone, primary, standby),
+    term, primary, lease, how far its data goes and, on a primary, each standby's position
+    and lag (read from the database: works on a stopped registry too)."""
+    conn = ctx.catalog.db.conn
+    state = replication.state(conn)
+    at = replication.position(conn)
+    now = time.time()
+    standbys = [{"registry_id": r[0], "position": int(r[1]), "behind": max(at - int(r[1]), 0),
+                 "acked_s_ago": round(now - float(r[2]), 1)}
+                for r in conn.execute("SELECT replica, position, acked_at FROM replicas "
+                                      "ORDER BY replica")]
+    data = {"role": state.role, "registry_id": state.registry_id, "term": state.term,
+            "primary": state.leader, "writable": state.writable,
+            "lease_s_left": round(max(state.lease_until - now, 0), 1)
+            if state.role == "primary" else None,
+            "position": at, "history_term": state.history_term,
+            "async_commits": state.async_commits, "standbys": standbys}
+
+    def human() -> None:
+        out.print(f"{state.role} {escape(state.registry_id or '')} (term {state.term}), "
+                  f"{'accepting writes' if state.writable else 'refusing writes'}; data up to "
+                  f"change {at}")
+        if state.role == "standby":
+            out.print(f"  primary: {escape(state.leader or 'not known yet')}")
+        for row in standbys:
+            out.print(f"  standby {escape(row['registry_id'])}: change {row['position']} "
+                      f"({row['behind']} behind), last ack {row['acked_s_ago']}s ago")
+        if state.async_commits:
+            out.print(f"  {state.async_commits} change(s) committed without a standby "
+                      f"(REGISTRY_SYNC_TIMEOUT_S)")
+
+    emit(as_json, data, human)
 
 
 @cli.command("cascade")

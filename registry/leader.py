@@ -72,7 +72,11 @@ def candidate(raw: Any) -> tuple[str, int, int] | None:
 
 class Leadership:
     """The election loop. ``promote(term, previous)`` and ``demote(leader)`` are the server's:
-    they change the role in the database (and what is registered, served, followed)."""
+    they change the role in the database (and what is registered, served, followed).
+
+    Why one class: the lock, the lease and the candidacy are one state machine over one Consul
+    session (the check that keeps it alive, the key it holds, the entry that says how far this
+    registry is); split up, each part would need the others' session, term and timing."""
 
     def __init__(self, settings: RegistrySettings, registry_id: str, address: str,
                  db_run: Callable[..., Awaitable[Any]], conn: Callable[[], Any],

@@ -83,7 +83,11 @@ async def _registry_only(context: grpc.aio.ServicerContext) -> str:
 
 
 class ReplicationService(pb_grpc.ReplicationServicer):
-    """The primary's side. ``term`` tells the heartbeat what this registry's term is."""
+    """The primary's side: the Follow stream, snapshots and blobs for standbys.
+
+    Why one class: it is one gRPC servicer (grpc registers the service's methods from one
+    object); what they share is the database thread and the check that the caller is a
+    registry of this fleet."""
 
     def __init__(self, settings: RegistrySettings, db: Database, registry_id: Callable[[], str],
                  on_ack: Callable[[str, int], None] | None = None) -> None:
@@ -263,7 +267,10 @@ class Resync(Exception):
 class Follower:
     """The standby's side: one stream to the primary at a time, re-opened with backoff; a
     snapshot when the primary says so. ``target()`` names the primary now (Consul's lock
-    holder, or the static ``--follow``)."""
+    holder, or the static ``--follow``).
+
+    Why one class: following, fetching blobs and resyncing share one position, one token and
+    one database handle that a resync replaces under the others; the metrics read its state."""
 
     def __init__(self, settings: RegistrySettings, db: Database, registry_id: str,
                  target: Callable[[], str | None], on_replaced: Callable[[], None] | None = None

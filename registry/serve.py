@@ -50,7 +50,11 @@ async def serve(settings: RegistrySettings) -> None:
 class Roles:
     """What this registry is and does about it: standalone (registered as ``tiered-registry``,
     serving nodes), a standby (refusing nodes and writes, following its primary, registered as
-    ``tiered-registry-standby``), or the primary of an HA group (``registry.leader``)."""
+    ``tiered-registry-standby``), or the primary of an HA group (``registry.leader``).
+
+    Why one class: a change of role moves four things together (the role in the database,
+    whether nodes are served, which Consul service is registered, whether a follower runs);
+    apart, one could change without the others (a primary registered as a standby)."""
 
     def __init__(self, settings: RegistrySettings, server: SyncServer, metrics: SyncMetrics,
                  port: int) -> None:

@@ -126,7 +126,10 @@ def _shown(text: str, limit: int = 40) -> str:
 
 class SyncService(pb_grpc.SyncServicer):
     """The node streams: who may open one (its token's node, one stream per node), the releases
-    each is pushed; what nodes send up goes to ``Intake``, Fetch to ``Artifacts``."""
+    each is pushed; what nodes send up goes to ``Intake``, Fetch to ``Artifacts``.
+
+    Why one class: it is the one gRPC servicer of the Sync service, and its methods share the
+    open sessions (a standby's refusal included); the work behind them is already apart."""
 
     def __init__(self, settings: RegistrySettings, db: Database, metrics: SyncMetrics) -> None:
         self.settings, self.db, self.metrics = settings, db, metrics

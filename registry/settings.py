@@ -19,6 +19,11 @@ def _default_actor() -> str:
 
 
 class RegistrySettings(ConsulSettings):
+    """Every ``REGISTRY_*`` setting (docs/registry.md lists them, generated from here).
+
+    Why one class: pydantic-settings reads one prefix into one object, and the commands and
+    ``registry serve`` all take it whole; its few methods are paths derived from its fields."""
+
     model_config = SettingsConfigDict(env_prefix="REGISTRY_", extra="forbid", frozen=True,
                                       use_attribute_docstrings=True)
 

@@ -333,7 +333,8 @@ def status_cmd(as_json: bool, of_sites: bool) -> None:
     catalog = Catalog(connect(registry_database(home)), "tiered")
     rollout = {(r["node"], r["model"]): r for r in NodeBook(catalog.db).status(catalog)}
     health: dict[str, list[dict[str, Any]]] = {}
-    for service in (SERVICES["registry"], SERVICES["center"], SERVICES["edge"]):
+    for service in (SERVICES["registry"], SERVICES["registry-standby"], SERVICES["center"],
+                    SERVICES["edge"]):
         try:
             answer = httpx.get(f"http://{consul}/v1/health/service/{service}",
                                headers=headers, timeout=3)
