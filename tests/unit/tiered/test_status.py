@@ -29,6 +29,7 @@ def entry(node: str, port: int, region: str, status: str = "passing") -> dict[st
 
 def health() -> dict[str, list[dict[str, Any]]]:
     return {SERVICES["registry"]: [entry("registry-central-europe-1", 50051, "-")],
+            SERVICES["registry-standby"]: [entry("registry-central-europe-2", 50051, "-")],
             SERVICES["center"]: [entry("center-gpu-frankfurt-0001", 8100, "local", "critical")],
             SERVICES["edge"]: [entry(n, 8200 + i, "eu-west-1") for i, n in enumerate(NODES)]}
 
