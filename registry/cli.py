@@ -20,7 +20,7 @@ from registry import anchor, audit, budgets, keys, render, replication
 from registry.blobs import BlobStore
 from registry.catalog import Catalog, check_name
 from registry.db import connect
-from registry.errors import AuditChainBroken, RegistryError
+from registry.errors import AuditChainBroken, NotPrimary, RegistryError
 from registry.nodes import NodeBook
 from registry.pull import pull
 from registry.settings import RegistrySettings
@@ -60,6 +60,13 @@ class Context:
             return
         holders = replication.wait_replicated(self._catalog.db, at, wanted,
                                               self.settings.sync_timeout_s)
+        if holders is None and not replication.state(conn).writable:
+            raise NotPrimary(
+                f"committed here, but this registry is no longer the primary (its lease ran "
+                f"out: `registry serve` died or lost the Consul lock) and no standby confirmed "
+                f"the change within {self.settings.sync_timeout_s:g}s: it may be lost (if "
+                f"another registry took over, this copy is put aside when this one rejoins); "
+                f"check `registry replication` on the primary and run the command again there")
         if holders is None:
             err.print(f"[yellow]warning:[/] committed on the primary, but fewer than {wanted} "
                       f"standby(s) hold it after {self.settings.sync_timeout_s:g}s: it is "

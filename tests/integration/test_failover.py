@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -119,9 +120,18 @@ def group(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Itera
 @dataclass
 class _Cli(RegistryCli):
     key: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def __call__(self, *args: str | Path, check: bool = True, timeout: float = 120,
+                 env: dict[str, str] | None = None) -> Any:
+        self.extra = env or {}
+        try:
+            return super().__call__(*args, check=check, timeout=timeout)
+        finally:
+            self.extra = {}
 
     def env(self) -> dict[str, str]:
-        return {**super().env(), "REGISTRY_SIGNING_KEY": self.key}
+        return {**super().env(), "REGISTRY_SIGNING_KEY": self.key, **self.extra}
 
 
 def nodes_run(stack: Stack, version: int) -> bool:
@@ -157,6 +167,31 @@ def test_an_acknowledged_publish_is_on_the_standby_when_the_command_returns(
     version = published["manifest"]["version"]
     assert versions(group.clis[standby].home) == [1, version]
     wait_for("every node runs it", lambda: nodes_run(group.stack, version), 120)
+    shown = group.clis[primary]("replication", "--json").json()
+    assert shown["role"] == "primary" and shown["writable"]
+    assert [(s["behind"]) for s in shown["standbys"]] == [0]
+    followed = group.clis[standby]("replication", "--json").json()["primary"]
+    assert followed == f"127.0.0.1:{group.stack.children[primary].port}"
+
+
+def test_with_its_standby_gone_a_change_stands_on_the_primary_alone_and_says_so(
+        group: Group) -> None:
+    stack = group.stack
+    primary = group.primary()
+    standby = group.other(primary)
+    cli = group.clis[primary]
+    gone = kill(stack, standby)
+    try:
+        result = cli("cascade", "tiny", "--mode", "static", "--capacity", "77", check=False,
+                     env={"REGISTRY_SYNC_TIMEOUT_S": "1"})
+        assert result.code == 0, result.stderr
+        assert "replicated asynchronously" in result.stderr
+        assert cli("replication", "--json").json()["async_commits"] >= 1
+    finally:
+        restart(stack, gone)
+    wait_for("the standby caught up after coming back",
+             lambda: chain(group.clis[standby].home) == chain(cli.home), 120)
+    assert role(group.clis[standby].home) == "standby"
 
 
 def test_sigkill_of_the_primary_under_load_with_a_publish_in_flight(
