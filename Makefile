@@ -49,6 +49,7 @@ bench: demo
 	$(BIN)/python -m bench.sites --markdown docs/bench/sites.md
 	$(BIN)/python -m bench.soak --minutes 10 --markdown docs/bench/soak.md
 	$(BIN)/python -m bench.registry_backup --markdown docs/bench/registry_backup.md
+	$(BIN)/python -m bench.failover --markdown docs/bench/registry_failover.md
 	$(BIN)/python -m bench.report
 
 ## test: the whole suite (unit + integration, slow tests included)

@@ -2,6 +2,7 @@
 --ha`` on 127.0.0.1, measured side by side in one run.
 
     .venv/bin/python -m bench.failover [--kills 3] [--writes 40] [--blob-mb 1,50]
+        [--markdown docs/bench/registry_failover.md]
 
 - **failover**: SIGKILL of the primary → the first write the standby's home accepts (a write
   tried every 20 ms in this process, as ``registry`` commands write: a transaction on the
@@ -183,7 +184,10 @@ def pct(values: list[float], q: float) -> float:
 @click.option("--blob-mb", default="1,50", show_default=True,
               help="Publish sizes (MB) for the replication lag.")
 @click.option("--lock-ttl", default=3.0, show_default=True, help="REGISTRY_LOCK_TTL_S.")
-def main(kills: int, writes: int, blob_mb: str, lock_ttl: float) -> None:
+@click.option("--markdown", type=click.Path(path_type=Path), default=None,
+              help="Also write the table as a markdown fragment.")
+def main(kills: int, writes: int, blob_mb: str, lock_ttl: float,
+         markdown: Path | None) -> None:
     """Failover time, semi-synchronous commit cost, replication lag: one primary, one
     standby, a Consul dev agent, 127.0.0.1."""
     with tempfile.TemporaryDirectory(prefix="bench-failover-") as folder:
@@ -204,23 +208,27 @@ def main(kills: int, writes: int, blob_mb: str, lock_ttl: float) -> None:
             lags = {int(mb): lag(stack, int(mb), work) for mb in blob_mb.split(",")}
         finally:
             stack.stop()
-    print(f"registry failover: a Consul dev agent, 2 x registry serve --ha "
-          f"(REGISTRY_LOCK_TTL_S={lock_ttl:g}), 127.0.0.1")
-    print(f"CPU: {cpu()}")
-    print(machine_line())
-    print("\n| measure | figure |\n|---|---|")
-    print(f"| SIGKILL of the primary -> first write accepted by the standby, per kill (s) | "
-          f"{', '.join(f'{s:.2f}' for s in taken)} |")
-    print(f"| ... median / max (s) | {statistics.median(taken):.2f} / {max(taken):.2f} |")
-    print(f"| small write, committed alone: p50 / p99 (ms) | {pct(alone, .5) * 1e3:.1f} / "
-          f"{pct(alone, .99) * 1e3:.1f} |")
-    print(f"| same write + wait for the standby (semi-sync): p50 / p99 (ms) | "
-          f"{pct(waited, .5) * 1e3:.1f} / {pct(waited, .99) * 1e3:.1f} |")
-    print(f"| added by semi-sync: p50 (ms) | {(pct(waited, .5) - pct(alone, .5)) * 1e3:.1f} |")
-    for mb, seconds in lags.items():
-        print(f"| replication lag of a {mb} MB publish (commit -> applied on the standby, s) "
-              f"| {seconds:.2f} |")
+    added = (pct(waited, .5) - pct(alone, .5)) * 1e3
+    lines = [f"registry failover: a Consul dev agent, 2 x registry serve --ha "
+             f"(REGISTRY_LOCK_TTL_S={lock_ttl:g}), 127.0.0.1", f"CPU: {cpu()}", machine_line(),
+             "", "| measure | figure |", "|---|---|",
+             f"| SIGKILL of the primary -> first write accepted by the standby, per kill (s) "
+             f"| {', '.join(f'{s:.2f}' for s in taken)} |",
+             f"| ... median / max (s) | {statistics.median(taken):.2f} / {max(taken):.2f} |",
+             f"| small write, committed alone: p50 / p99 (ms) | {pct(alone, .5) * 1e3:.1f} / "
+             f"{pct(alone, .99) * 1e3:.1f} |",
+             f"| same write + wait for the standby (semi-sync): p50 / p99 (ms) | "
+             f"{pct(waited, .5) * 1e3:.1f} / {pct(waited, .99) * 1e3:.1f} |",
+             f"| added by semi-sync: p50 (ms) | {added:.1f} |"]
+    lines += [f"| replication lag of a {mb} MB publish (commit -> applied on the standby, "
+              f"s) | {seconds:.2f} |" for mb, seconds in lags.items()]
 
+    text = "\n".join(lines)
+    print(text)
+    if markdown is not None:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(f"## Registry failover (`python -m bench.failover`)\n\n{text}\n")
+        print(f"wrote {markdown}")
 
 if __name__ == "__main__":
     main()

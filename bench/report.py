@@ -14,7 +14,8 @@ from bench.kit import machine_line
 
 DOCS = Path("docs")
 ORDER = ["tiers", "profile", "quantization", "peers", "protocols", "cascade", "control",
-         "rollout", "chaos", "fuzz", "swaps", "sites", "soak", "registry_backup", "gpu"]
+         "rollout", "chaos", "fuzz", "swaps", "sites", "soak", "registry_backup",
+         "registry_failover", "gpu"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -9,9 +9,14 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from harness.processes import RegistryProcess, start_registry
+from serving.config.tokens import node_token
+from sync import auth
+from sync.gen import sync_pb2 as pb
+from sync.gen import sync_pb2_grpc as pb_grpc
 from tests.conftest import RegistryCli
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -113,3 +118,36 @@ def test_a_standby_whose_history_diverged_is_replaced_by_a_snapshot_and_keeps_th
         assert standby_cli("audit", "--verify", "--json").json()["ok"]
     finally:
         standby.stop()
+
+
+def test_only_a_registry_token_opens_replication_and_it_opens_nothing_else(
+        pair: tuple[RegistryCli, RegistryCli, RegistryProcess]) -> None:
+    """A stolen edge box holds an edge token: it must not copy the catalog, the audit log or
+    the blobs through replication; and a registry token is no node."""
+    _, _, primary = pair
+    edge = node_token(SECRET, "edge-1", "edge", "eu")
+    registry = node_token(SECRET, "registry-b", "registry", "fleet")
+    with grpc.insecure_channel(primary.target) as channel:
+        stub = pb_grpc.ReplicationStub(channel)
+        calls = [
+            lambda token: list(stub.Snapshot(pb.SnapshotRequest(registry_id="x"),
+                                             metadata=auth.metadata(token), timeout=10)),
+            lambda token: list(stub.Blob(pb.FetchRequest(sha256="0" * 64),
+                                         metadata=auth.metadata(token), timeout=10)),
+            lambda token: list(stub.Follow(iter([pb.FollowerMessage(hello=pb.FollowHello(
+                registry_id="edge-1"))]), metadata=auth.metadata(token), timeout=10)),
+        ]
+        for call in calls:
+            with pytest.raises(grpc.RpcError) as refused:
+                call(edge)
+            assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        with pytest.raises(grpc.RpcError) as unknown:  # the registry token: a real answer
+            list(stub.Blob(pb.FetchRequest(sha256="0" * 64), metadata=auth.metadata(registry),
+                           timeout=10))
+        assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+        sync = pb_grpc.SyncStub(channel)
+        hello = pb.NodeMessage(hello=pb.Hello(node_id="registry-b", tier="registry",
+                                              region="fleet"))
+        with pytest.raises(grpc.RpcError) as not_a_node:
+            list(sync.Sync(iter([hello]), metadata=auth.metadata(registry), timeout=10))
+        assert not_a_node.value.code() == grpc.StatusCode.PERMISSION_DENIED
