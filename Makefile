@@ -61,8 +61,8 @@ test: $(STAMP)
 compose-test: demo
 	$(BIN)/python -m pytest tests/containers --containers -s -p no:cacheprovider
 
-## sites-test: the three sites through partitions 1-5 under load (root, ~4 min; builds its own
-## tiny releases); not part of `make test`
+## sites-test: the three sites through partitions 1-5 and the registry faults 6a-6c under load
+## (root, ~6 min; builds its own tiny releases); not part of `make test`
 sites-test: $(STAMP)
 	$(BIN)/python -m pytest tests/sites --sites -s -p no:cacheprovider
 

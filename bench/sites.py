@@ -7,7 +7,10 @@ sending through their site's entry the whole time, retrying a failed request onc
 2. an edge site is cut from the registry during a rollout (its download resumes on heal);
 3. an edge site is cut from the Consul servers;
 4. a whole edge site's edges go down;
-5. the Consul leader is killed; then the center host.
+5. the Consul leader is killed; then the center host;
+6. the registry group (a primary and a standby on two center-site hosts): the primary's host
+   killed (a), the two registry hosts cut from each other (b), the primary cut from Consul
+   (c: fenced, the standby takes over, no split brain).
 
 It prints, per partition, the requests answered and failed, the slowest answer, how long the
 fleet took to recover after the heal, and then the escalation latency across a site link with
@@ -20,9 +23,11 @@ The sites test (``make sites-test``) runs the same and asserts what each partiti
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import secrets
+import sqlite3
 import ssl
 import statistics
 import subprocess
@@ -207,14 +212,25 @@ class Run:
 
     @property
     def home(self) -> Path:
-        return self.sites.registry_home
+        """The home of the registry that is primary now (waits for an election to end)."""
+        if not self.sites.standbys or not self.sites.children:
+            return self.sites.registry_home
+        wait(lambda: self.sites.primary() is not None, 60, "a primary registry")
+        return self.sites.registry_homes()[self.sites.primary() or "registry"]
 
     def registry(self, *args: str | Path, check: bool = True) -> subprocess.CompletedProcess[str]:
-        env = {"PATH": f"{BIN}:/usr/bin:/bin", "REGISTRY_HOME": str(self.home),
-               "HOME": str(self.home), "REGISTRY_MIN_FIDELITY": FLOOR,
-               "REGISTRY_ACTOR": "sites@bench"}
+        """``registry ARGS`` on the primary's home (its SQLite: no network needed)."""
+        return self.registry_at(self.home, *args, check=check)
+
+    def registry_at(self, home: Path, *args: str | Path, check: bool = True,
+                    env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        base = {"PATH": f"{BIN}:/usr/bin:/bin", "REGISTRY_HOME": str(home),
+                "HOME": str(home), "REGISTRY_MIN_FIDELITY": FLOOR,
+                "REGISTRY_ACTOR": "sites@bench"}
+        if self.sites.standbys:  # the group's one key, provisioned beside the homes
+            base["REGISTRY_SIGNING_KEY"] = str(self.sites.signing_key)
         done = subprocess.run([str(BIN / "registry"), *map(str, args)], capture_output=True,
-                              text=True, env=env, timeout=300)
+                              text=True, env=base | (env or {}), timeout=300)
         if check and done.returncode != 0:
             raise RuntimeError(f"registry {' '.join(map(str, args))} exited "
                                f"{done.returncode}: {done.stderr[-2000:]}")
@@ -318,7 +334,7 @@ class Run:
             wait(lambda: self.metric(probe, "sync_bytes_received") > received + CHUNK, 60,
                  f"{probe} receiving the new release")
             cut = time.monotonic()
-            net.cut(hosts, [self.sites.host("registry").address])
+            net.cut(hosts, [self.sites.host(self.sites.primary() or "registry").address])
             others = [s for s in self.sites.edge_sites if s != site]
             elsewhere = [wait(partial(self.all_serve, target, s), 60, f"{s} on version {target}")
                          for s in others]
@@ -440,6 +456,146 @@ class Run:
                           None if None in failover else max(f for f in failover if f is not None),
                           degraded_during=marked)
 
+    # -- the registry group: a primary and a standby on two hosts of the center site ------
+
+    def registries(self) -> tuple[str, str]:
+        """(the primary, the standby) now."""
+        wait(lambda: self.sites.primary() is not None, 60, "a primary registry")
+        primary = self.sites.primary() or "registry"
+        return primary, next(n for n in self.sites.registry_homes() if n != primary)
+
+    def cheap_write(self, name: str, capacity: int = 100,
+                    **env: str) -> subprocess.CompletedProcess[str]:
+        """A write that costs nothing to serving (a static cascade policy keeps the edges'
+        thresholds), tried on ``name``'s home: exit 0 accepted, 6 refused (not primary)."""
+        return self.registry_at(self.sites.registry_homes()[name], "cascade", MODEL, "--mode",
+                                "static", "--capacity", str(capacity), check=False, env=env)
+
+    def restore_policy(self) -> None:
+        self.registry("cascade", MODEL, "--mode", "auto", "--measured")
+
+    def caught_up(self, follower: str, primary: str) -> bool:
+        homes = self.sites.registry_homes()
+        return (self.sites.registry_roles()[follower] == "standby"
+                and audit_chain(homes[follower]) == audit_chain(homes[primary]))
+
+    def registry_host(self, hold_s: float = 5) -> Event:
+        """6a. The primary registry's host powered off (the registry and its Consul agent):
+        the standby takes the lock, accepts a publish that reaches every node, and the
+        revived host comes back a standby holding the new primary's chain."""
+        old, new = self.registries()
+        homes = self.sites.registry_homes()
+        cut = time.monotonic()
+        self.sites.kill_host(old)
+        promoted = wait(lambda: self.sites.registry_roles()[new] == "primary", 90,
+                        f"{new} primary", every=0.1)
+        first_write = wait(lambda: self.cheap_write(new).returncode == 0, 60,
+                           f"a write accepted by {new}", every=0.1) + promoted
+        published = json.loads(self.registry_at(homes[new], "publish", self.release, "--name",
+                                                 MODEL, "--json").stdout)
+        target = int(published["manifest"]["version"])
+        rollout = wait(partial(self.all_serve, target), 180, f"every node on version {target}")
+        time.sleep(max(0.0, hold_s - (time.monotonic() - cut)))
+        revived = time.monotonic()
+        self.sites.revive_host(old)
+        back = wait(partial(self.caught_up, old, new), 120,
+                    f"{old} a standby holding {new}'s chain")
+        audits = {n: self.registry_at(h, "audit", "--verify", check=False).returncode
+                  for n, h in homes.items()}
+        self.restore_policy()
+        return self.event("6a", "the primary registry's host killed", "all", cut,
+                          time.monotonic(), f"{old} back, a standby with {new}'s chain", back,
+                          revived - cut, promoted, killed=old, primary=new,
+                          first_write_s=round(first_write, 1), target=target,
+                          rollout_s=round(rollout, 1), audit_rc=audits,
+                          roles=self.sites.registry_roles())
+
+    def registries_partitioned(self, hold_s: float = 8, sync_timeout_s: float = 1) -> Event:
+        """6b. The two registry hosts cut from each other only (both reach Consul): no
+        failover; a publish on the primary stands on it alone (it says so after
+        ``sync_timeout_s``); the standby catches up after the heal."""
+        primary, standby = self.registries()
+        homes = self.sites.registry_homes()
+        net = self.sites.network
+        host = self.sites.host(primary)
+        cut = time.monotonic()
+        net.cut([host], [self.sites.host(standby).address])
+        try:
+            publish = self.registry_at(homes[primary], "publish", self.release, "--name",
+                                       MODEL, "--json", check=False,
+                                       env={"REGISTRY_SYNC_TIMEOUT_S": str(sync_timeout_s)})
+            time.sleep(max(0.0, hold_s - (time.monotonic() - cut)))
+            roles = self.sites.registry_roles()
+        finally:
+            healed = time.monotonic()
+            net.heal([host])
+        back = wait(partial(self.caught_up, standby, primary), 120,
+                    f"{standby} catching up with {primary}")
+        self.restore_policy()
+        return self.event("6b", "the registry hosts cut from each other", "all", cut,
+                          time.monotonic(), f"{standby} holding {primary}'s chain", back,
+                          healed - cut, primary=primary, roles_during=roles,
+                          publish_rc=publish.returncode,
+                          publish_warning="asynchronously" in publish.stderr)
+
+    def primary_from_consul(self, hold_s: float = 6) -> Event:
+        """6c. The primary registry's host cut from every other host (the Consul servers
+        included): its lease runs out and it refuses writes, the standby takes over; after the
+        heal the old primary is a standby. Meanwhile a loop tries a cheap write on both homes
+        and records when each was accepted (no split brain: the old primary accepts nothing
+        once the new one has)."""
+        old, new = self.registries()
+        net = self.sites.network
+        host = self.sites.host(old)
+        others = [h.address for h in net.hosts.values() if h != host] + [net.gateway]
+        tries: list[tuple[str, float, float, int]] = []  # (registry, sent, done, exit code)
+        stop = threading.Event()
+
+        def loop(name: str) -> None:
+            while not stop.is_set():
+                sent = time.monotonic()
+                rc = self.cheap_write(name, 100 + len(tries),
+                                      REGISTRY_SYNC_TIMEOUT_S="0.5").returncode
+                tries.append((name, sent, time.monotonic(), rc))
+                time.sleep(0.1)
+
+        threads = [threading.Thread(target=loop, args=(n,), daemon=True) for n in (old, new)]
+        for thread in threads:
+            thread.start()
+        cut = time.monotonic()
+        try:
+            net.cut([host], others)
+            fenced = wait(lambda: any(n == old and s > cut and rc == 6
+                                      for n, s, _, rc in list(tries)), 60,
+                          f"{old} refusing writes", every=0.1)
+            took_over = wait(lambda: any(n == new and rc == 0 for n, _, _, rc in list(tries)),
+                             90, f"{new} accepting writes", every=0.1)
+            time.sleep(hold_s)
+        finally:
+            healed = time.monotonic()
+            net.heal([host])
+        try:
+            back = wait(partial(self.caught_up, old, new), 120,
+                        f"{old} a standby holding {new}'s chain")
+            time.sleep(1)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(timeout=60)
+        homes = self.sites.registry_homes()
+        first_new = min(d for n, _, d, rc in tries if n == new and rc == 0)
+        late = [(round(s - cut, 2), round(d - cut, 2)) for n, s, d, rc in tries
+                if n == old and rc == 0 and s >= first_new]
+        self.restore_policy()
+        wait(partial(self.caught_up, old, new), 60, f"{old} holding {new}'s last writes")
+        return self.event("6c", "the primary registry cut from Consul", "all", cut,
+                          time.monotonic(), f"{old} a standby with {new}'s chain", back,
+                          healed - cut, took_over, old=old, new=new, fenced_s=round(fenced, 1),
+                          old_accepted_after_new=late,
+                          old_codes=sorted({rc for n, s, _, rc in tries if n == old and s > cut}),
+                          tries=len(tries), roles=self.sites.registry_roles(),
+                          chains_equal=audit_chain(homes[old]) == audit_chain(homes[new]))
+
     def converged(self) -> dict[str, Any]:
         """After everything: each node's version, the registry's rollout states, the audit."""
         latest = max(int(v["version"]) for v in json.loads(
@@ -514,6 +670,14 @@ class Run:
                 self.sites.children[name].stop()
 
 
+def audit_chain(home: Path) -> list[tuple[int, str, str]]:
+    """A registry's audit chain (seq, action, hash), read from its database."""
+    with contextlib.closing(sqlite3.connect(f"file:{home / 'registry.sqlite3'}?mode=ro",
+                                            uri=True)) as conn:
+        return [(int(q), str(a), str(h)) for q, a, h in
+                conn.execute("SELECT seq, action, hash FROM audit ORDER BY seq")]
+
+
 # Which rows escalate depends on the INT8 model's confidence, which depends on the CPU: a row
 # may clear even the 0.999 threshold somewhere. So an answer counts by what happened to the
 # rows that did escalate, never by how many there were.
@@ -564,6 +728,9 @@ def partitions(run: Run) -> dict[str, Any]:
     run.site_down()
     run.consul_leader()
     run.center_host()
+    run.registry_host()
+    run.registries_partitioned()
+    run.primary_from_consul()
     time.sleep(2)
     run.traffic.stop()
     return run.converged()

@@ -217,9 +217,10 @@ def summary(stack: Stack, s: TieredSettings, seconds: float) -> None:
 def sites_cmd(root: Path | None, edge_sites: str, edges_per_site: int, prefix: str,
               timeout: float) -> None:
     """Many sites on this machine (root): every host a network namespace with its own address.
-    A center site (three Consul servers, the registry, the center) and edge sites (a Consul
-    client agent, edges, an nginx entry each); TLS sync, HTTPS escalation, Consul gossip
-    encryption and ACLs. Prints each site's entry; Ctrl-C stops everything."""
+    A center site (three Consul servers, a primary and a standby registry, the center) and
+    edge sites (a Consul client agent, edges, an nginx entry each); TLS sync, HTTPS
+    escalation, Consul gossip encryption and ACLs. Prints each site's entry; Ctrl-C stops
+    everything."""
     why = netns.available()
     if why:
         raise click.ClickException(f"tiered sites needs network namespaces: {why}")
@@ -258,7 +259,9 @@ def sites_summary(sites: Sites, s: TieredSettings, seconds: float) -> None:
     servers = [f"http://{h.address}:8500/ui" for h in sites.server_hosts]
     pairs += [("Consul servers (UI)", ", ".join(servers)),
               ("Consul token", f"{sites.acl.token_file} (management: UI login)"),
-              ("registry (sync, TLS)", f"{sites.host('registry').address}:50051"),
+              ("registries (sync, TLS)", ", ".join(
+                  f"{sites.host(n).address}:50051 ({role})"
+                  for n, role in sites.registry_roles().items())),
               ("center (HTTPS)", sites.node_url("center-1")),
               ("logs", str(sites.root / "logs"))]
     out.print(summary_view(seconds, pairs))

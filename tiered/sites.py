@@ -2,7 +2,9 @@
 with its own address (``tiered.netns``), talking over a bridge that can be cut.
 
 - **center site** (``core``): three Consul servers (a real Raft cluster, each on its own
-  host), the registry's host and the center's host, each with a Consul client agent;
+  host), two registry hosts (``registry`` and ``registry-2``: a primary and a standby elected
+  through a Consul lock, ``registry serve`` with ``REGISTRY_HA``, one signing key provisioned
+  beside their homes) and the center's host, each with a Consul client agent;
 - **edge sites** (``eu``, ``us``, …): a gateway host with the site's Consul client agent and
   its nginx entry (``--region`` = the site: its own edges first, then the nearest other
   site's), and one host per edge, registered with the gateway's agent.
@@ -24,6 +26,7 @@ import os
 import secrets
 import shutil
 import signal
+import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +73,8 @@ class Sites(Stack):
     without_consul: set[str] = field(default_factory=set)  # nodes given static addresses
     gossip_key: str = field(default_factory=lambda: base64.b64encode(
         secrets.token_bytes(32)).decode())
+    standbys: int = 1  # registries beside the primary, each on a host of its own
+    # (registry-2, ...): every registry runs --ha, one is elected primary; 0: one standalone
 
     # -- where things are --------------------------------------------------------------
 
@@ -122,6 +127,7 @@ class Sites(Stack):
             env["CONSUL_HTTP_ADDR"] = self.agent_of(host)
         if role == "registry":
             env |= self.registry_extra
+            env["REGISTRY_HOME"] = str(self.registry_homes()[name])
         return env
 
     def spawn(self, name: str, argv: list[str], port: int | None = None,
@@ -137,7 +143,8 @@ class Sites(Stack):
         """Every host, in address order: the center site, then each edge site."""
         for i in range(1, self.servers + 1):
             self.network.add(CORE, f"consul-{i}")
-        self.network.add(CORE, "registry")
+        for name in self.registry_homes():
+            self.network.add(CORE, name)
         self.network.add(CORE, "center")
         for site in self.edge_sites:
             self.network.add(site, f"{site}-gw")
@@ -149,7 +156,10 @@ class Sites(Stack):
         if not self.network.hosts:
             self.layout()
         # the CA is kept (made once); the servers' certificates name this run's addresses
-        pki.fleet(self.tls, ["127.0.0.1", "localhost", self.host("registry").address,
+        # one registry certificate for the group: a standby checks the primary's against the
+        # address it advertises, so it names every registry host
+        pki.fleet(self.tls, ["127.0.0.1", "localhost",
+                             *(self.host(n).address for n in self.registry_homes()),
                              self.host("center").address])
         # a new cluster each run: Consul's state is what the processes register again, and a
         # data dir from an earlier run would bring its old gossip keyring and ACL objects
@@ -160,9 +170,11 @@ class Sites(Stack):
         self._wait(lambda: self.leader() is not None, 60,
                    "a Consul leader elected by the three servers")
         self._wait(lambda: self.acl.setup(self.consul), 30, "Consul's ACL system")
-        for name in ("registry", "center", *(f"{s}-gw" for s in self.edge_sites)):
+        for name in (*self.registry_homes(), "center", *(f"{s}-gw" for s in self.edge_sites)):
             self.start_agent(self.host(name), files)
         self.start_registry()
+        for i in range(1, self.standbys + 1):
+            self.start_standby(i)
         self.start_center("center-1")
         for site in self.edge_sites:
             for name in self.edges(site):
@@ -218,12 +230,60 @@ class Sites(Stack):
         self.placement[name] = host
         return self.spawn(name, argv, CONSUL_HTTP, "consul")
 
+    def registry_homes(self) -> dict[str, Path]:
+        """Each registry's home by child (and host) name: ``registry``, then ``registry-2``
+        and on for the standbys."""
+        return {"registry": self.registry_home,
+                **{f"registry-{i + 1}": self.root / f"registry-{i + 1}"
+                   for i in range(1, self.standbys + 1)}}
+
+    @property
+    def signing_key(self) -> Path:
+        """The group's one signing key (``<root>/keys``): the registry home's own key when it
+        has one (its releases are signed with it, and nodes pin its public half), else a new
+        one. Every registry and every ``registry publish`` uses it (REGISTRY_SIGNING_KEY)."""
+        from registry import keys
+
+        path = self.root / "keys" / "signing.key"
+        own = self.registry_home / "keys" / "signing.key"
+        if not path.exists() and own.is_file():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(keys.public_path(own), keys.public_path(path))
+            shutil.copy2(own, path)
+            os.chmod(path, 0o600)
+        return super().signing_key
+
     def start_registry(self) -> Child:
-        host = self.host("registry")
-        self.placement["registry"] = host
-        argv = registry_argv(self.registry_home, REGISTRY_PORT, REGISTRY_METRICS, "--host",
-                             host.address)
-        return self.spawn("registry", argv, REGISTRY_PORT, "registry")
+        return self._registry("registry")
+
+    def start_standby(self, i: int) -> Child:
+        return self._registry(f"registry-{i + 1}")
+
+    def _registry(self, name: str) -> Child:
+        host = self.host(name)
+        self.placement[name] = host
+        argv = registry_argv(self.registry_homes()[name], REGISTRY_PORT, REGISTRY_METRICS,
+                             "--host", host.address)
+        return self.spawn(name, argv, REGISTRY_PORT, "registry")
+
+    def registry_roles(self) -> dict[str, str]:
+        """Each registry's role as its own database says (primary, standby, standalone; "-"
+        before it has one)."""
+        roles = {}
+        for name, home in self.registry_homes().items():
+            try:
+                with contextlib.closing(sqlite3.connect(
+                        f"file:{home / 'registry.sqlite3'}?mode=ro", uri=True)) as conn:
+                    roles[name] = str(conn.execute(
+                        "SELECT role FROM replication_state").fetchone()[0])
+            except (sqlite3.Error, TypeError):
+                roles[name] = "-"
+        return roles
+
+    def primary(self) -> str | None:
+        """The registry that is primary (or standalone) now; None during an election."""
+        found = [n for n, r in self.registry_roles().items() if r in ("primary", "standalone")]
+        return found[0] if len(found) == 1 else None
 
     def start_center(self, name: str) -> Child:
         host = self.host("center")
@@ -242,6 +302,10 @@ class Sites(Stack):
 
     def _node(self, tier: str, name: str, host: Host, port: int, grpc: int,
               *flags: str) -> Child:
+        if self.release_key is None and self.standbys:
+            from registry import keys
+
+            self.release_key = keys.public_path(self.signing_key)
         if self.release_key is None:
             self.release_key = registry_public_key(self.registry_home)
         self.node_regions[name] = host.site
@@ -270,7 +334,8 @@ class Sites(Stack):
     # -- health ------------------------------------------------------------------------
 
     def expected(self) -> dict[str, int]:
-        return {SERVICES["registry"]: 1, SERVICES["center"]: 1,
+        standbys = {SERVICES["registry-standby"]: self.standbys} if self.standbys else {}
+        return {SERVICES["registry"]: 1, **standbys, SERVICES["center"]: 1,
                 SERVICES["edge"]: len(self.edge_sites) * self.edges_per_site}
 
     def entries(self) -> list[str]:
@@ -313,6 +378,10 @@ class Sites(Stack):
 
     def state(self) -> dict[str, Any]:
         state = super().state()
+        roles = self.registry_roles()
+        primary = self.primary()
+        if primary is not None:  # `tiered status --sites` reads the primary's rollout
+            state["registry_home"] = str(self.registry_homes()[primary])
         state["sites"] = {site: {"entry": self.entry(site),
                                  "grpc_entry": f"{self.host(f'{site}-gw').address}:{ENTRY_GRPC}",
                                  "edges": {n: self.node_url(n) for n in self.edges(site)
@@ -320,7 +389,10 @@ class Sites(Stack):
                           for site in self.edge_sites}
         state["sites"][CORE] = {
             "consul_servers": [f"http://{h.address}:{CONSUL_HTTP}" for h in self.server_hosts],
-            "registry": f"{self.host('registry').address}:{REGISTRY_PORT}",
+            "registry": f"{self.host(self.primary() or 'registry').address}:{REGISTRY_PORT}",
+            "registries": {n: {"address": f"{self.host(n).address}:{REGISTRY_PORT}",
+                               "home": str(home), "role": roles[n]}
+                           for n, home in self.registry_homes().items()},
             "center": self.node_url("center-1") if "center-1" in self.placement else None}
         return state
 

@@ -31,11 +31,14 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 TOKEN = f"dummy-{secrets.token_hex(8)}"  # unique, so only interpolation can have put it there
-SERVICES = {"consul", "consul-acl", "registry", "center", "edge-eu", "edge-us", "nginx"}
+SERVICES = {"consul", "consul-acl", "signing-key", "registry", "registry-standby", "center",
+            "edge-eu", "edge-us", "nginx"}
+ONE_SHOT = {"consul-acl", "signing-key"}  # jobs that exit once their work is done
 CONSUL_SECRETS = {f"CONSUL_{r}_TOKEN": str(uuid.uuid4())
                   for r in ("MANAGEMENT", "AGENT", "REGISTRY", "CENTER", "EDGE", "READER")}
 CONSUL_SECRETS["CONSUL_ENCRYPT_KEY"] = base64.b64encode(secrets.token_bytes(32)).decode()
-CONSUL_TOKEN_OF = {"registry": "CONSUL_REGISTRY_TOKEN", "center": "CONSUL_CENTER_TOKEN",
+CONSUL_TOKEN_OF = {"registry": "CONSUL_REGISTRY_TOKEN",
+                   "registry-standby": "CONSUL_REGISTRY_TOKEN", "center": "CONSUL_CENTER_TOKEN",
                    "edge-eu": "CONSUL_EDGE_TOKEN", "edge-us": "CONSUL_EDGE_TOKEN",
                    "nginx": "CONSUL_READER_TOKEN", "consul-acl": "CONSUL_MANAGEMENT_TOKEN"}
 NODE_TOKENS = {"center": ("center-eu-1", "TIERED_CENTER_EU_1_TOKEN"),
@@ -49,9 +52,10 @@ def token_of(secret: str, node: str) -> str:
     return node_token(secret, node, *IDENTITY[node])
 
 
-TIERS = {"registry": "REGISTRY", "center": "CENTER", "edge-eu": "EDGE", "edge-us": "EDGE"}
-STORES = {"registry": "REGISTRY_HOME", "center": "CENTER_STORE", "edge-eu": "EDGE_STORE",
-          "edge-us": "EDGE_STORE"}
+TIERS = {"registry": "REGISTRY", "registry-standby": "REGISTRY", "center": "CENTER",
+         "edge-eu": "EDGE", "edge-us": "EDGE"}
+STORES = {"registry": "REGISTRY_HOME", "registry-standby": "REGISTRY_HOME",
+          "center": "CENTER_STORE", "edge-eu": "EDGE_STORE", "edge-us": "EDGE_STORE"}
 
 
 def compose_binary() -> Path:
@@ -112,8 +116,39 @@ def test_registry_token_is_required(compose: Any, token: str | None) -> None:
     assert "required variable REGISTRY_TOKEN is missing a value" in proc.stderr
 
 
-def test_the_six_services(services: dict[str, Any]) -> None:
+def test_the_services(services: dict[str, Any]) -> None:
     assert set(services) == SERVICES
+
+
+def test_a_registry_standby_shares_the_one_signing_key_and_elects_through_consul(
+        services: dict[str, Any]) -> None:
+    """``registry`` and ``registry-standby``: the same image and environment but for the
+    address each registers, each its own data volume, both --ha with one signing key that the
+    one-shot ``signing-key`` service makes once into a volume they mount read-only; the tiers'
+    release key is that key's public half (``registry key`` with REGISTRY_SIGNING_KEY)."""
+    primary, standby = services["registry"], services["registry-standby"]
+    assert primary["image"] == standby["image"] == services["signing-key"]["image"]
+    differ = {"REGISTRY_ADVERTISE"}
+    assert {k: v for k, v in primary["environment"].items() if k not in differ} == \
+        {k: v for k, v in standby["environment"].items() if k not in differ}
+    env = primary["environment"]
+    assert (env["REGISTRY_HA"], env["REGISTRY_SYNC_STANDBYS"]) == ("true", "1")
+    assert standby["environment"]["REGISTRY_ADVERTISE"] == "registry-standby"
+    key = Path(env["REGISTRY_SIGNING_KEY"])
+    made = {m["target"]: m for m in services["signing-key"]["volumes"]}[str(key.parent)]
+    homes = []
+    for service in (primary, standby):
+        mounts = {m["target"]: m for m in service["volumes"]}
+        assert mounts[str(key.parent)]["read_only"], mounts
+        assert mounts[str(key.parent)]["source"] == made["source"]
+        homes.append(mounts[service["environment"]["REGISTRY_HOME"]]["source"])
+        assert service["depends_on"]["signing-key"]["condition"] == (
+            "service_completed_successfully")
+        assert "registry serve" in " ".join(service["command"])
+    assert homes[0] != homes[1]  # each its own copy of the data
+    keygen = " ".join(services["signing-key"]["command"])
+    assert f"registry keygen --out {key.parent}" in keygen and "test -s" in keygen
+    assert services["signing-key"]["restart"] == "no"
 
 
 def test_the_center_reserves_an_nvidia_gpu(services: dict[str, Any]) -> None:
@@ -299,6 +334,8 @@ def test_health_checks_and_start_order(services: dict[str, Any]) -> None:
     for name, service in services.items():
         if name == "consul-acl":  # a one-shot job: it exits once the tokens exist
             assert service["depends_on"]["consul"]["condition"] == "service_healthy"
+            continue
+        if name in ONE_SHOT:  # the signing key: made before any registry starts
             continue
         assert service.get("healthcheck", {}).get("test"), f"{name} has no health check"
         if name != "consul":

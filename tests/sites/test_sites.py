@@ -1,6 +1,8 @@
 """Three sites on separate hosts (network namespaces, their own addresses), clients at both edge
 sites sending through their site's entry and retrying a failure once, through partitions 1-5
-(``bench/sites.py`` drives them). ``make sites-test`` (root, ~4 min; not in ``make test``).
+and the registry group's faults (6a-6c: its primary's host killed, the two registry hosts cut
+from each other, the primary cut from Consul; ``bench/sites.py`` drives them).
+``make sites-test`` (root, ~5 min; not in ``make test``).
 
 The tests share one fleet and run in file order: each partition starts from where the previous
 one left it. What must hold throughout: no request fails after its one retry.
@@ -144,6 +146,44 @@ def test_5b_killing_the_center_host_degrades_escalation_only(run: Run) -> None:
     no_failures(event)
     assert event.facts["degraded_during"] > 0
     assert event.recovery_s is not None
+
+
+def test_6a_killing_the_primary_registry_s_host_the_standby_takes_over(run: Run) -> None:
+    event = run.registry_host()
+    no_failures(event)
+    facts = event.facts
+    print(f"registry failover: {facts['killed']}'s host killed, {facts['primary']} primary "
+          f"after {event.failover_s:.1f} s, first write accepted after "
+          f"{facts['first_write_s']} s; its publish on every node in {facts['rollout_s']} s")
+    assert event.failover_s is not None and event.failover_s < 30  # loose: shared CI
+    assert facts["audit_rc"] == {n: 0 for n in run.sites.registry_homes()}, facts
+    assert facts["roles"] == {facts["primary"]: "primary", facts["killed"]: "standby"}
+
+
+def test_6b_registry_hosts_cut_from_each_other_no_failover_async_publish(run: Run) -> None:
+    event = run.registries_partitioned()
+    no_failures(event)
+    facts = event.facts
+    primary = facts["primary"]
+    assert facts["roles_during"][primary] == "primary"  # it kept the lock
+    assert set(facts["roles_during"].values()) == {"primary", "standby"}
+    assert facts["publish_rc"] == 0 and facts["publish_warning"], facts
+    assert event.recovery_s is not None  # the standby caught up after the heal
+
+
+def test_6c_the_primary_registry_cut_from_consul_is_fenced_and_no_split_brain(
+        run: Run) -> None:
+    event = run.primary_from_consul()
+    no_failures(event)
+    facts = event.facts
+    print(f"registry cut from Consul: {facts['old']} refusing writes after "
+          f"{facts['fenced_s']} s, {facts['new']} accepting after {event.failover_s:.1f} s "
+          f"({facts['tries']} writes tried)")
+    assert facts["old_codes"] and 6 in facts["old_codes"], facts  # refused: not primary
+    assert facts["old_accepted_after_new"] == [], facts  # no split brain
+    assert event.failover_s is not None and event.failover_s < 60
+    assert facts["roles"] == {facts["new"]: "primary", facts["old"]: "standby"}
+    assert facts["chains_equal"]
 
 
 def test_after_everything_every_node_is_on_the_last_release_and_the_audit_holds(
