@@ -54,6 +54,12 @@ MESSAGE_BYTES = 2 << 20  # changes per message, below gRPC's 4 MiB receive limit
 MAX_PENDING_BYTES = 256 << 20  # one read of the primary, held until applied
 POLL_S = 0.02  # how often a Follow stream looks for new changes
 HEARTBEAT_S = 1.0
+SILENCE_S = 5 * HEARTBEAT_S  # a standby reconnects after this long without a message
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 8 << 20),
+                   # pings find a dead link under a long snapshot or blob transfer too
+                   ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
+                   ("grpc.keepalive_permit_without_calls", 1),
+                   ("grpc.http2.max_pings_without_data", 0)]
 SHA256 = re.compile(r"[0-9a-f]{64}")
 REGISTRY_ID = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
 
@@ -312,8 +318,7 @@ class Follower:
                 delay = min(delay * 2, 5.0)
 
     def _channel(self, target: str) -> grpc.aio.Channel:
-        return auth.channel(target, self.settings.ca_pem,
-                            [("grpc.max_receive_message_length", 8 << 20)])
+        return auth.channel(target, self.settings.ca_pem, CHANNEL_OPTIONS)
 
     def _hello(self) -> pb.FollowHello:
         conn = self.db.catalog.db.conn
@@ -340,7 +345,16 @@ class Follower:
             pending: list[Change] = []
             size = 0
             try:
-                async for message in call:
+                while True:
+                    # the primary sends at least a heartbeat a second: silence is a dead link
+                    # (a cut that drops packets ends no TCP connection by itself)
+                    try:
+                        message = await asyncio.wait_for(call.read(), SILENCE_S)
+                    except TimeoutError:
+                        raise ConnectionError(f"nothing from the primary for {SILENCE_S:g}s: "
+                                              f"reconnecting") from None
+                    if message is grpc.aio.EOF:
+                        return
                     if self.target() != target:
                         return  # the primary moved
                     kind = message.WhichOneof("kind")

@@ -1,5 +1,5 @@
-"""Lose the registry's host, lose nothing: a primary and a standby elected through a real Consul
-lock, in a running fleet (centers, edges, nginx) with clients going through nginx.
+"""Lose the registry's host, lose nothing: a primary and two standbys elected through a real
+Consul lock, in a running fleet (centers, edges, nginx) with clients going through nginx.
 
 The tests share one fleet and run in file order: each kills the registry that is primary at
 that moment and checks the takeover, then brings the old one back as a standby.
@@ -7,6 +7,8 @@ that moment and checks the takeover, then brings the old one back as a standby.
 
 from __future__ import annotations
 
+import json
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -44,6 +46,16 @@ def wait_for(what: str, ready: Callable[[], bool], timeout: float = 60) -> float
 def role(home: Path) -> str:
     with sqlite3.connect(f"file:{home / 'registry.sqlite3'}?mode=ro", uri=True) as conn:
         return str(conn.execute("SELECT role FROM replication_state").fetchone()[0])
+
+
+def leading(home: Path) -> bool:
+    """The registry at ``home`` is the primary with an unexpired lease (a killed primary's file
+    still says primary; its lease has run out)."""
+    if not (home / "registry.sqlite3").exists():
+        return False
+    with sqlite3.connect(f"file:{home / 'registry.sqlite3'}?mode=ro", uri=True) as conn:
+        row = conn.execute("SELECT role, lease_until FROM replication_state").fetchone()
+    return bool(row[0] == "primary" and row[1] > time.time())
 
 
 def versions(home: Path, model: str = "tiny") -> list[int]:
@@ -91,21 +103,26 @@ class Group:
         found: list[str] = []
 
         def one() -> bool:
-            found[:] = [n for n, cli in self.clis.items() if role(cli.home) == "primary"]
+            found[:] = [n for n, cli in self.clis.items() if leading(cli.home)]
             return len(found) == 1
 
         wait_for("exactly one primary", one)
         return found[0]
 
-    def other(self, name: str) -> str:
-        return next(n for n in self.clis if n != name)
+    def others(self, name: str) -> list[str]:
+        return [n for n in self.clis if n != name]
+
+    def all_hold(self, home: Path) -> bool:
+        """Every registry holds the same audit chain as ``home``."""
+        ours = chain(home)
+        return all(chain(cli.home) == ours for cli in self.clis.values())
 
 
 @pytest.fixture(scope="module")
 def group(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Iterator[Group]:
     root = tmp_path_factory.mktemp("failover")
     stack = Stack(root, root / "registry", SECRET, http_port=free_port(),
-                  consul_port=free_port(), standbys=1, regions=("eu",),
+                  consul_port=free_port(), standbys=2, regions=("eu",),
                   nginx_flags=("--rate", "1000", "--burst", "500"))
     key = str(stack.signing_key)
     clis = {name: _Cli(home, key) for name, home in stack.registry_homes().items()}
@@ -157,30 +174,34 @@ def restart(stack: Stack, child: Child) -> None:
                 env={"REGISTRY_HOME": str(child.argv[child.argv.index("--home") + 1])})
 
 
-def test_an_acknowledged_publish_is_on_the_standby_when_the_command_returns(
+def test_an_acknowledged_publish_is_on_a_standby_when_the_command_returns(
         group: Group, tiny_release: Path) -> None:
     primary = group.primary()
-    standby = group.other(primary)
-    wait_for("the standby holds version 1", lambda: versions(group.clis[standby].home) == [1])
+    standbys = group.others(primary)
+    for name in standbys:
+        wait_for("each standby holds version 1", lambda n=name: versions(  # type: ignore[misc]
+            group.clis[n].home) == [1])
     published = group.clis[primary]("publish", tiny_release, "--name", "tiny", "--json").json()
-    # semi-synchronous: read the standby's database the moment the command returned
+    # semi-synchronous: read the standbys' databases the moment the command returned
     version = published["manifest"]["version"]
-    assert versions(group.clis[standby].home) == [1, version]
+    assert any(versions(group.clis[n].home) == [1, version] for n in standbys)
     wait_for("every node runs it", lambda: nodes_run(group.stack, version), 120)
-    shown = group.clis[primary]("replication", "--json").json()
-    assert shown["role"] == "primary" and shown["writable"]
-    assert [(s["behind"]) for s in shown["standbys"]] == [0]
-    followed = group.clis[standby]("replication", "--json").json()["primary"]
-    assert followed == f"127.0.0.1:{group.stack.children[primary].port}"
+    wait_for("both standbys hold it", lambda: group.all_hold(group.clis[primary].home))
+    wait_for("the primary lists both standbys, none behind", lambda: [
+        s["behind"] for s in group.clis[primary]("replication", "--json").json()["standbys"]]
+        == [0, 0])
+    for name in standbys:
+        shown = group.clis[name]("replication", "--json").json()
+        assert (shown["role"], shown["writable"]) == ("standby", False)
+        assert shown["primary"] == f"127.0.0.1:{group.stack.children[primary].port}"
 
 
-def test_with_its_standby_gone_a_change_stands_on_the_primary_alone_and_says_so(
+def test_with_its_standbys_gone_a_change_stands_on_the_primary_alone_and_says_so(
         group: Group) -> None:
     stack = group.stack
     primary = group.primary()
-    standby = group.other(primary)
     cli = group.clis[primary]
-    gone = kill(stack, standby)
+    gone = [kill(stack, name) for name in group.others(primary)]
     try:
         result = cli("cascade", "tiny", "--mode", "static", "--capacity", "77", check=False,
                      env={"REGISTRY_SYNC_TIMEOUT_S": "1"})
@@ -188,17 +209,17 @@ def test_with_its_standby_gone_a_change_stands_on_the_primary_alone_and_says_so(
         assert "replicated asynchronously" in result.stderr
         assert cli("replication", "--json").json()["async_commits"] >= 1
     finally:
-        restart(stack, gone)
-    wait_for("the standby caught up after coming back",
-             lambda: chain(group.clis[standby].home) == chain(cli.home), 120)
-    assert role(group.clis[standby].home) == "standby"
+        for child in gone:
+            restart(stack, child)
+    wait_for("the standbys caught up after coming back", lambda: group.all_hold(cli.home), 120)
+    assert group.primary() == primary
+    assert [role(group.clis[n].home) for n in group.others(primary)] == ["standby"] * 2
 
 
 def test_sigkill_of_the_primary_under_load_with_a_publish_in_flight(
         group: Group, tiny_release: Path) -> None:
     stack = group.stack
     primary = group.primary()
-    standby = group.other(primary)
     clients = Clients(stack.url)
     threads = [threading.Thread(target=clients.run) for _ in range(2)]
     for t in threads:
@@ -212,12 +233,13 @@ def test_sigkill_of_the_primary_under_load_with_a_publish_in_flight(
         time.sleep(1.0)
         killed_at = time.monotonic()
         old = kill(stack, primary)
-        # the first write the standby's home accepts: a cheap one, tried until it is accepted
-        new = group.clis[standby]
-        accepted = wait_for("a write accepted by the new primary", lambda: new(
-            "cascade", "tiny", "--mode", "static", "--capacity", "100", check=False).code == 0,
-            60)
+        # the first write a standby's home accepts: a cheap one, tried until one is accepted
+        candidates = [group.clis[n] for n in group.others(primary)]
+        accepted = wait_for("a write accepted by a new primary", lambda: any(cli(
+            "cascade", "tiny", "--mode", "static", "--capacity", "100", check=False).code == 0
+            for cli in candidates), 60)
         failover_s = time.monotonic() - killed_at
+        new = group.clis[group.primary()]
         out, errors = in_flight.communicate(timeout=120)
         assert role(new.home) == "primary"
         print(f"failover: {failover_s:.1f}s from SIGKILL to the first accepted write "
@@ -225,7 +247,6 @@ def test_sigkill_of_the_primary_under_load_with_a_publish_in_flight(
         assert failover_s < 30
         after = versions(new.home)
         if in_flight.returncode == 0:  # acknowledged: it must be on the new primary
-            import json
             assert json.loads(out)["manifest"]["version"] in after
         else:  # refused or not confirmed by a standby: said so, and nothing half-done
             assert "primary" in errors or "standby" in errors, errors
@@ -239,8 +260,8 @@ def test_sigkill_of_the_primary_under_load_with_a_publish_in_flight(
         restart(stack, old)
         wait_for("the old primary follows", lambda: role(group.clis[primary].home) ==
                  "standby", 60)
-        wait_for("the old primary holds the new primary's chain",
-                 lambda: chain(group.clis[primary].home) == chain(new.home), 120)
+        wait_for("the old primary and the other standby hold the new primary's chain",
+                 lambda: group.all_hold(new.home), 120)
         assert group.clis[primary]("audit", "--verify", "--json").json()["ok"]
         refused = group.clis[primary]("cascade", "tiny", "--mode", "static", "--capacity", "5",
                                       check=False)
@@ -259,21 +280,18 @@ def test_the_primary_s_disk_wiped_it_comes_back_empty_and_copies_everything(
         group: Group, tiny_release: Path) -> None:
     stack = group.stack
     primary = group.primary()
-    standby = group.other(primary)
-    wait_for("the standby caught up", lambda: chain(group.clis[standby].home) ==
-             chain(group.clis[primary].home))
+    wait_for("the standbys caught up", lambda: group.all_hold(group.clis[primary].home))
     held = chain(group.clis[primary].home)
     old = kill(stack, primary)
     home = group.clis[primary].home
-    import shutil
     shutil.rmtree(home)
-    new = group.clis[standby]
-    wait_for("the standby is primary", lambda: role(new.home) == "primary", 60)
+    new = group.clis[group.primary()]  # one of the standbys, elected
+    assert new.home != home
     assert chain(new.home)[: len(held)] == held  # nothing acknowledged is missing
     published = new("publish", tiny_release, "--name", "tiny", "--json").json()
     assert published["manifest"]["version"] in versions(new.home)
     restart(stack, old)
     wait_for("the wiped registry copied everything back",
-             lambda: (home / "registry.sqlite3").exists() and chain(home) == chain(new.home), 120)
+             lambda: (home / "registry.sqlite3").exists() and group.all_hold(new.home), 120)
     assert group.clis[primary]("audit", "--verify", "--json").json()["ok"]
     assert role(home) == "standby"
