@@ -109,8 +109,11 @@ class Leadership:
                 try:
                     await self._round()
                 except ERRORS as exc:
+                    # a Consul error is no reason to drop the session: it may still hold the
+                    # lock, and a new session could never take it back (nobody would lead)
                     log.warning("consul: %s", exc)
-                    self.session = None
+                    if "invalid session" in str(exc).lower():
+                        self.session = None
                     await asyncio.sleep(0.5)
         finally:
             passing.cancel()
@@ -167,6 +170,14 @@ class Leadership:
         await self.consul.kv.put(self.candidate_key, json.dumps(
             {"registry_id": self.registry_id, "history_term": rank[0], "position": rank[1]}),
             acquire=session)
+        if holder is not None and holder == session:  # still ours (a lost reply, a restart
+            # of the loop): lead again under the term the key names
+            term = value[2] if value else self.term
+            self.primary, self.term, self.leader = True, term, self.address
+            await self.run_db(self._renew_as, term, asked + self.lease_s)
+            log.info("the registry lock is still this registry's: primary for term %d", term)
+            await self.promote(term, None)
+            return
         if holder is None:
             if time.monotonic() < self.started + self.settings.lock_ttl_s:
                 await asyncio.sleep(0.25)  # let the peers say how far they are first
