@@ -69,8 +69,9 @@ class Context:
                 f"check `registry replication` on the primary and run the command again there")
         if holders is None:
             err.print(f"[yellow]warning:[/] committed on the primary, but fewer than {wanted} "
-                      f"standby(s) hold it after {self.settings.sync_timeout_s:g}s: it is "
-                      f"replicated asynchronously and would be lost if this host died now "
+                      f"standby(s) hold it (none following, or none within "
+                      f"{self.settings.sync_timeout_s:g}s): it is replicated asynchronously and "
+                      f"would be lost if this host died now "
                       f"(registry_replication_async_commits_total)")
 
 

@@ -360,8 +360,10 @@ class Follower:
                     kind = message.WhichOneof("kind")
                     if kind == "resync":
                         raise Resync(message.resync.reason)
-                    if kind == "heartbeat":
+                    if kind == "heartbeat":  # answered: the primary sees who follows
                         self.primary_position = message.heartbeat.position
+                        await call.write(pb.FollowerMessage(applied=pb.Applied(
+                            position=self.position)))
                         continue
                     for c in message.batch.changes:
                         pending.append(Change(c.id, c.table, c.op, c.row))

@@ -146,6 +146,13 @@ def test_semi_sync_waits_for_a_standby_and_counts_a_timeout(tmp_path: Path) -> N
     assert replication.wait_replicated(db, at + 1, 1, 0.2) is None
     assert time.monotonic() - started >= 0.2
     assert replication.state(db.conn).async_commits == 1
+    # no standby following at all (its last ack is old): no point waiting, the same count
+    with transaction(db) as conn:
+        conn.execute("UPDATE replicas SET acked_at = acked_at - 60")
+    started = time.monotonic()
+    assert replication.wait_replicated(db, at + 1, 1, 30) is None
+    assert time.monotonic() - started < 5
+    assert replication.state(db.conn).async_commits == 2
 
 
 def test_the_history_term_follows_promotions_applied_or_made(tmp_path: Path) -> None:
