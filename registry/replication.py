@@ -111,6 +111,14 @@ def position(conn: sqlite3.Connection) -> int:
     return int(row[0] or 0)
 
 
+def prune(conn: sqlite3.Connection, keep: int) -> int:
+    """Forget all but the newest ``keep`` changes (a standby further behind takes a snapshot);
+    returns how many were deleted. ``changes`` is neither replicated nor fenced."""
+    cursor = conn.execute("DELETE FROM changes WHERE id <= (SELECT max(id) FROM changes) - ?",
+                          (keep,))
+    return int(cursor.rowcount)
+
+
 def first_position(conn: sqlite3.Connection) -> int:
     row = conn.execute("SELECT min(id) FROM changes").fetchone()
     return int(row[0] or 0)

@@ -11,6 +11,7 @@ import uvloop
 from prometheus_client import start_http_server
 
 from registry import anchor, leader, replicate, replication
+from registry.db import transaction
 from registry.server import Database, SyncServer
 from registry.settings import RegistrySettings
 from serving.fleet import discovery
@@ -69,6 +70,7 @@ class Roles:
         self.registration: discovery.Registration | None = None
         self.registering: asyncio.Task[None] | None = None
         self.primary_of: str | None = None  # the static --follow target, or Consul's holder
+        self.pruning: asyncio.Task[None] | None = None
         metrics.replication(self)
 
     @property
@@ -77,6 +79,7 @@ class Roles:
 
     async def start(self) -> None:
         s = self.settings
+        self.pruning = asyncio.create_task(self.prune())
         if s.ha:
             await self._set_role("standby", None)
             self.leadership = leader.Leadership(
@@ -175,7 +178,28 @@ class Roles:
         await self.registration.consul.close()
         self.registration = self.registering = None
 
+    async def prune(self, every_s: float = 60.0) -> None:
+        """Keep ``changes_kept`` captured changes, on any role (nothing else deletes them)."""
+        kept = self.settings.changes_kept
+
+        def once() -> int:
+            with transaction(self.db.catalog.db) as conn:
+                return replication.prune(conn, kept)
+
+        while True:
+            try:
+                deleted = await self.db.run(once)
+                if deleted:
+                    log.info("pruned %d captured changes (keeping %d)", deleted, kept)
+            except Exception:  # a busy database: the next minute
+                log.exception("pruning captured changes failed")
+            await asyncio.sleep(every_s)
+
     async def stop(self) -> None:
+        if self.pruning is not None:
+            self.pruning.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.pruning
         if self.electing is not None:
             self.electing.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -142,6 +142,10 @@ class RegistrySettings(ConsulSettings):
     passing it; the lock then waits as long again before another registry may take it, and
     a primary stops accepting writes one second before that (its lease)."""
 
+    changes_kept: int = Field(default=100_000, ge=1_000)
+    """Captured changes each registry keeps (pruned every minute by ``registry serve``): a
+    standby further behind than this copies a snapshot instead."""
+
     lock_key: str = Field(default="tiered/registry/leader", pattern=r"^[a-z0-9/_-]{1,128}$")
     """Consul KV key the registries elect their primary with."""
 

@@ -189,3 +189,14 @@ def test_a_lock_value_a_registry_wrote_names_its_address() -> None:
 ])
 def test_a_malformed_candidate_entry_is_ignored(raw: bytes) -> None:
     assert leader.candidate(raw) is None
+
+
+def test_pruned_changes_send_a_standby_behind_them_to_a_snapshot(tmp_path: Path) -> None:
+    db = db_at(tmp_path)
+    for _ in range(10):
+        write(db)
+    with transaction(db) as conn:
+        assert replication.prune(conn, 4) == 6
+    assert [c.id for c in replication.read_changes(db.conn, 0, 100)] == [7, 8, 9, 10]
+    assert replication.first_position(db.conn) == 7
+    assert audit.verify(db) == (10, None)  # the data itself is untouched
