@@ -121,7 +121,6 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
         assert self.bounds is not None
         self.bounds.waiting.pop(self, None)
         self.bounds.waiting[self] = None  # the newest
-        self.reading_headers = True
         self.arm(self.bounds.header_timeout_s)
 
     def arm(self, seconds: float) -> None:
@@ -151,6 +150,14 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
               and (self.cycle is None or self.cycle.response_complete)):
             self.waiting()
 
+    def on_message_begin(self) -> None:
+        # a request's headers start here: counted from now (not from the end of the last
+        # response, which an early 413 sends while that request's body is still arriving:
+        # its bytes were counted as the next request's headers and answered 431)
+        super().on_message_begin()
+        if not self.reading_headers:  # a connection's first request was counted from its start
+            self.reading_headers, self.header_bytes = True, 0
+
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         self.reading_headers, self.header_bytes = False, 0
@@ -169,7 +176,6 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
         if self.bounds is not None and self.timeout_keep_alive_task is not None:
             self.bounds.waiting.pop(self, None)  # kept alive: evictable, newest
             self.bounds.waiting[self] = None
-            self.reading_headers = True
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)

@@ -33,8 +33,11 @@ def edge() -> Iterator[int]:
 
 @pytest.fixture
 def stack(tmp_path: Path) -> Iterator[Stack]:
+    # --expose-registry-metrics: only then does the renderer follow the registries (their
+    # metrics ports are what a hostile registry entry would inject)
     front = Stack(tmp_path, tmp_path / "registry", "unused", http_port=free_port(),
-                  consul_port=free_port(), consul_acl=False, provision=False)
+                  consul_port=free_port(), consul_acl=False, provision=False,
+                  nginx_flags=("--expose-registry-metrics",))
     try:
         front.start_consul()
         front.start_nginx()

@@ -29,6 +29,11 @@ async def app(scope: Any, receive: Any, send: Any) -> None:
             await send({"type": "lifespan.startup.complete"})
         await send({"type": "lifespan.shutdown.complete"})
         return
+    if scope["path"] == "/early":  # refused before its body is read (as a 413 for size is)
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
+        return
     body = b""
     while True:
         message = await receive()
@@ -164,6 +169,22 @@ def test_a_kept_alive_connection_must_send_its_next_headers_in_time(
         assert sock.recv(4096).endswith(b"echo:")
         sock.sendall(b"GET /echo HTTP/1.1\r\nHo")  # the next request, half sent
         assert closed_after(sock) < TIMEOUT_S + 1.5  # not keep-alive's 30 s
+
+
+def test_the_rest_of_a_body_answered_early_is_not_taken_for_the_next_request_s_headers(
+        bounded: tuple[str, HttpBounds]) -> None:
+    """An early answer (413 before the body is read) ends the response while the request's
+    body still arrives: those bytes are that request's, not 431-sized headers of the next."""
+    address, _ = bounded
+    size = 300_000
+    with dial(address) as sock:
+        sock.sendall(b"POST /early HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % size)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 413")
+        for start in range(0, size, 65536):
+            sock.sendall(b"x" * min(65536, size - start))
+        sock.sendall(b"GET /echo HTTP/1.1\r\nHost: t\r\n\r\n")
+        answer = sock.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"echo:"), answer[:80]
 
 
 def test_a_body_in_time_is_served_one_too_slow_is_cut(bounded: tuple[str, HttpBounds]) -> None:
