@@ -34,8 +34,8 @@ OPT_IN = {"containers": "builds every image and runs the compose stack on a priv
                         "(3-5 min): make compose-test",
           "demo": "trains the full demo release behind the quick one and rolls it out under "
                   "load (~20 min): make demo-test",
-          "sites": "three sites as network namespaces, partitions 1-5 under load (root, "
-                   "~4 min): make sites-test"}
+          "sites": "three sites as network namespaces, partitions 1-5 and the registry "
+                   "faults 6a-6c under load (root, ~8 min): make sites-test"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
