@@ -72,6 +72,17 @@ def transaction(db: sqlite_utils.Database) -> Iterator[sqlite3.Connection]:
     conn.execute("COMMIT")
 
 
+@contextmanager
+def read(db: sqlite_utils.Database) -> Iterator[sqlite3.Connection]:
+    """A read transaction (``BEGIN`` … ``COMMIT``): everything read in it is one snapshot."""
+    conn = db.conn
+    conn.execute("BEGIN")
+    try:
+        yield conn
+    finally:
+        conn.execute("COMMIT")
+
+
 def applied_migrations(db: sqlite_utils.Database) -> list[int]:
     if "schema_migrations" not in db.table_names():
         return []

@@ -28,8 +28,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import consul
+import sqlite_utils
 
 from registry import audit, replication
+from registry.db import transaction
 from registry.replicate import REGISTRY_ID
 from registry.settings import RegistrySettings
 from serving.fleet import discovery
@@ -79,7 +81,8 @@ class Leadership:
     registry is); split up, each part would need the others' session, term and timing."""
 
     def __init__(self, settings: RegistrySettings, registry_id: str, address: str,
-                 db_run: Callable[..., Awaitable[Any]], conn: Callable[[], Any],
+                 db_run: Callable[..., Awaitable[Any]],
+                 db: Callable[[], sqlite_utils.Database],
                  promote: Callable[[int, str | None], Awaitable[None]],
                  demote: Callable[[str | None], Awaitable[None]]) -> None:
         assert settings.consul_http_addr
@@ -87,7 +90,7 @@ class Leadership:
         self.consul = discovery.client(settings.consul_http_addr,
                                        token.get_secret_value() if token else None)
         self.settings, self.registry_id, self.address = settings, registry_id, address
-        self.run_db, self.conn = db_run, conn
+        self.run_db, self.db = db_run, db
         self.promote, self.demote = promote, demote
         self.key = settings.lock_key
         self.candidates = f"{settings.lock_key.rsplit('/', 1)[0]}/candidates/"
@@ -189,7 +192,7 @@ class Leadership:
                     self.deferred_to = better
                 await asyncio.sleep(0.25)
                 return
-            ours_term = await self.run_db(lambda: replication.state(self.conn()).term)
+            ours_term = await self.run_db(lambda: replication.state(self.db().conn).term)
             term = max(ours_term, value[2] if value else 0) + 1
             asked = time.time()
             body = json.dumps({"registry_id": self.registry_id, "address": self.address,
@@ -215,7 +218,7 @@ class Leadership:
     def _rank(self) -> tuple[int, int]:
         """How recent and how long this registry's history is: (the term of its newest
         promotion, its newest change)."""
-        conn = self.conn()
+        conn = self.db().conn
         return replication.state(conn).history_term, replication.position(conn)
 
     async def _better(self, rank: tuple[int, int]) -> str | None:
@@ -236,22 +239,14 @@ class Leadership:
         return None
 
     def _renew(self, until: float) -> None:
-        conn = self.conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with transaction(self.db()) as conn:
             replication.renew(conn, until)
-        finally:
-            conn.execute("COMMIT")
 
     def _renew_as(self, term: int, until: float) -> None:
         """Become the primary in the database: role, term, lease."""
-        conn = self.conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with transaction(self.db()) as conn:
             replication.set_role(conn, "primary", term=term, registry_id=self.registry_id,
                                  leader=self.address, lease_until=until)
-        finally:
-            conn.execute("COMMIT")
 
     async def stop(self) -> None:
         """A clean stop: refuse writes first, then let the lock go (no lock-delay for the next
@@ -271,12 +266,8 @@ class Leadership:
         await self.consul.close()
 
     def _step_down(self) -> None:
-        conn = self.conn()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with transaction(self.db()) as conn:
             replication.set_role(conn, "standby", leader=None)
-        finally:
-            conn.execute("COMMIT")
 
 
 def promotion_record(conn: Any, actor: str, registry_id: str, term: int,

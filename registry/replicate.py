@@ -34,7 +34,7 @@ import grpc
 
 from registry import anchor, audit, replication
 from registry.blobs import BlobStore
-from registry.db import integrity_check
+from registry.db import integrity_check, read, transaction
 from registry.replication import Change
 from registry.settings import RegistrySettings
 from serving.config.tokens import node_token
@@ -169,12 +169,8 @@ class ReplicationService(pb_grpc.ReplicationServicer):
         return None
 
     def _after(self, at: int) -> list[Change] | None:
-        conn = self.db.catalog.db.conn
-        conn.execute("BEGIN")
-        try:
+        with read(self.db.catalog.db) as conn:
             changes = replication.read_changes(conn, at, MAX_BEHIND + 1)
-        finally:
-            conn.execute("COMMIT")
         return None if len(changes) > MAX_BEHIND else changes
 
     async def _send(self, context: grpc.aio.ServicerContext, changes: list[Change]) -> None:
@@ -197,14 +193,8 @@ class ReplicationService(pb_grpc.ReplicationServicer):
                     self.on_ack(replica, at)
 
     def _acked(self, replica: str, at: int) -> None:
-        conn = self.db.catalog.db.conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
+        with transaction(self.db.catalog.db) as conn:
             replication.acked(conn, replica, min(at, replication.position(conn)))
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
 
     async def Snapshot(self, request: pb.SnapshotRequest,
                        context: grpc.aio.ServicerContext) -> AsyncIterator[pb.SnapshotChunk]:
@@ -321,9 +311,7 @@ class Follower:
         return auth.channel(target, self.settings.ca_pem, CHANNEL_OPTIONS)
 
     def _hello(self) -> pb.FollowHello:
-        conn = self.db.catalog.db.conn
-        conn.execute("BEGIN")
-        try:
+        with read(self.db.catalog.db) as conn:
             at = replication.position(conn)
             head = audit.head(conn)
             return pb.FollowHello(registry_id=self.registry_id, position=at,
@@ -331,8 +319,6 @@ class Follower:
                                   head_seq=head.seq if head else 0,
                                   head_hash=head.hash if head else "",
                                   signing_key_id=self.db.anchor.signer.key_id)
-        finally:
-            conn.execute("COMMIT")
 
     async def follow(self, target: str) -> None:
         async with self._channel(target) as channel:
@@ -503,12 +489,10 @@ def _checked_snapshot(path: Path, leader: str) -> list[tuple[str, int]]:
         if finding is not None:
             raise replication.BadChange(f"the snapshot's audit chain is broken at record "
                                         f"{finding.seq}: {finding.reason}")
-        conn = db.conn
-        conn.execute("BEGIN IMMEDIATE")
-        replication.set_role(conn, "standby", leader=leader)
-        replication.promoted_term(conn)
-        conn.execute("DELETE FROM replicas")
-        conn.execute("COMMIT")
+        with transaction(db) as conn:
+            replication.set_role(conn, "standby", leader=leader)
+            replication.promoted_term(conn)
+            conn.execute("DELETE FROM replicas")
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         rows = conn.execute("SELECT sha256, size FROM blobs").fetchall()
         for sha, _ in rows:

@@ -180,10 +180,8 @@ def apply(db: sqlite_utils.Database, changes: list[Change]) -> int:
     position. Every change is checked against the schema (names come from ``REPLICATED``,
     never from the wire); a change this registry already holds, or one out of order, is
     refused with the rest of the batch."""
-    conn = db.conn
     checked = [_checked(c) for c in changes]
-    conn.execute("BEGIN IMMEDIATE")
-    try:
+    with transaction(db) as conn:
         at = position(conn)
         conn.execute("UPDATE replication_state SET applying = 1 WHERE id = 1")
         for change, (table, columns, key, row) in zip(changes, checked, strict=True):
@@ -205,10 +203,6 @@ def apply(db: sqlite_utils.Database, changes: list[Change]) -> int:
         conn.execute("UPDATE replication_state SET applying = 0 WHERE id = 1")
         if any(c.table == "audit" and PROMOTE in c.row for c in changes):
             promoted_term(conn)
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
     return at
 
 

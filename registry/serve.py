@@ -84,7 +84,7 @@ class Roles:
             await self._set_role("standby", None)
             self.leadership = leader.Leadership(
                 s, self.registry_id, self.address, self.db.run,
-                lambda: self.db.catalog.db.conn, self._promote, self._demote)
+                lambda: self.db.catalog.db, self._promote, self._demote)
             await self._demote(None)  # a standby until the lock says otherwise
             self.electing = asyncio.create_task(self.leadership.run())
         elif s.follow:
@@ -96,13 +96,9 @@ class Roles:
 
     async def _set_role(self, role: str, leader_address: str | None) -> None:
         def change() -> None:
-            conn = self.db.catalog.db.conn
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with transaction(self.db.catalog.db) as conn:
                 replication.set_role(conn, role, registry_id=self.registry_id,
                                      leader=leader_address)
-            finally:
-                conn.execute("COMMIT")
 
         await self.db.run(change)
 

@@ -23,7 +23,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from registry import anchor, audit, replication
 from registry.audit import Head
 from registry.catalog import Catalog, Node, Target
-from registry.db import connect
+from registry.db import connect, read
 from registry.fetch import Artifacts
 from registry.intake import Intake, platform
 from registry.nodes import Held, NodeBook
@@ -77,12 +77,8 @@ class Database:
     def desired(self, nodes: list[Node]) -> tuple[list[list[Target]], Head | None]:
         """Every node's desired releases and the audit chain's head, from one snapshot (a
         read transaction): the head signed into each directive is the one they came from."""
-        conn = self.catalog.db.conn
-        conn.execute("BEGIN")
-        try:
+        with read(self.catalog.db) as conn:
             return [self.catalog.desired(n) for n in nodes], audit.head(conn)
-        finally:
-            conn.execute("COMMIT")
 
     def data_version(self) -> int:
         """How far the replicated data goes (the newest captured change): what pushes depend
