@@ -81,14 +81,12 @@ class Roles:
         s = self.settings
         self.pruning = asyncio.create_task(self.prune())
         if s.ha:
-            await self._set_role("standby", None)
             self.leadership = leader.Leadership(
                 s, self.registry_id, self.address, self.db.run,
                 lambda: self.db.catalog.db, self._promote, self._demote)
             await self._demote(None)  # a standby until the lock says otherwise
             self.electing = asyncio.create_task(self.leadership.run())
         elif s.follow:
-            await self._set_role("standby", s.follow)
             await self._demote(s.follow)
         else:
             await self._set_role("standalone", None)
