@@ -32,7 +32,6 @@ import sqlite_utils
 
 from registry import audit, replication
 from registry.db import transaction
-from registry.replicate import REGISTRY_ID
 from registry.settings import RegistrySettings
 from serving.fleet import discovery
 
@@ -47,7 +46,7 @@ def leader_value(raw: Any) -> tuple[str, str, int] | None:
     try:
         data = json.loads(raw)
         registry_id, address, term = data["registry_id"], data["address"], data["term"]
-        if not (isinstance(registry_id, str) and REGISTRY_ID.fullmatch(registry_id)
+        if not (isinstance(registry_id, str) and discovery.NODE_LABEL.fullmatch(registry_id)
                 and isinstance(term, int) and term >= 0 and isinstance(address, str)):
             return None
         host, _, port = address.rpartition(":")
@@ -65,7 +64,7 @@ def candidate(raw: Any) -> tuple[str, int, int] | None:
             data["position"]
     except (TypeError, ValueError, KeyError):
         return None
-    if not (isinstance(registry_id, str) and REGISTRY_ID.fullmatch(registry_id)
+    if not (isinstance(registry_id, str) and discovery.NODE_LABEL.fullmatch(registry_id)
             and isinstance(term, int) and isinstance(position, int)
             and 0 <= term < 1 << 62 and 0 <= position < 1 << 62):
         return None

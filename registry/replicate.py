@@ -35,6 +35,7 @@ import grpc
 from registry import anchor, audit, replication
 from registry.blobs import BlobStore
 from registry.db import integrity_check, read, transaction
+from registry.fetch import SHA256
 from registry.replication import Change
 from registry.settings import RegistrySettings
 from serving.config.tokens import node_token
@@ -60,8 +61,6 @@ CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 8 << 20),
                    ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
                    ("grpc.keepalive_permit_without_calls", 1),
                    ("grpc.http2.max_pings_without_data", 0)]
-SHA256 = re.compile(r"[0-9a-f]{64}")
-REGISTRY_ID = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
 
 
 def default_id(settings: RegistrySettings, port: int) -> str:
@@ -95,10 +94,9 @@ class ReplicationService(pb_grpc.ReplicationServicer):
     object); what they share is the database thread and the check that the caller is a
     registry of this fleet."""
 
-    def __init__(self, settings: RegistrySettings, db: Database, registry_id: Callable[[], str],
-                 on_ack: Callable[[str, int], None] | None = None) -> None:
+    def __init__(self, settings: RegistrySettings, db: Database,
+                 registry_id: Callable[[], str]) -> None:
         self.settings, self.db, self.registry_id = settings, db, registry_id
-        self.on_ack = on_ack
         self.streams = 0
 
     async def Follow(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
@@ -189,8 +187,6 @@ class ReplicationService(pb_grpc.ReplicationServicer):
             if message.WhichOneof("kind") == "applied" and message.applied.position > 0:
                 at = message.applied.position
                 await self.db.run(self._acked, replica, at)
-                if self.on_ack is not None:
-                    self.on_ack(replica, at)
 
     def _acked(self, replica: str, at: int) -> None:
         with transaction(self.db.catalog.db) as conn:
