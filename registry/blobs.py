@@ -2,17 +2,33 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from registry.errors import IntegrityError, NotFound
 from serving.release.store import CHUNK, file_sha256
 
 STALE_TEMP_SECONDS = 3600
+
+
+async def chunks(path: Path, offset: int, end: int,
+                 chunk_bytes: int) -> AsyncIterator[tuple[int, bytes]]:
+    """``(offset, data)`` pieces of ``path`` from ``offset`` up to ``end`` (or its end of
+    file), at most ``chunk_bytes`` each, read off the event loop (it serves other streams)."""
+    with path.open("rb") as handle:
+        handle.seek(offset)
+        while offset < end:
+            data = await asyncio.to_thread(handle.read, min(chunk_bytes, end - offset))
+            if not data:
+                break
+            yield offset, data
+            offset += len(data)
 
 
 class BlobStore:

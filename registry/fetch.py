@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from registry.blobs import BlobStore
+from registry.blobs import BlobStore, chunks
 from registry.catalog import Catalog
 from registry.settings import RegistrySettings
 from serving.protocol.wire import Malformed
@@ -78,16 +78,10 @@ class Artifacts:
         log.debug("node %s fetches %s from %d", node, sha[:12], offset)
         self.fetching[node] += 1
         try:
-            with self.blobs.path(sha).open("rb") as blob:
-                blob.seek(offset)
-                while offset < size:
-                    data = await asyncio.to_thread(blob.read, min(self.settings.chunk_bytes,
-                                                                  size - offset))
-                    if not data:
-                        break
-                    yield pb.Chunk(offset=offset, data=data, size=size)
-                    offset += len(data)
-                    self.metrics.bytes_sent.inc(len(data))
+            async for at, data in chunks(self.blobs.path(sha), offset, size,
+                                         self.settings.chunk_bytes):
+                yield pb.Chunk(offset=at, data=data, size=size)
+                self.metrics.bytes_sent.inc(len(data))
         finally:
             self.fetching[node] -= 1
             if not self.fetching[node]:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from registry import anchor, audit, replication
-from registry.blobs import BlobStore
+from registry.blobs import BlobStore, chunks
 from registry.db import integrity_check, read, transaction
 from registry.fetch import SHA256
 from registry.replication import Change
@@ -200,13 +200,11 @@ class ReplicationService(pb_grpc.ReplicationServicer):
         log.info("sending a snapshot (up to change %d, %d bytes) to standby %s", at,
                  path.stat().st_size, replica)
         try:
-            digest, offset, size = hashlib.sha256(), 0, path.stat().st_size
-            with path.open("rb") as handle:
-                while data := handle.read(self.settings.chunk_bytes):
-                    digest.update(data)
-                    yield pb.SnapshotChunk(data=data, offset=offset)
-                    offset += len(data)
-            yield pb.SnapshotChunk(offset=offset, size=size, sha256=digest.hexdigest(),
+            digest, size = hashlib.sha256(), path.stat().st_size
+            async for offset, data in chunks(path, 0, size, self.settings.chunk_bytes):
+                digest.update(data)
+                yield pb.SnapshotChunk(data=data, offset=offset)
+            yield pb.SnapshotChunk(offset=size, size=size, sha256=digest.hexdigest(),
                                    position=at)
         finally:
             path.unlink(missing_ok=True)
@@ -225,12 +223,8 @@ class ReplicationService(pb_grpc.ReplicationServicer):
         size = path.stat().st_size
         if not 0 <= request.offset <= size:
             await context.abort(grpc.StatusCode.OUT_OF_RANGE, f"offset past {size}")
-        with path.open("rb") as handle:
-            handle.seek(request.offset)
-            offset = request.offset
-            while data := handle.read(self.settings.chunk_bytes):
-                yield pb.Chunk(offset=offset, data=data, size=size)
-                offset += len(data)
+        async for offset, data in chunks(path, request.offset, size, self.settings.chunk_bytes):
+            yield pb.Chunk(offset=offset, data=data, size=size)
 
 
 def snapshot(settings: RegistrySettings) -> tuple[Path, int]:
