@@ -40,6 +40,7 @@ from registry.replication import Change
 from registry.settings import RegistrySettings
 from serving.config.tokens import node_token
 from sync import auth
+from sync.download import misfit
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 
@@ -378,11 +379,11 @@ class Follower:
             with os.fdopen(fd, "wb") as out:
                 async for chunk in stub.Blob(pb.FetchRequest(sha256=sha, offset=0),
                                              metadata=auth.metadata(self.token)):
-                    if chunk.offset != got or got + len(chunk.data) > size:
-                        raise replication.BadChange(f"blob {sha}: the primary sent more or "
-                                                    f"other than its {size} bytes")
+                    problem = misfit(chunk, got, size)  # what a node's download checks
+                    if problem is not None:
+                        raise replication.BadChange(f"blob {sha}: {problem}")
                     digest.update(chunk.data)
-                    out.write(chunk.data)
+                    await asyncio.to_thread(out.write, chunk.data)
                     got += len(chunk.data)
             if got != size or digest.hexdigest() != sha:
                 raise replication.BadChange(f"blob {sha}: {got} bytes with digest "

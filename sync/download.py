@@ -93,7 +93,7 @@ class Downloader:
         # to the file before the next is read, so a resume never skips bytes
         with part.open("ab") as out:
             async for chunk in self.stub().Fetch(request, metadata=self.metadata):
-                problem = _misfit(chunk, offset, artifact.size)
+                problem = misfit(chunk, offset, artifact.size)
                 if problem is not None:  # a rogue or broken registry: nothing of it is kept
                     part.unlink(missing_ok=True)
                     raise TransferError(f"fetch {artifact.file}: {problem}; the partial "
@@ -132,7 +132,7 @@ class Downloader:
         os.replace(self.folder / artifact.sha256, destination)
 
 
-def _misfit(chunk: pb.Chunk, offset: int, size: int) -> str | None:
+def misfit(chunk: pb.Chunk, offset: int, size: int) -> str | None:
     """Why a chunk must not be written (None: it fits). The manifest's size (signed, when the
     node checks signatures) bounds the file: checked before each write, so a registry that
     streams on never makes the ``.part`` larger than the artifact."""
