@@ -7,9 +7,7 @@ it, ``signing.pub`` beside it. An explicitly configured path is never created.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from registry.errors import SigningKeyError
+from registry.replication import read_state
 from registry.settings import RegistrySettings
 from serving.release.signing import SigningError, key_id, public_pem, read_key_file
 
@@ -94,16 +93,8 @@ def signer(settings: RegistrySettings) -> Signer:
 
 def _replicated(settings: RegistrySettings) -> bool:
     """Whether the registry at ``settings.home`` is a primary or standby of a group."""
-    database = settings.database
-    if not database.exists():
-        return False
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True,
-                                                timeout=5)) as conn:
-            row = conn.execute("SELECT role FROM replication_state WHERE id = 1").fetchone()
-    except sqlite3.Error:
-        return False
-    return row is not None and row[0] != "standalone"
+    state = read_state(settings.database)
+    return state is not None and state.role != "standalone"
 
 
 def existing_public(settings: RegistrySettings) -> Ed25519PublicKey | None:

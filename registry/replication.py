@@ -18,6 +18,7 @@ import json
 import sqlite3
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import sqlite_utils
@@ -51,6 +52,17 @@ def state(conn: sqlite3.Connection) -> State:
                        "history_term FROM replication_state WHERE id = 1").fetchone()
     return State(str(row[0]), int(row[1]), row[2], row[3], float(row[4]), int(row[5]),
                  int(row[6]))
+
+
+def read_state(database: Path) -> State | None:
+    """The replication state of the database file at ``database``, opened read-only (another
+    process's registry, or one not opened yet); None when there is none to read."""
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True,
+                                                timeout=5)) as conn:
+            return state(conn)
+    except (sqlite3.Error, TypeError):  # no file, no table yet, no row
+        return None
 
 
 PROMOTE = "registry-promote"  # the audit action of a new primary

@@ -26,7 +26,6 @@ import os
 import secrets
 import shutil
 import signal
-import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,11 +34,13 @@ from typing import Any
 import httpx
 
 from registry import pki
+from registry.replication import read_state
 from serving.config.tokens import write_secret
 from serving.fleet.discovery import SERVICES
 from tiered.commands import BIN, nginx_argv, registry_argv, tier_argv
 from tiered.netns import Host, Network
-from tiered.stack import Child, Stack, registry_public_key
+from tiered.stack import Child, Stack
+from tiered.views import registry_database
 
 CORE = "core"
 CONSUL_HTTP = 8500
@@ -269,16 +270,9 @@ class Sites(Stack):
     def registry_roles(self) -> dict[str, str]:
         """Each registry's role as its own database says (primary, standby, standalone; "-"
         before it has one)."""
-        roles = {}
-        for name, home in self.registry_homes().items():
-            try:
-                with contextlib.closing(sqlite3.connect(
-                        f"file:{home / 'registry.sqlite3'}?mode=ro", uri=True)) as conn:
-                    roles[name] = str(conn.execute(
-                        "SELECT role FROM replication_state").fetchone()[0])
-            except (sqlite3.Error, TypeError):
-                roles[name] = "-"
-        return roles
+        states = {name: read_state(registry_database(home))
+                  for name, home in self.registry_homes().items()}
+        return {name: state.role if state else "-" for name, state in states.items()}
 
     def primary(self) -> str | None:
         """The registry that is primary (or standalone) now; None during an election."""
@@ -302,18 +296,13 @@ class Sites(Stack):
 
     def _node(self, tier: str, name: str, host: Host, port: int, grpc: int,
               *flags: str) -> Child:
-        if self.release_key is None and self.standbys:
-            from registry import keys
-
-            self.release_key = keys.public_path(self.signing_key)
-        if self.release_key is None:
-            self.release_key = registry_public_key(self.registry_home)
+        release_key = self.nodes_release_key()
         self.node_regions[name] = host.site
         if self.provision:
             self.provision_node(name, tier, host.site, (host.address, "127.0.0.1"))
         argv = tier_argv(tier, port, self.root / "stores" / name, name, "--host", host.address,
                          "--sync-backoff-max-s", "2", *self.tier_flags, *flags,
-                         release_key=self.release_key, region=host.site, grpc_port=grpc)
+                         release_key=release_key, region=host.site, grpc_port=grpc)
         return self.spawn(name, argv, port, tier)
 
     def start_entry(self, site: str) -> Child:

@@ -257,6 +257,17 @@ class Stack:
             keys.generate_key_pair(path, keys.public_path(path))
         return path
 
+    def nodes_release_key(self) -> Path:
+        """The public key the centers and edges check releases with (``release_key``; unset:
+        the group's shared key with standbys, else the registry home's own, made if missing)."""
+        if self.release_key is None and self.standbys:
+            from registry import keys
+
+            self.release_key = keys.public_path(self.signing_key)
+        if self.release_key is None:
+            self.release_key = registry_public_key(self.registry_home)
+        return self.release_key
+
     def registry_homes(self) -> dict[str, Path]:
         """Each registry child's home: the first's, then one per standby."""
         return {"registry": self.registry_home,
@@ -281,14 +292,8 @@ class Stack:
         self.node_regions[name] = region
         if self.provision:
             self.provision_node(name, tier, region)
-        if self.release_key is None and self.standbys:
-            from registry import keys
-
-            self.release_key = keys.public_path(self.signing_key)
-        if self.release_key is None:
-            self.release_key = registry_public_key(self.registry_home)
         argv = tier_argv(tier, port, self.root / "stores" / name, name, "--sync-backoff-max-s",
-                         "2", *self.tier_flags, release_key=self.release_key, region=region,
+                         "2", *self.tier_flags, release_key=self.nodes_release_key(), region=region,
                          grpc_port=free_port())
         return self.spawn(name, argv, port, tier)
 

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 
-from registry import audit, leader, replication
+from registry import audit, keys, leader, replication
 from registry.db import connect, transaction
-from registry.errors import NotPrimary
+from registry.errors import NotPrimary, SigningKeyError
 from registry.migrations import REPLICATED
 from registry.nodes import NodeBook
 from registry.replication import BadChange, Change
+from registry.settings import RegistrySettings
 
 
 def db_at(path: Path) -> sqlite_utils.Database:
@@ -200,3 +201,16 @@ def test_pruned_changes_send_a_standby_behind_them_to_a_snapshot(tmp_path: Path)
     assert [c.id for c in replication.read_changes(db.conn, 0, 100)] == [7, 8, 9, 10]
     assert replication.first_position(db.conn) == 7
     assert audit.verify(db) == (10, None)  # the data itself is untouched
+
+
+def test_a_member_of_a_group_never_mints_its_own_signing_key(tmp_path: Path) -> None:
+    """Nodes pin one key: a standby (or primary) without the provisioned key must not make a
+    new one on first use, as a standalone registry does."""
+    db = db_at(tmp_path)
+    set_role(db, "standby")
+    settings = RegistrySettings(home=tmp_path)
+    with pytest.raises(SigningKeyError, match="replicated group"):
+        keys.signer(settings)
+    assert not settings.signing_key_path.exists()
+    set_role(db, "standalone")
+    assert keys.signer(settings).key_id  # standalone: made on first use, as before
