@@ -40,18 +40,15 @@ EXTRA: dict[str, str] = {}  # settings every registry of the run gets (REGISTRY_
 
 
 def role(home: Path) -> str:
-    db = connect(home / "registry.sqlite3")
-    try:
-        return replication.state(db.conn).role
-    finally:
-        db.conn.close()
+    state = replication.read_state(home / "registry.sqlite3")
+    return state.role if state else "-"
 
 
 def primary_of(stack: Stack, timeout: float = 60) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = [n for n, h in stack.registry_homes().items()
-                 if (h / "registry.sqlite3").exists() and role(h) == "primary"]
+                 if role(h) == "primary"]
         if len(found) == 1:
             return found[0]
         time.sleep(0.05)
