@@ -5,13 +5,14 @@ from __future__ import annotations
 import hashlib
 import json
 import sqlite3
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 import sqlite_utils
 
-from registry import audit
+from registry import audit, waves
 from registry.anchor import Anchor, audited
 from registry.db import now
 from registry.errors import InvalidName, NotFound, RegistryError
@@ -55,6 +56,39 @@ class Target:
     manifest_sha256: str
     signature: bytes = b""  # Ed25519 over ``manifest``; empty: published unsigned
     key_id: str = ""
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """Who runs what of one model: production, a canary for named targets, a wave rollout for
+    the edges whose position is under its cutoff (``registry.waves``)."""
+
+    model: str
+    production: Target | None
+    canary: Target | None = None
+    canary_targets: list[str] = field(default_factory=list)
+    wave: Target | None = None
+    cutoff: float = 0.0
+
+    def desired(self, node: Node) -> Target | None:
+        if self.canary is not None and node.matches(self.canary_targets):
+            return self.canary
+        if self.wave is not None:
+            if node.tier == "edge" and waves.admitted(self.model, node.node_id, self.cutoff):
+                return self.wave
+            if node.tier != "edge" and self.production is None:
+                return self.wave  # a first release: the centers have nothing to judge it by
+        return self.production
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every model's ``ModelPlan``, read once: what each of many nodes should run."""
+
+    models: list[ModelPlan]
+
+    def desired(self, node: Node) -> list[Target]:
+        return [t for m in self.models if (t := m.desired(node)) is not None]
 
 
 @dataclass(frozen=True)
@@ -142,24 +176,38 @@ class Catalog:
         return list(self.db.query("SELECT * FROM rollouts WHERE model = ? ORDER BY id", [model]))
 
     def desired(self, node: Node) -> list[Target]:
-        """Per model, what ``node`` should run: the canary if its rollout targets the node,
-        else production. Models with neither for this node are left out."""
-        targets = []
+        """Per model, what ``node`` should run: the canary if its rollout targets the node, the
+        version of a wave rollout that admitted it, else production. Models with none of these
+        for this node are left out."""
+        return self.plan().desired(node)
+
+    def plan(self) -> Plan:
+        """What every node should run, per model (read once for many nodes)."""
+        plans = []
         for model in [row["name"] for row in self.db.query("SELECT name FROM models")]:
-            version, alias = self.alias(model, PRODUCTION), PRODUCTION
+            production = self.alias(model, PRODUCTION)
+            plan = ModelPlan(model, self._target(model, production, PRODUCTION))
             canary = self.alias(model, CANARY)
-            if canary is not None and node.matches(self._canary_targets(model, canary)):
-                version, alias = canary, CANARY
-            if version is None:
-                continue
-            row = self.db.execute(
-                "SELECT v.manifest, v.manifest_sha256, s.signature, s.key_id FROM versions v "
-                "LEFT JOIN signatures s ON s.model = v.model AND s.version = v.version "
-                "WHERE v.model = ? AND v.version = ?", [model, version]).fetchone()
-            signature = decode_signature(row[2]) if row[2] else b""
-            targets.append(Target(model, version, alias, row[0].encode(), row[1], signature,
-                                  row[3] or ""))
-        return targets
+            if canary is not None:
+                plan = ModelPlan(model, plan.production, self._target(model, canary, CANARY),
+                                 self._canary_targets(model, canary))
+            rollout = waves.latest(self.db.conn, model)
+            if rollout is not None and rollout.state in waves.ACTIVE:
+                plan = ModelPlan(model, plan.production, plan.canary, plan.canary_targets,
+                                 self._target(model, rollout.version, waves.ALIAS),
+                                 rollout.cutoff)
+            plans.append(plan)
+        return Plan(plans)
+
+    def _target(self, model: str, version: int | None, alias: str) -> Target | None:
+        if version is None:
+            return None
+        row = self.db.execute(
+            "SELECT v.manifest, v.manifest_sha256, s.signature, s.key_id FROM versions v "
+            "LEFT JOIN signatures s ON s.model = v.model AND s.version = v.version "
+            "WHERE v.model = ? AND v.version = ?", [model, version]).fetchone()
+        signature = decode_signature(row[2]) if row[2] else b""
+        return Target(model, version, alias, row[0].encode(), row[1], signature, row[3] or "")
 
     def _canary_targets(self, model: str, version: int) -> list[str]:
         row = self.db.execute("SELECT targets FROM rollouts WHERE model = ? AND alias = ? AND "
@@ -176,7 +224,8 @@ class Catalog:
     # -- writes ----------------------------------------------------------------------------
 
     def create_version(self, manifest: Manifest, canary: list[str] | None = None,
-                       signer: Signer | None = None) -> int:
+                       signer: Signer | None = None,
+                       rollout: waves.Policy | None = None) -> int:
         """Record version N+1 with its artifacts, aliases, rollout, signature and audit record,
         atomically.
 
@@ -184,9 +233,13 @@ class Catalog:
         bytes (they carry the version number, so this happens under the write lock).
 
         ``manifest.version`` is ignored: the number is assigned under the write lock, so
-        concurrent publishers get consecutive versions.
+        concurrent publishers get consecutive versions. ``rollout``: roll it out in waves
+        (``registry.waves``) instead of pointing an alias at it; any other publish ends the
+        model's unfinished wave rollout.
         """
         check_name(manifest.name)
+        if canary and rollout is not None:
+            raise RegistryError("a release goes out to a canary or in waves, not both")
         with audited(self.db, self.anchor) as conn:
             if not conn.execute("SELECT 1 FROM models WHERE name = ?", [manifest.name]).fetchone():
                 conn.execute("INSERT INTO models VALUES (?, ?)", [manifest.name, now()])
@@ -196,8 +249,12 @@ class Catalog:
             body = encode(final)
             digest = hashlib.sha256(body).hexdigest()
             alias, targets = (CANARY, canary) if canary else (PRODUCTION, ALL_NODES)
+            if rollout is not None:
+                alias, targets = waves.ALIAS, []
             payload = {"manifest_sha256": digest, "alias": alias, "targets": targets,
                        "artifacts": {r: a.sha256 for r, a in final.by_role().items()}}
+            if rollout is not None:
+                payload["waves"] = msgspec.to_builtins(rollout)
             if signer is not None:
                 payload["key_id"] = signer.key_id
             audit.append(conn, actor=self.actor, action="publish", model=final.name,
@@ -215,7 +272,13 @@ class Catalog:
                 conn.execute("INSERT INTO signatures VALUES (?, ?, ?, ?, ?)",
                              [final.name, final.version, signer.key_id,
                               encode_signature(signer.sign(body)), now()])
-            self._point(conn, final.name, alias, final.version, targets)
+            waves.end(conn, final.name, self.actor, "superseded",
+                      f"version {final.version} was published")
+            if rollout is not None:
+                waves.start(conn, final.name, final.version, self.alias(final.name, PRODUCTION),
+                            rollout, time.time())
+            else:
+                self._point(conn, final.name, alias, final.version, targets)
         return final.version
 
     def sign(self, model: str, signer: Signer, version: int | None = None) -> list[int]:
@@ -244,11 +307,17 @@ class Catalog:
         """Move ``production`` to VERSION (default: the canary version); clears the canary."""
         with audited(self.db, self.anchor) as conn:
             self._require_model(model)
-            target = version or self.alias(model, CANARY)
+            rolling = waves.unfinished(conn, model)
+            target = version or self.alias(model, CANARY) or \
+                (rolling[-1].version if rolling else None)
             if target is None:
-                raise RegistryError(f"{model} has no canary to promote; name a version")
+                raise RegistryError(f"{model} has no canary or wave rollout to promote; name a "
+                                    f"version")
             self._require_version(model, target)
             previous = self.alias(model, PRODUCTION)
+            for r in rolling:
+                waves.end(conn, model, self.actor, "done" if r.version == target else
+                          "superseded", f"version {target} promoted by {self.actor}")
             audit.append(conn, actor=self.actor, action="promote", model=model, version=target,
                          payload={"from": previous, "to": target})
             self._point(conn, model, PRODUCTION, target, ALL_NODES)
@@ -272,6 +341,8 @@ class Catalog:
             self._require_version(model, to)
             if to == current:
                 raise RegistryError(f"{model} production is already version {to}")
+            waves.end(conn, model, self.actor, "superseded",
+                      f"rolled back to version {to} by {self.actor}")
             audit.append(conn, actor=self.actor, action="rollback", model=model, version=to,
                          payload={"from": current, "to": to})
             self._point(conn, model, PRODUCTION, to, ALL_NODES)

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from registry import anchor, audit, budgets, keys, render, replication
+from registry import anchor, audit, budgets, keys, render, replication, waves
 from registry.blobs import BlobStore
 from registry.catalog import Catalog, check_name
 from registry.db import connect
@@ -76,6 +76,17 @@ class Context:
 
 
 pass_ctx = click.make_pass_decorator(Context)
+WAVE_FLAGS = ("wave_pace", "wave_growth", "wave_bake_s", "wave_install_timeout_s",
+              "wave_max_failures", "wave_max_agreement_drop", "wave_min_audit_rows",
+              "wave_max_drift_share", "wave_max_p99_ratio")
+
+
+def wave_policy(settings: RegistrySettings, shares: str, given: dict[str, Any]) -> waves.Policy:
+    """A rollout's policy: ``shares`` (``1%,10%,100%``), each gate setting from its flag when
+    given, else from the settings."""
+    values = {key: given.get(key, getattr(settings, key)) for key in WAVE_FLAGS}
+    return waves.Policy(waves.parse_waves(shares), **{
+        key.removeprefix("wave_"): value for key, value in values.items()}).check()
 json_flag = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
 
 
@@ -116,6 +127,9 @@ def _after(ctx: Context, *_: Any, **__: Any) -> None:
 @click.option("--name", required=True, help="Model name: [a-z0-9][a-z0-9._-]*.")
 @click.option("--canary", default="", help="Comma-separated node ids: roll out to these only "
               "(alias 'canary') until `registry promote`.")
+@click.option("--waves", default=None, metavar="SHARES", help="Roll out to the edges in waves, "
+              "e.g. 1%,10%,50%,100%, with a gate after each (`registry rollout`).")
+@settings_options(RegistrySettings, WAVE_FLAGS)
 @settings_options(RegistrySettings, ("min_fidelity", "tolerance", "confidence"))
 @click.option("--force", is_flag=True, help="Publish even when fidelity is below the floor.")
 @click.option("--skip-existing", is_flag=True,
@@ -130,10 +144,11 @@ def _after(ctx: Context, *_: Any, **__: Any) -> None:
               help="Single TorchScript file only: tokens kept per input.")
 @json_flag
 @pass_ctx
-def publish_cmd(ctx: Context, path: Path, name: str, canary: str, min_fidelity: float | None,
-                tolerance: float | None, confidence: float | None, force: bool, skip_existing: bool,
-                tokenizer: Path | None, labels: str | None, calibration: Path | None,
-                max_length: int, as_json: bool) -> None:
+def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | None,
+                min_fidelity: float | None, tolerance: float | None, confidence: float | None,
+                force: bool, skip_existing: bool, tokenizer: Path | None, labels: str | None,
+                calibration: Path | None, max_length: int, as_json: bool,
+                **wave_flags: Any) -> None:
     """Build a release from PATH and record it as the next version of NAME.
 
     PATH is a release folder with a tiered.json (center TorchScript, edge TorchScript or fp32
@@ -144,6 +159,12 @@ def publish_cmd(ctx: Context, path: Path, name: str, canary: str, min_fidelity: 
 
     check_name(name)
     settings = ctx.settings
+    given = {key: value for key, value in wave_flags.items() if value is not None}
+    if given and waves is None:
+        raise click.UsageError(f"--{next(iter(given)).replace('_', '-')} applies to --waves only")
+    if waves is not None and canary:
+        raise click.UsageError("--canary and --waves exclude each other")
+    rollout = None if waves is None else wave_policy(settings, waves, given)
     source = load_source(path, tokenizer=tokenizer,
                          labels=labels.split(",") if labels else None,
                          calibration=calibration, max_length=max_length)
@@ -155,7 +176,7 @@ def publish_cmd(ctx: Context, path: Path, name: str, canary: str, min_fidelity: 
         min_fidelity=settings.min_fidelity if min_fidelity is None else min_fidelity,
         tolerance=settings.tolerance if tolerance is None else tolerance,
         confidence=settings.confidence if confidence is None else confidence,
-        canary=[n for n in canary.split(",") if n])
+        canary=[n for n in canary.split(",") if n], rollout=rollout)
     result = publish(settings, ctx.catalog, source, options, step=_step)
     emit(as_json, {"created": result.created, "manifest": msgspec.to_builtins(result.manifest),
                    "edge_fp32_size": result.edge_fp32_size, "seconds": result.seconds},
@@ -351,7 +372,86 @@ def status_cmd(ctx: Context, as_json: bool) -> None:
     """Per model, every node that subscribed: version, desired version, ack state, last seen,
     escalation rate and p99 from its last quality report; nodes that lag are named."""
     rows = NodeBook(ctx.catalog.db).status(ctx.catalog)
-    emit(as_json, rows, lambda: render.status_tables(out, rows))
+
+    def human() -> None:
+        render.status_tables(out, rows)
+        for model in ctx.catalog.models():
+            rollout = rollout_state(ctx, model["name"])
+            if rollout is not None and (rollout["state"] in waves.OPEN or
+                                        model["production"] != rollout["version"]):
+                render.rollout_view(out, rollout)
+
+    emit(as_json, rows, human)
+
+
+def rollout_state(ctx: Context, name: str) -> dict[str, Any] | None:
+    """The model's newest wave rollout (``Rollout.to_json``) with its current wave's nodes."""
+    conn = ctx.catalog.db.conn
+    r = waves.latest(conn, name)
+    if r is None:
+        return None
+    fleet = waves.edges(conn, name)
+    inside = [s for pos, s in fleet if pos < r.cutoff]
+    return r.to_json() | {"nodes": {
+        "edges": len(fleet), "wave": len(inside),
+        "installed": sum(s.installed(r.version) for s in inside),
+        "failed": sum(s.failed(r.version) for s in inside),
+        "connected": sum(s.connected for s in inside)}}
+
+
+@cli.group("rollout")
+def rollout_group() -> None:
+    """Wave rollouts (`registry publish --waves`): where one is, pause, resume or abort it."""
+
+
+@rollout_group.command("show")
+@click.argument("name")
+@json_flag
+@pass_ctx
+def rollout_show_cmd(ctx: Context, name: str, as_json: bool) -> None:
+    """The model's newest wave rollout: each wave's state and its gate's figures."""
+    ctx.catalog.versions(name)  # the model exists
+    rollout = rollout_state(ctx, name)
+    if rollout is None:
+        raise RegistryError(f"{name} has never been rolled out in waves")
+    emit(as_json, rollout, lambda: render.rollout_view(out, rollout))
+
+
+def _steer(ctx: Context, name: str, action: str, as_json: bool) -> None:
+    ctx.catalog.versions(name)  # the model exists
+    with anchor.audited(ctx.catalog.db, ctx.catalog.anchor) as conn:
+        r = waves.steer(conn, name, action, ctx.settings.actor, time.time())
+    emit(as_json, r.to_json(), lambda: out.print(
+        f"{name}: rollout of version {r.version} {r.state} at wave {r.wave + 1}/"
+        f"{len(r.policy.waves)}" + (" (every node goes back to version "
+                                    f"{r.previous})" if r.state == "aborted" else "")))
+
+
+@rollout_group.command("pause")
+@click.argument("name")
+@json_flag
+@pass_ctx
+def rollout_pause_cmd(ctx: Context, name: str, as_json: bool) -> None:
+    """Hold the rollout where it is: admitted nodes keep the new version, no gate runs."""
+    _steer(ctx, name, "pause", as_json)
+
+
+@rollout_group.command("resume")
+@click.argument("name")
+@json_flag
+@pass_ctx
+def rollout_resume_cmd(ctx: Context, name: str, as_json: bool) -> None:
+    """Go on with a paused or halted rollout: its current wave is admitted and judged again."""
+    _steer(ctx, name, "resume", as_json)
+
+
+@rollout_group.command("abort")
+@click.argument("name")
+@json_flag
+@pass_ctx
+def rollout_abort_cmd(ctx: Context, name: str, as_json: bool) -> None:
+    """End the rollout: every node goes back to production."""
+    _steer(ctx, name, "abort", as_json)
 
 
 @cli.command("replication")

@@ -156,10 +156,19 @@ REPLICATED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "node_tokens": (("node_id", "generation", "updated_at"), ("node_id",)),
     "cascade_policies": (("model", "mode", "capacity_rows_s", "split", "updated_at",
                           "max_capacity_rows_s"), ("model",)),
+    "waves": (("id", "model", "version", "previous", "policy", "wave", "cutoff", "state",
+               "wave_started", "admitted_at", "installed_at", "reason", "figures",
+               "created_at", "updated_at"), ("id",)),
 }
+LATER = {"waves"}  # replicated tables made after migration 8, with their triggers
 NOT_PRIMARY = "tiered: this registry is not the primary"
 # Unix time in SQL (SQLite 3.40 has no unixepoch('subsec')): milliseconds.
 NOW_S = "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+WRITABLE = (f"(SELECT applying = 1 OR role = 'standalone' OR (role = 'primary' AND "
+            f"lease_until > {NOW_S}) FROM replication_state WHERE id = 1)")
+CAPTURING = "(SELECT applying FROM replication_state WHERE id = 1) = 0"
 
 
 def _replication_sql() -> str:
@@ -189,24 +198,52 @@ CREATE TABLE replicas (
     acked_at REAL NOT NULL
 );
 """]
-    writable = (f"(SELECT applying = 1 OR role = 'standalone' OR (role = 'primary' AND "
-                f"lease_until > {NOW_S}) FROM replication_state WHERE id = 1)")
-    capturing = "(SELECT applying FROM replication_state WHERE id = 1) = 0"
-    for table, (columns, key) in REPLICATED.items():
-        for op in ("INSERT", "UPDATE", "DELETE"):
-            parts.append(f"CREATE TRIGGER fence_{table}_{op.lower()} BEFORE {op} ON {table} "
-                         f"WHEN NOT {writable}\nBEGIN SELECT RAISE(ABORT, '{NOT_PRIMARY}'); "
-                         f"END;\n")
-        new = ", ".join(f"'{c}', NEW.{c}" for c in columns)
-        old = ", ".join(f"'{c}', OLD.{c}" for c in key)
-        for op, kind, row in (("INSERT", "upsert", f"json_object({new})"),
-                              ("UPDATE", "upsert", f"json_object({new})"),
-                              ("DELETE", "delete", f"json_object({old})")):
-            parts.append(f"CREATE TRIGGER capture_{table}_{op.lower()} AFTER {op} ON {table} "
-                         f"WHEN {capturing}\nBEGIN INSERT INTO changes (tbl, op, row) VALUES "
-                         f"('{table}', '{kind}', {row}); END;\n")
+    parts += [_capture_sql(table) for table in REPLICATED if table not in LATER]
+    return "".join(parts)
+
+
+def _capture_sql(table: str) -> str:
+    """The fence (writes refused unless this registry may write) and the capture (each write
+    copied into ``changes``) triggers of one replicated table."""
+    columns, key = REPLICATED[table]
+    parts = []
+    for op in ("INSERT", "UPDATE", "DELETE"):
+        parts.append(f"CREATE TRIGGER fence_{table}_{op.lower()} BEFORE {op} ON {table} "
+                     f"WHEN NOT {WRITABLE}\nBEGIN SELECT RAISE(ABORT, '{NOT_PRIMARY}'); "
+                     f"END;\n")
+    new = ", ".join(f"'{c}', NEW.{c}" for c in columns)
+    old = ", ".join(f"'{c}', OLD.{c}" for c in key)
+    for op, kind, row in (("INSERT", "upsert", f"json_object({new})"),
+                          ("UPDATE", "upsert", f"json_object({new})"),
+                          ("DELETE", "delete", f"json_object({old})")):
+        parts.append(f"CREATE TRIGGER capture_{table}_{op.lower()} AFTER {op} ON {table} "
+                     f"WHEN {CAPTURING}\nBEGIN INSERT INTO changes (tbl, op, row) VALUES "
+                     f"('{table}', '{kind}', {row}); END;\n")
     return "".join(parts)
 
 
 MIGRATIONS.append((8, "replication: captured changes, role and lease, standbys' positions",
                    _replication_sql()))
+
+MIGRATIONS.append((9, "wave rollouts", """
+CREATE TABLE waves (
+    id INTEGER PRIMARY KEY,
+    model TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    previous INTEGER,
+    policy TEXT NOT NULL,
+    wave INTEGER NOT NULL DEFAULT 0 CHECK (wave >= 0),
+    cutoff REAL NOT NULL DEFAULT 0 CHECK (cutoff >= 0 AND cutoff <= 1),
+    state TEXT NOT NULL CHECK (state IN ('running', 'baking', 'paused', 'halted', 'aborted',
+                                         'done', 'superseded')),
+    wave_started REAL NOT NULL,
+    admitted_at REAL NOT NULL,
+    installed_at REAL,
+    reason TEXT,
+    figures TEXT,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    FOREIGN KEY (model, version) REFERENCES versions(model, version)
+);
+CREATE INDEX waves_model ON waves (model, id);
+""" + _capture_sql("waves")))

@@ -134,9 +134,10 @@ class NodeBook:
         rows = []
         nodes = {r["node_id"]: r for r in self.db.query("SELECT * FROM nodes ORDER BY node_id")}
         desired: dict[str, dict[str, int]] = {}
+        plan = catalog.plan()
         for node_id, n in nodes.items():
             node = Node(node_id, n["tier"], n["region"])
-            desired[node_id] = {t.model: t.version for t in catalog.desired(node)}
+            desired[node_id] = {t.model: t.version for t in plan.desired(node)}
         for r in self.db.query("SELECT * FROM node_models ORDER BY model, node_id"):
             n = nodes[r["node_id"]]
             report = json.loads(r["report"]) if r["report"] else {}

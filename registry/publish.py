@@ -34,6 +34,7 @@ from registry.validate import (
     run_torchscript,
     text_inputs,
 )
+from registry.waves import Policy
 from serving.model.text import Encoded, pad
 from serving.release import hardware, probe
 from serving.release.manifest import (
@@ -65,6 +66,7 @@ class PublishOptions:
     force: bool = False
     canary: list[str] = field(default_factory=list)
     skip_existing: bool = False
+    rollout: Policy | None = None  # in waves (registry.waves) instead of to every node
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ def publish(settings: RegistrySettings, catalog: Catalog, source: ReleaseSource,
             manifest = _manifest(options.name, source, labels, artifacts, calibration, fidelity,
                                  catalog.actor)
             version = catalog.create_version(manifest, canary=options.canary or None,
-                                             signer=signer)
+                                             signer=signer, rollout=options.rollout)
     return PublishResult(catalog.resolve(options.name, str(version)).manifest, True,
                          built.edge_fp32_size, timings)
 

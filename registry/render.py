@@ -293,3 +293,45 @@ def status_tables(console: Console, rows: list[dict[str, Any]]) -> None:
         console.print(f"{model}: " + (f"[yellow]lagging[/] {', '.join(map(shown, lagging))}"
                                       if lagging else "[green]every node runs its desired "
                                       "version[/]"))
+
+
+def wave_states(rollout: dict[str, Any]) -> list[str]:
+    """Each wave of a rollout (``Rollout.to_json``) as a word: passed, its state, or waiting."""
+    current, state = rollout["wave"] - 1, rollout["state"]
+    states = []
+    for i in range(len(rollout["waves"])):
+        if state == "done" or i < current:
+            states.append("passed")
+        elif i == current:
+            states.append(state)
+        else:
+            states.append("-")
+    return states
+
+
+def rollout_view(console: Console, rollout: dict[str, Any]) -> None:
+    """``registry rollout show`` and the rollouts part of ``registry status``."""
+    r = rollout
+    console.print(f"[bold]{shown(r['model'])}[/] version {r['version']} in waves "
+                  f"(from version {r['previous'] if r['previous'] is not None else '-'}): "
+                  f"[bold]{r['state']}[/] at wave {r['wave']}/{len(r['waves'])}")
+    table = Table("wave", "share", "state", "nodes", "installed", "failed", "agreement new/old",
+                  "drift new/old", "p99 new/old ms", box=None)
+    for i, (share, state) in enumerate(zip(r["waves"], wave_states(r), strict=True)):
+        f = r["figures"].get(f"wave {i + 1}", {})
+        new, old = f.get("new", {}), f.get("previous", {})
+        nodes = r.get("nodes", {}) if i == r["wave"] - 1 else {}
+        table.add_row(str(i + 1), share, state,
+                      str(f.get("nodes", nodes.get("wave", "-"))),
+                      str(f.get("installed", nodes.get("installed", "-"))),
+                      str(f.get("failed", nodes.get("failed", "-"))),
+                      f"{_figure(new.get('agreement'))}/{_figure(old.get('agreement'))}",
+                      f"{_figure(new.get('drift_share'))}/{_figure(old.get('drift_share'))}",
+                      f"{_figure(new.get('p99_ms'))}/{_figure(old.get('p99_ms'))}")
+    console.print(table)
+    if r.get("reason"):
+        console.print(f"reason: {shown(r['reason'])}")
+
+
+def _figure(value: object) -> str:
+    return "-" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -20,10 +21,12 @@ from typing import Any, TypeVar
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from registry import anchor, audit, replication
+from registry import anchor, audit, replication, waves
+from registry.anchor import audited
 from registry.audit import Head
 from registry.catalog import Catalog, Node, Target
 from registry.db import connect, read
+from registry.errors import NotPrimary
 from registry.fetch import Artifacts
 from registry.intake import Intake, platform
 from registry.nodes import Held, NodeBook
@@ -44,6 +47,7 @@ T = TypeVar("T")
 SERVICE = "tiered.sync.v1.Sync"
 MAX_UNWRITTEN = 1_000  # refused-call records (one per interval) kept while the database
 # cannot take them
+WAVES_ACTOR = "registry:waves"  # who the audit log names for what a wave rollout's gate did
 MAX_MESSAGE = 1 << 20  # nodes send small messages only: hello, acks, reports
 KEEPALIVE = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
              ("grpc.keepalive_permit_without_calls", 1),
@@ -78,7 +82,15 @@ class Database:
         """Every node's desired releases and the audit chain's head, from one snapshot (a
         read transaction): the head signed into each directive is the one they came from."""
         with read(self.catalog.db) as conn:
-            return [self.catalog.desired(n) for n in nodes], audit.head(conn)
+            plan = self.catalog.plan()
+            return [plan.desired(n) for n in nodes], audit.head(conn)
+
+    def steer(self, at: float) -> list[str]:
+        """One step of the wave rollouts (``registry.waves``): what happened, for the log."""
+        if not waves.unfinished(self.catalog.db.conn):
+            return []
+        with audited(self.catalog.db, self.anchor) as conn:
+            return waves.tick(conn, at, WAVES_ACTOR)
 
     def data_version(self) -> int:
         """How far the replicated data goes (the newest captured change): what pushes depend
@@ -300,6 +312,7 @@ class SyncServer:
         self.refusals = Refusals(settings.refusal_limit, settings.refusal_interval_s)
         self._unwritten: list[dict[str, Any]] = []
         self._flusher: asyncio.Task[None] | None = None
+        self._steerer: asyncio.Task[None] | None = None
 
     async def start(self) -> int:
         await self.db.open()
@@ -328,6 +341,7 @@ class SyncServer:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._watcher = asyncio.create_task(self._watch())
         self._flusher = asyncio.create_task(self._flush_refusals())
+        self._steerer = asyncio.create_task(self._steer())
         return self.port
 
     async def _denied(self, method: str, peer: str) -> None:
@@ -379,9 +393,28 @@ class SyncServer:
             except Exception:  # a bad moment must not end pushing for good
                 log.exception("pushing changes failed; retrying")
 
+    async def _steer(self) -> None:
+        """The wave rollouts, stepped every ``wave_tick_s`` on the registry that may write (a
+        standby's turn comes when it is promoted); their changes are pushed by ``_watch``."""
+        while True:
+            await asyncio.sleep(self.settings.wave_tick_s)
+            if self.service.refusing is not None:
+                continue
+            try:
+                for line in await self.db.run(self.db.steer, time.time()):
+                    log.info("rollout: %s", line)
+            except NotPrimary:
+                pass  # lost the lease: the next primary steers
+            except Exception:  # a bad moment must not end the rollouts for good
+                log.exception("stepping the wave rollouts failed; retrying")
+
     async def stop(self, grace: float = 5.0) -> None:
         for name in ("", SERVICE):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self._steerer is not None:
+            self._steerer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._steerer
         if self._watcher is not None:
             self._watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -149,6 +149,43 @@ class RegistrySettings(ConsulSettings):
     lock_key: str = Field(default="tiered/registry/leader", pattern=r"^[a-z0-9/_-]{1,128}$")
     """Consul KV key the registries elect their primary with."""
 
+    wave_pace: float = Field(default=0.0, ge=0, le=1e9)
+    """Wave rollouts (``registry publish --waves``): nodes admitted per minute in the first
+    wave (0 = each wave at once)."""
+
+    wave_growth: float = Field(default=2.0, ge=1, le=1000)
+    """Wave rollouts: the pace is multiplied by this for every following wave."""
+
+    wave_bake_s: float = Field(default=300.0, ge=0, le=7 * 86400)
+    """Wave rollouts: seconds a wave runs after its nodes installed, before its gate."""
+
+    wave_install_timeout_s: float = Field(default=900.0, ge=1, le=7 * 86400)
+    """Wave rollouts: a connected wave node that has not acknowledged the release this long
+    after its wave began counts as failed."""
+
+    wave_max_failures: float = Field(default=0.1, ge=0, le=1)
+    """Wave rollouts: the gate fails when more than this share of a wave's connected nodes
+    failed, refused or did not answer."""
+
+    wave_max_agreement_drop: float = Field(default=0.02, ge=0, le=1)
+    """Wave rollouts: the gate fails when the wave's live audit agreement with the center is
+    below the previous version's by more than this, beyond its 95% interval."""
+
+    wave_min_audit_rows: int = Field(default=200, ge=1)
+    """Wave rollouts: audited rows on each side before agreement is judged (short of them the
+    gate waits up to another bake and then passes it as not measured)."""
+
+    wave_max_drift_share: float = Field(default=0.25, ge=0, le=1)
+    """Wave rollouts: the gate fails when the share of wave nodes with a drift alarm exceeds
+    the other edges' share by more than this."""
+
+    wave_max_p99_ratio: float = Field(default=2.0, ge=1, le=1000)
+    """Wave rollouts: the gate fails when the wave's median p99 is over this many times the
+    previous version's."""
+
+    wave_tick_s: float = Field(default=1.0, gt=0, le=60)
+    """How often ``registry serve`` steps its wave rollouts (admits, checks, judges)."""
+
     @model_validator(mode="after")
     def _token_from_file(self) -> RegistrySettings:
         if self.token_file is not None:

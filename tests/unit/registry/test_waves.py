@@ -1,0 +1,324 @@
+"""Wave rollouts at the database: nodes admitted by a stable hash at a pace, gates between
+waves that halt a worse release and bring its nodes back, a good one going all the way to
+production unattended, a person's pause, resume and abort, all audited."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from registry import audit, replication, waves
+from registry.anchor import audited
+from registry.catalog import Catalog, Node
+from registry.db import connect, transaction
+from registry.errors import NotFound, RegistryError
+from registry.nodes import NodeBook
+from registry.waves import Policy
+from tests.unit.registry.test_rollout import manifest
+
+MODEL = "m"
+EDGES = [Node(f"edge-{i:02d}", "edge", "eu") for i in range(20)]
+CENTER = Node("center-1", "center", "eu")
+FAST = Policy((0.05, 0.25, 1.0), bake_s=10, install_timeout_s=60, min_audit_rows=100)
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> Catalog:
+    return Catalog(connect(tmp_path / "r.sqlite3"), "tester")
+
+
+def fleet(catalog: Catalog, nodes: list[Node] = EDGES) -> NodeBook:
+    book = NodeBook(catalog.db)
+    for node in [*nodes, CENTER]:
+        book.connected(node, "peer", [])
+    return book
+
+
+def tick(catalog: Catalog, at: float) -> list[str]:
+    with audited(catalog.db, None) as conn:
+        return waves.tick(conn, at, "registry:waves")
+
+
+def running(catalog: Catalog, node: Node) -> int | None:
+    return next((t.version for t in catalog.desired(node) if t.model == MODEL), None)
+
+
+def on_new(catalog: Catalog, version: int) -> list[str]:
+    return [n.node_id for n in EDGES if running(catalog, n) == version]
+
+
+def settle(catalog: Catalog, book: NodeBook, version: int, agreement: float = 0.9,
+           previous_agreement: float = 0.9, failed: set[str] = frozenset(),  # type: ignore[assignment]
+           rows: int = 300, p99: float = 20.0, drift: bool = False) -> None:
+    """Every edge acks what it is desired to run and reports on it, like a node would."""
+    for node in EDGES:
+        want = running(catalog, node)
+        if want is None:
+            continue
+        new = want == version
+        if node.node_id in failed and new:
+            book.acknowledged(node, MODEL, want, "FAILED", "bad artifact")
+            continue
+        book.acknowledged(node, MODEL, want, "ACTIVE", "")
+        book.reported(node.node_id, MODEL, report(want, agreement if new else previous_agreement,
+                                                  rows, p99, drift and new))
+
+
+def report(version: int, agreement: float, rows: int, p99: float = 20.0,
+           drift: bool = False) -> dict[str, Any]:
+    return {"model": MODEL, "version": version, "requests": 100, "audit_rows": rows,
+            "audit_agreement": agreement, "p99_ms": p99, "drift": drift,
+            "confidence_drift": False}
+
+
+def actions(catalog: Catalog) -> list[str]:
+    return [r.action for r in audit.records(catalog.db)]
+
+
+def publish_waves(catalog: Catalog, policy: Policy = FAST) -> int:
+    return catalog.create_version(manifest(seed=2), rollout=policy)
+
+
+def test_wave_shares_parse_and_a_bad_policy_is_refused_before_anything_is_written() -> None:
+    assert waves.parse_waves("1%,10%,50%,100%") == (0.01, 0.1, 0.5, 1.0)
+    assert waves.parse_waves("0.5%, 100%") == (0.005, 1.0)
+    for bad in ("10,100", "1%,x%", "", "100%;"):
+        with pytest.raises(RegistryError, match="invalid wave"):
+            waves.parse_waves(bad)
+    for shares, match in (((0.5, 0.1, 1.0), "must grow"), ((0.1, 0.5), "last wave"),
+                          ((0.0, 1.0), "must grow"), ((), "1 to 20")):
+        with pytest.raises(RegistryError, match=match):
+            Policy(shares).check()
+    with pytest.raises(RegistryError, match="growth"):
+        Policy((1.0,), growth=0.5).check()
+
+
+def test_positions_are_stable_per_model_and_spread(catalog: Catalog) -> None:
+    assert waves.position(MODEL, "edge-01") == waves.position(MODEL, "edge-01")
+    assert waves.position(MODEL, "edge-01") != waves.position("other", "edge-01")
+    spread = sorted(waves.position(MODEL, f"n{i}") for i in range(1000))
+    assert 0 <= spread[0] < 0.01 and 0.99 < spread[-1] < 1  # noqa: PLR2004
+    assert 0.45 < spread[500] < 0.55  # noqa: PLR2004
+
+
+def test_a_good_release_passes_every_gate_unattended_and_becomes_production(
+        catalog: Catalog) -> None:
+    book = fleet(catalog)
+    catalog.create_version(manifest(seed=1))
+    new = publish_waves(catalog)
+    assert catalog.alias(MODEL, "production") == 1
+    assert on_new(catalog, new) == []  # nothing admitted before the registry's first step
+    at = time.time()
+    sizes = []
+    for _ in range(40):
+        at += 6
+        tick(catalog, at)
+        sizes.append(len(on_new(catalog, new)))
+        assert running(catalog, CENTER) == (1 if catalog.alias(MODEL, "production") == 1
+                                            else new)  # centers move last
+        settle(catalog, book, new)
+        if catalog.alias(MODEL, "production") == new:
+            break
+    assert catalog.alias(MODEL, "production") == new
+    assert [n for n in sorted(set(sizes)) if n] == [1, 5, 20]  # 5%, 25%, 100% of 20
+    assert running(catalog, CENTER) == new
+    r = waves.latest(catalog.db.conn, MODEL)
+    assert r is not None and r.state == "done"
+    assert actions(catalog).count("rollout-gate") == 3
+    assert [a for a in actions(catalog) if a != "ack"][-2:] == ["rollout-gate", "promote"]
+    assert r.figures["wave 1"]["new"]["agreement"] == pytest.approx(0.9)
+
+
+def test_a_worse_release_halts_at_the_first_gate_and_its_nodes_go_back(catalog: Catalog) -> None:
+    book = fleet(catalog)
+    catalog.create_version(manifest(seed=1))
+    new = publish_waves(catalog, Policy((0.1, 0.5, 1.0), bake_s=10, min_audit_rows=100))
+    at = time.time()
+    for _ in range(10):
+        at += 6
+        tick(catalog, at)
+        settle(catalog, book, new, agreement=0.55, previous_agreement=0.9)
+    r = waves.latest(catalog.db.conn, MODEL)
+    assert r is not None and r.state == "halted" and r.wave == 0
+    assert "live audit agreement 0.550" in (r.reason or "")
+    assert on_new(catalog, new) == []  # every node desired back on version 1
+    assert catalog.alias(MODEL, "production") == 1
+    (halt,) = [x for x in audit.records(catalog.db) if x.action == "rollout-halt"]
+    payload = json.loads(halt.payload)
+    assert payload["back_to"] == 1 and payload["wave"] == 1
+    assert payload["figures"]["new"]["agreement"] == pytest.approx(0.55)
+    assert payload["figures"]["previous"]["agreement"] == pytest.approx(0.9)
+    assert payload["figures"]["installed"] == 2  # 10% of 20
+    for _ in range(5):  # halted stays halted: nobody is admitted again by the registry
+        at += 60
+        tick(catalog, at)
+    assert on_new(catalog, new) == []
+
+
+@pytest.mark.parametrize(("what", "kwargs", "match"), [
+    ("install", {"failed": "all"}, "installs: "),
+    ("drift", {"drift": True}, "drift: "),
+    ("latency", {"p99": 100.0}, "latency: "),
+])
+def test_each_gate_halts_on_its_own(catalog: Catalog, what: str, kwargs: dict[str, Any],
+                                     match: str) -> None:
+    book = fleet(catalog)
+    catalog.create_version(manifest(seed=1))
+    new = publish_waves(catalog, Policy((0.25, 1.0), bake_s=5, min_audit_rows=100))
+    at = time.time()
+    for _ in range(8):
+        at += 6
+        tick(catalog, at)
+        wave = set(on_new(catalog, new))
+        args = dict(kwargs)
+        if args.get("failed") == "all":
+            args["failed"] = wave
+        if "p99" in args:  # the wave's p99 is 5x the others'
+            settle(catalog, book, new, failed=set())
+            for node in EDGES:
+                if node.node_id in wave:
+                    book.reported(node.node_id, MODEL, report(new, 0.9, 300, p99=args["p99"]))
+            continue
+        settle(catalog, book, new, **args)
+    r = waves.latest(catalog.db.conn, MODEL)
+    assert r is not None and r.state == "halted", what
+    assert (r.reason or "").startswith(match)
+
+
+def test_without_audit_rows_the_gate_waits_another_bake_then_passes_unmeasured(
+        catalog: Catalog) -> None:
+    book = fleet(catalog)
+    catalog.create_version(manifest(seed=1))
+    new = publish_waves(catalog, Policy((0.25, 1.0), bake_s=30, min_audit_rows=100))
+    at = time.time()
+    at += 1
+    tick(catalog, at)  # admitted
+    settle(catalog, book, new, rows=0)
+    at += 1
+    tick(catalog, at)  # installed: baking
+    at += 31
+    tick(catalog, at)  # baked, but agreement not measured: it waits
+    r = waves.latest(catalog.db.conn, MODEL)
+    assert r is not None and r.state == "baking"
+    at += 30
+    tick(catalog, at)
+    r = waves.latest(catalog.db.conn, MODEL)
+    assert r is not None and r.state == "running" and r.wave == 1
+    assert "not measured" in r.figures["wave 1"]["agreement_drop"]
+
+
+def test_the_pace_admits_nodes_a_minute_growing_per_wave(catalog: Catalog) -> None:
+    book = fleet(catalog)
+    catalog.create_version(manifest(seed=1))
+    new = publish_waves(catalog, Policy((0.5, 1.0), pace=6, growth=2, bake_s=0,
+                                        min_audit_rows=1))
+    at = time.time()
+    tick(catalog, at)
+    assert len(on_new(catalog, new)) == 1  # the first at once
+    tick(catalog, at + 9)
+    assert len(on_new(catalog, new)) == 1  # 6 a minute: one every 10 s
+    tick(catalog, at + 31)
+    assert len(on_new(catalog, new)) == 4  # noqa: PLR2004
+    tick(catalog, at + 200)
+    assert len(on_new(catalog, new)) == 10  # noqa: PLR2004 - capped at the wave's 50%
+    settle(catalog, book, new)
+    tick(catalog, at + 201)  # installed
+    tick(catalog, at + 202)  # gate passes, wave 2 at 12 a minute
+    tick(catalog, at + 202)
+    assert len(on_new(catalog, new)) == 11  # noqa: PLR2004
+    tick(catalog, at + 202 + 30)
+    assert len(on_new(catalog, new)) == 17  # noqa: PLR2004
+
+
+def test_a_node_joining_later_gets_what_its_position_says_never_more(catalog: Catalog) -> None:
+    book = fleet(catalog)
+    catalog.create_version(manifest(seed=1))
+    new = publish_waves(catalog, Policy((0.25, 1.0), bake_s=1000))
+    at = time.time()
+    tick(catalog, at)
+    r = waves.latest(catalog.db.conn, MODEL)
+    assert r is not None
+    late = [Node(f"late-{i}", "edge", "us") for i in range(200)]
+    inside = [n for n in late if waves.position(MODEL, n.node_id) < r.cutoff]
+    outside = [n for n in late if waves.position(MODEL, n.node_id) >= r.cutoff]
+    assert inside and outside
+    assert all(running(catalog, n) == new for n in inside)  # it rejoins its wave
+    assert all(running(catalog, n) == 1 for n in outside)  # never ahead of the rollout
+    with audited(catalog.db, None) as conn:
+        waves.steer(conn, MODEL, "pause", "ops", at)
+    for n in late[:50]:
+        book.connected(n, "peer", [])
+    tick(catalog, at + 100)
+    r2 = waves.latest(catalog.db.conn, MODEL)
+    assert r2 is not None and r2.cutoff == r.cutoff  # paused: nothing admitted
+
+
+def test_pause_resume_abort_by_hand_are_audited(catalog: Catalog) -> None:
+    fleet(catalog)
+    catalog.create_version(manifest(seed=1))
+    new = publish_waves(catalog)
+    at = time.time()
+    tick(catalog, at)
+
+    def steer(action: str) -> waves.Rollout:
+        with audited(catalog.db, None) as conn:
+            return waves.steer(conn, MODEL, action, "ops@host", at)
+
+    assert steer("pause").state == "paused"
+    assert len(on_new(catalog, new)) == 1  # paused: the admitted keep it
+    with pytest.raises(RegistryError, match="paused"):
+        steer("pause")
+    assert steer("resume").state == "running"
+    assert steer("abort").state == "aborted"
+    assert on_new(catalog, new) == []
+    with pytest.raises(NotFound, match="no unfinished"):
+        steer("resume")
+    records = [r for r in audit.records(catalog.db) if r.action.startswith("rollout-")]
+    assert [(r.action, r.actor) for r in records] == [
+        ("rollout-pause", "ops@host"), ("rollout-resume", "ops@host"),
+        ("rollout-abort", "ops@host")]
+
+
+def test_promote_completes_and_a_new_publish_supersedes_a_rollout(catalog: Catalog) -> None:
+    fleet(catalog)
+    catalog.create_version(manifest(seed=1))
+    new = publish_waves(catalog)
+    assert catalog.promote(MODEL) == new  # no canary: the rolling version
+    r = waves.latest(catalog.db.conn, MODEL)
+    assert r is not None and r.state == "done"
+    newer = publish_waves(catalog)
+    catalog.create_version(manifest(seed=3))  # an ordinary publish
+    r = waves.latest(catalog.db.conn, MODEL)
+    assert r is not None and (r.version, r.state) == (newer, "superseded")
+    assert "rollout-superseded" in actions(catalog)
+    with pytest.raises(RegistryError, match="canary or in waves"):
+        catalog.create_version(manifest(seed=4), canary=["edge-01"], rollout=FAST)
+
+
+def test_a_first_release_in_waves_reaches_the_centers_at_once(catalog: Catalog) -> None:
+    fleet(catalog)
+    new = publish_waves(catalog)
+    tick(catalog, time.time())
+    assert running(catalog, CENTER) == new
+    assert len(on_new(catalog, new)) == 1
+    assert sum(running(catalog, n) is None for n in EDGES) == 19  # noqa: PLR2004
+
+
+def test_a_rollout_is_replicated_and_a_standby_cannot_steer_it(catalog: Catalog) -> None:
+    fleet(catalog)
+    catalog.create_version(manifest(seed=1))
+    before = replication.position(catalog.db.conn)
+    publish_waves(catalog)
+    tick(catalog, time.time())
+    changes = replication.read_changes(catalog.db.conn, before, 1000)
+    assert {"waves", "audit", "versions"} <= {c.table for c in changes}
+    with transaction(catalog.db) as conn:
+        replication.set_role(conn, "standby", term=2, registry_id="r", leader="p:1",
+                             lease_until=0)
+    with pytest.raises(Exception, match="standby"):
+        with audited(catalog.db, None) as conn:
+            waves.steer(conn, MODEL, "pause", "ops", time.time())
