@@ -65,6 +65,14 @@ def tiny_stores(tiny_release: Path, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @pytest.fixture(scope="session")
+def tiny_release_flipped(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny release trained and calibrated on the opposite labels: it publishes like any
+    other and disagrees with ``tiny_release``'s center on live traffic."""
+    return build_tiny_release(tmp_path_factory.mktemp("tiny-flipped") / "release",
+                              flipped=True)
+
+
+@pytest.fixture(scope="session")
 def tiny_release_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Another tiny release (other seed): every artifact but the tokenizer differs."""
     return build_tiny_release(tmp_path_factory.mktemp("tiny-b") / "release", seed=1)

@@ -82,3 +82,42 @@ def stream(target: str, secret: str, node_id: str, tier: str = "edge", region: s
             done.set()
             call.cancel()
             reader.join(10)
+
+
+class Acking:
+    """A simulated node for fleet tests: holds its Sync stream open in a thread and acks each
+    release it is pushed ACTIVE at once, as if installed from a shared cache (no download,
+    no model run); ``versions``: model -> the version it acked last."""
+
+    def __init__(self, target: str, secret: str, node_id: str, tier: str = "edge",
+                 region: str = "local") -> None:
+        self.node_id = node_id
+        self.versions: dict[str, int] = {}
+        self.error: BaseException | None = None
+        self._outbox: queue.Queue[pb.NodeMessage | None] = queue.Queue()
+        self._outbox.put(pb.NodeMessage(hello=pb.Hello(node_id=node_id, tier=tier,
+                                                       region=region)))
+        self._channel = grpc.insecure_channel(target)
+        self._call = pb_grpc.SyncStub(self._channel).Sync(
+            iter(self._outbox.get, None), metadata=auth.metadata(token(secret, node_id, tier,
+                                                                       region)))
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        try:
+            for message in self._call:
+                if message.WhichOneof("kind") == "release":
+                    r = message.release
+                    self._outbox.put(pb.NodeMessage(ack=pb.Ack(
+                        model=r.model, version=r.version, state=pb.ACTIVE)))
+                    self.versions[r.model] = r.version
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED:
+                self.error = exc
+
+    def close(self) -> None:
+        self._outbox.put(None)
+        self._call.cancel()
+        self._reader.join(10)
+        self._channel.close()

@@ -22,10 +22,15 @@ MAX_LENGTH = 32
 
 
 def build_tiny_release(out: Path, seed: int = 0, train_rows: int = 4000,
-                       calibration_rows: int = 200) -> Path:
+                       calibration_rows: int = 200, flipped: bool = False) -> Path:
+    """``flipped``: train on the opposite labels (and calibrate on them), as a bad training
+    run would: a release that publishes fine and is worse on live traffic."""
     seed_everything(seed)
     dataset = data.split(data.load_reviews(), seed=7)
-    train = data.Split(dataset.train.texts[:train_rows], dataset.train.labels[:train_rows])
+    labels = dataset.train.labels[:train_rows]
+    if flipped:
+        labels = [1 - label for label in labels]
+    train = data.Split(dataset.train.texts[:train_rows], labels)
     tokenizer = load_tokenizer(encoder.tokenizer_path(), MAX_LENGTH)
     torch.set_num_threads(1)
     models = []
@@ -34,6 +39,7 @@ def build_tiny_release(out: Path, seed: int = 0, train_rows: int = 4000,
         models.append(fine_tune(model, tokenizer, train.texts, train.labels, seed=seed,
                                 epochs=2, lr=1e-2, batch_size=64, freeze_embeddings=False))
     calibration = data.Split(dataset.val.texts[:calibration_rows],
-                             dataset.val.labels[:calibration_rows])
+                             [1 - label if flipped else label
+                              for label in dataset.val.labels[:calibration_rows]])
     return write_release(out, models[0], models[1], encoder.tokenizer_path(), calibration,
                          MAX_LENGTH)
