@@ -40,6 +40,7 @@ import re
 import sqlite3
 import statistics
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import msgspec
@@ -218,7 +219,15 @@ class Seen:
     version: int | None
     state: str
     reason: str
-    report: dict[str, Any] | None
+    report_json: str | None  # parsed only when a gate reads it (thousands of edges a tick)
+
+    @cached_property
+    def report(self) -> dict[str, Any] | None:
+        try:
+            parsed = json.loads(self.report_json) if self.report_json else None
+        except ValueError:
+            return None
+        return parsed if isinstance(parsed, dict) else None
 
     def installed(self, version: int) -> bool:
         return self.version == version and self.state == "ACTIVE"
@@ -240,16 +249,9 @@ def edges(conn: sqlite3.Connection, model: str) -> list[tuple[float, Seen]]:
         "SELECT n.node_id, n.connected, m.version, m.state, m.reason, m.report FROM nodes n "
         "LEFT JOIN node_models m ON m.node_id = n.node_id AND m.model = ? WHERE n.tier = "
         "'edge'", [model]).fetchall()
-    seen = []
-    for node_id, connected, version, state, reason, report in rows:
-        try:
-            parsed = json.loads(report) if report else None
-        except ValueError:
-            parsed = None
-        seen.append((position(model, node_id), Seen(node_id, bool(connected), version,
-                                                    state or "", reason or "",
-                                                    parsed if isinstance(parsed, dict)
-                                                    else None)))
+    seen = [(position(model, node_id), Seen(node_id, bool(connected), version, state or "",
+                                            reason or "", report))
+            for node_id, connected, version, state, reason, report in rows]
     seen.sort(key=lambda p: p[0])
     return seen
 
