@@ -87,8 +87,8 @@ class Database:
 
     def steer(self, at: float) -> list[str]:
         """One step of the wave rollouts (``registry.waves``): what happened, for the log."""
-        if not waves.unfinished(self.catalog.db.conn):
-            return []
+        if not any(r.state in waves.STEPPED for r in waves.unfinished(self.catalog.db.conn)):
+            return []  # nothing to step: no write transaction
         with audited(self.catalog.db, self.anchor) as conn:
             return waves.tick(conn, at, WAVES_ACTOR)
 

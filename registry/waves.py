@@ -52,6 +52,7 @@ from registry.errors import NotFound, RegistryError
 ALIAS = "wave"  # how a release pushed by a wave rollout is named to the node
 ACTIVE = ("running", "baking", "paused")  # the release is desired on the admitted nodes
 OPEN = (*ACTIVE, "halted")  # not finished: a person may resume or abort it
+STEPPED = ("running", "baking")  # what ``tick`` moves on
 MAX_WAVES = 20
 Z95 = 1.959964
 SHARE = re.compile(r"(\d+(?:\.\d+)?)%")
@@ -360,9 +361,9 @@ def tick(conn: sqlite3.Connection, at: float, actor: str) -> list[str]:
     """One step of every running rollout, inside the caller's (audited) transaction; what
     happened, for the log."""
     said = []
-    marks = ", ".join("?" * 2)
+    marks = ", ".join("?" * len(STEPPED))
     rows = conn.execute(f"SELECT {COLUMNS} FROM waves WHERE state IN ({marks}) ORDER BY id",
-                        ["running", "baking"]).fetchall()
+                        list(STEPPED)).fetchall()
     for row in rows:
         said += _step(conn, Rollout.of(row), at, actor)
     return said
