@@ -4,6 +4,7 @@ pushed back down to its node's stream."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import re
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from google.protobuf.json_format import MessageToDict
 
-from registry import budgets
+from registry import budgets, nodes
 from registry.budgets import Policy, Seen
 from registry.nodes import STATES, Measured
 from registry.settings import RegistrySettings
@@ -23,13 +24,14 @@ from sync.gen import sync_pb2 as pb
 from sync.metrics import SyncMetrics
 
 if TYPE_CHECKING:
-    from registry.server import Database, Session
+    from registry.server import Database, Session, WriteBehind
 
 log = logging.getLogger(__name__)
 FEATURE = re.compile(r"[a-z0-9_]{1,32}")
 MACHINE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 MAX_FEATURES = 64
 MAX_REASON = 1000  # characters of an ack's reason kept (control characters escaped first)
+REBALANCE_EVERY_S = 0.5  # a model's budgets are split at most this often (reports coalesce)
 SAY_EVERY_S = 60.0  # a node's dropped messages are logged at most this often
 
 
@@ -38,8 +40,12 @@ class Intake:
     that opens and closes them), and the escalation budgets the reports add up to."""
 
     def __init__(self, settings: RegistrySettings, db: Database, metrics: SyncMetrics,
-                 sessions: dict[str, Session]) -> None:
+                 sessions: dict[str, Session], writes: WriteBehind,
+                 rebalance_every_s: float = REBALANCE_EVERY_S) -> None:
         self.settings, self.db, self.metrics, self.sessions = settings, db, metrics, sessions
+        self.writes, self.rebalance_every_s = writes, rebalance_every_s
+        self._rebalanced: dict[str, float] = {}  # model -> when its budgets were last split
+        self._due: dict[str, asyncio.TimerHandle] = {}  # model -> its next, coalesced split
         self.seen: dict[str, dict[str, Seen]] = {}  # model -> node id -> its last report
         self.policies: dict[str, Policy] = {}  # model -> the operator's cascade policy
         self.known: set[str] = set()  # the models in the catalog (reloaded with the policies)
@@ -93,8 +99,8 @@ class Intake:
                 self._drop(session, "ack", "malformed", ack.model)
                 return
             measured = Measured(ack.fidelity, ack.fidelity_rows, platform(ack.platform))
-        await self.db.run(self.db.nodes.acknowledged, session.node, ack.model, ack.version,
-                          state, reason, measured, seq)
+        self.writes.add(nodes.ack(session.node, ack.model, ack.version, state, reason,
+                                  measured, seq))
 
     async def report(self, session: Session, report: pb.QualityReport) -> None:
         if not is_valid_name(report.model):
@@ -115,21 +121,49 @@ class Intake:
         n = session.node
         self.metrics.report([n.node_id, n.tier, n.region, report.model, str(report.version)],
                             data)
-        await self.db.run(self.db.nodes.reported, n.node_id, report.model, data)
+        self.writes.add(nodes.quality(n.node_id, report.model, data))
         seen = self.seen.setdefault(report.model, {})
         seen[n.node_id] = Seen.of(n.node_id, n.tier, time.monotonic(), data,
                                   seen.get(n.node_id), self.settings.report_interval_s)
-        self.rebalance(report.model)
+        self.rebalance_soon(report.model)
 
     def gone(self, node_id: str) -> None:
         """A node disconnected: its capacity or traffic is gone from every model's budgets."""
         self._said.pop(node_id, None)
         for model, seen in self.seen.items():
             if seen.pop(node_id, None) is not None:
-                self.rebalance(model)
+                self.rebalance_soon(model)
+
+    def rebalance_soon(self, model: str) -> None:
+        """Rebalance ``model`` now, or, if it was rebalanced less than ``rebalance_every_s``
+        ago, once when that time is up: every report changes the split, and splitting over
+        every node per report costs O(nodes) per report, O(nodes²) per report interval. What
+        arrives in between is all in the one split that follows."""
+        if model in self._due:
+            return
+        wait = self._rebalanced.get(model, -math.inf) + self.rebalance_every_s - \
+            time.monotonic()
+        if wait <= 0:
+            self.rebalance(model)
+            return
+        self._due[model] = asyncio.get_running_loop().call_later(wait, self._rebalance_due,
+                                                                 model)
+
+    def _rebalance_due(self, model: str) -> None:
+        self._due.pop(model, None)
+        try:
+            self.rebalance(model)
+        except Exception:  # the next report tries again
+            log.exception("rebalancing %s failed", model)
+
+    async def stop(self) -> None:
+        for handle in self._due.values():
+            handle.cancel()
+        self._due.clear()
 
     def rebalance(self, model: str) -> None:
         """Recompute ``model``'s escalation budgets; push those that moved enough."""
+        self._rebalanced[model] = time.monotonic()
         seen = self.seen.get(model, {})
         policy = self.policies.get(model, Policy(split=self.settings.budget_split))
         found = budgets.split(policy, list(seen.values()),
