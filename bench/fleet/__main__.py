@@ -33,7 +33,7 @@ from bench.fleet.measure import (
     run_size,
 )
 from bench.harness import console
-from bench.kit import machine, versions
+from bench.kit import cores, machine, versions
 from bench.markdown import Shown
 from bench.rollout.measure import MODEL, Cli
 from bench.synced import releases
@@ -98,6 +98,10 @@ def tables(results: list[SizeResult], info: dict[str, str], what: str,
     row("  per node, KiB", lambda r: fmt(r.rss_mib * 1024 / r.nodes, 1))
     row(f"registry CPU at rest, cores ({args.rest:.0f} s window)",
         lambda r: fmt(r.rest_cores, 3))
+    row("  other processes on the machine meanwhile, cores",
+        lambda r: cores(r.rest_other_cores))
+    row("simulated nodes: cores, RSS MiB (all workers)",
+        lambda r: f"{fmt(r.sim_cores)}, {fmt(r.sim_rss_mib, 0)}")
     row("/metrics page, KiB", lambda r: fmt(r.metrics_bytes / 1024, 0))
     for kind in ("idle edge", "busy edge", "center"):
         row(f"{kind}: payload kbit/s up + down",

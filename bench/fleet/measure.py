@@ -22,7 +22,7 @@ import httpx
 
 from bench.fleet.worker import Plan, Status
 from bench.harness import console, process_cpu_s
-from bench.rollout.measure import MODEL, Cli, percentile
+from bench.rollout.measure import MODEL, Busy, Cli, percentile
 from harness.processes import RegistryProcess, start_registry
 
 TOKEN = "bench-fleet-token-0123456789"
@@ -82,6 +82,8 @@ class SizeResult:
     rss_mib: float
     rest_cores: float
     rest_s: float
+    rest_other_cores: float  # other processes on the machine during the window
+    sim_cores: float
     sim_rss_mib: float
     metrics_bytes: int
     traffic: dict[str, Traffic]
@@ -308,11 +310,16 @@ def run_size(n: int, options: Options, template: Path, second: Path,
                           "busy edge" if options.busy_every and
                           int(node.rsplit("-", 1)[1]) % options.busy_every == 0 else "idle edge")
                    for port, node in peers(registry.log).items()}
+        pids = [registry.pid, *(p.pid for p in workers.processes)]
+        machine0 = Busy.now(pids)
         before, cpu_a, at_a = sockets(registry.port), process_cpu_s(registry.pid), time.time()
         time.sleep(options.rest_s)
         after, cpu_b, at_b = sockets(registry.port), process_cpu_s(registry.pid), time.time()
+        others = Busy.now(pids).others_since(machine0)
+        sims_cores = sum(process_cpu_s(p.pid) for p in workers.processes)
         rest = at_b - at_a
         rest_cores = (cpu_b - cpu_a) / rest
+        sims_cores = (sum(process_cpu_s(p.pid) for p in workers.processes) - sims_cores) / rest
         rss = rss_mib(registry.pid)
         metrics_bytes = len(httpx.get(registry.metrics_url, timeout=30).content)
         by_class = traffic(before, after, classes, rest)
@@ -334,7 +341,8 @@ def run_size(n: int, options: Options, template: Path, second: Path,
             wave_s = wave_done[-1] - min(status.fetching)
         result = SizeResult(
             n, edges, options.centers, busy, len(worker_plans), connect_s, connect_cores,
-            held.connected, rss, rest_cores, rest, workers.rss_mib(), metrics_bytes, by_class,
+            held.connected, rss, rest_cores, rest, others, sims_cores, workers.rss_mib(),
+            metrics_bytes, by_class,
             publish_s, percentile(delays, 50), percentile(delays, 99),
             max(delays, default=math.nan),
             sum(1 for d in delays if d <= GOAL_DIRECTIVE_S), len(delays),
