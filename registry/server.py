@@ -46,6 +46,10 @@ MAX_UNWRITTEN = 1_000  # refused-call records (one per interval) kept while the 
 # cannot take them
 WRITE_EVERY_S = 0.25  # node messages are written in one transaction per interval
 MAX_PENDING = 200_000  # node writes kept while the database cannot take them
+MAX_PENDING_CALLS = 20_000  # calls gRPC holds until the event loop takes them: its default
+# (1,000, refused from 3,000 on) cancelled most of 10,000 nodes' streams when they connected at
+# once (bench.fleet), and each came back with its backoff: a connect storm of minutes
+MAX_UNTAKEN_S = 120  # ... and for this long (default 30 s: a storm of 10,000 is longer here)
 MAX_MESSAGE = 1 << 20  # nodes send small messages only: hello, acks, reports
 KEEPALIVE = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
              ("grpc.keepalive_permit_without_calls", 1),
@@ -362,6 +366,9 @@ class SyncServer:
             interceptors=[auth.TokenInterceptor(self.verifier, self._denied),
                           ParseInterceptor(f"/{SERVICE}/")],
             options=[("grpc.max_receive_message_length", MAX_MESSAGE), *KEEPALIVE,
+                     ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+                     ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
+                     ("grpc.server_max_unrequested_time_in_server", MAX_UNTAKEN_S),
                      ("grpc.max_concurrent_streams", self.settings.max_concurrent_streams)])
         pb_grpc.add_SyncServicer_to_server(self.service, server)
         pb_grpc.add_ReplicationServicer_to_server(self.replication, server)
