@@ -31,7 +31,7 @@ FEATURE = re.compile(r"[a-z0-9_]{1,32}")
 MACHINE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 MAX_FEATURES = 64
 MAX_REASON = 1000  # characters of an ack's reason kept (control characters escaped first)
-REBALANCE_EVERY_S = 0.5  # a model's budgets are split at most this often (reports coalesce)
+REBALANCE_EVERY_S = 1.0  # a model's budgets are split at most this often (reports coalesce)
 SAY_EVERY_S = 60.0  # a node's dropped messages are logged at most this often
 
 
