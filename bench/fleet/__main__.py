@@ -92,6 +92,8 @@ def tables(results: list[SizeResult], info: dict[str, str], what: str,
     row("nodes: edges (busy / idle) + centers; workers",
         lambda r: f"{r.edges:,} ({r.busy:,} / {r.edges - r.busy:,}) + {r.centers}; {r.workers}")
     row("connect storm: all connected and holding v1, s", lambda r: fmt(r.connect_s))
+    row("  streams that failed and were opened again meanwhile",
+        lambda r: f"{r.storm_failures:,}")
     row("  registry cores during the storm", lambda r: fmt(r.connect_registry_cores))
     row("streams held at rest", lambda r: f"{r.connected:,}")
     row("registry RSS at rest, MiB", lambda r: fmt(r.rss_mib, 0))
@@ -102,7 +104,8 @@ def tables(results: list[SizeResult], info: dict[str, str], what: str,
         lambda r: cores(r.rest_other_cores))
     row("simulated nodes: cores, RSS MiB (all workers)",
         lambda r: f"{fmt(r.sim_cores)}, {fmt(r.sim_rss_mib, 0)}")
-    row("/metrics page, KiB", lambda r: fmt(r.metrics_bytes / 1024, 0))
+    row("/metrics page: KiB, s to scrape",
+        lambda r: f"{fmt(r.metrics_bytes / 1024, 0)}, {fmt(r.scrape_s)}")
     for kind in ("idle edge", "busy edge", "center"):
         row(f"{kind}: payload kbit/s up + down",
             lambda r, k=kind: (f"{fmt(r.traffic[k].up_bytes_s * 8 / 1000, 3)} + "
@@ -114,6 +117,8 @@ def tables(results: list[SizeResult], info: dict[str, str], what: str,
     row("directive: p50 / p99 / max s after publish returned",
         lambda r: f"{fmt(r.directive_p50_s)} / {fmt(r.directive_p99_s)} / "
                   f"{fmt(r.directive_max_s)}")
+    row("  the registry pushed it: first / last s (its log)",
+        lambda r: f"{fmt(r.pushed_first_s)} / {fmt(r.pushed_last_s)}")
     row(f"  nodes holding it within {GOAL_DIRECTIVE_S:.0f} s",
         lambda r: f"{r.directive_within_goal:,} of {r.nodes:,}")
     row("all nodes acked ACTIVE, s after publish returned", lambda r: fmt(r.active_max_s))
@@ -125,7 +130,7 @@ def tables(results: list[SizeResult], info: dict[str, str], what: str,
         lambda r: f"{r.recorded_active:,} / {r.recorded_acks:,}")
     row("reports sent / budgets received (whole run)",
         lambda r: f"{r.reports:,} / {r.budgets:,}")
-    row("errors", lambda r: len(r.errors))
+    row("failures seen (last errors below)", lambda r: len(r.errors))
     t.caption = (f"Release: {what}. Nodes are simulated (bench/fleet/sim.py): each its own "
                  f"channel and TCP connection, token, hello, acks and reports; the model run "
                  f"is skipped. Only the wave's {args.wave} edges fetch the new release (at "

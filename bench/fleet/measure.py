@@ -22,7 +22,7 @@ import httpx
 
 from bench.fleet.worker import Plan, Status
 from bench.harness import console, process_cpu_s
-from bench.rollout.measure import MODEL, Busy, Cli, percentile
+from bench.rollout.measure import MODEL, Busy, Cli, percentile, push_times
 from harness.processes import RegistryProcess, start_registry
 
 TOKEN = "bench-fleet-token-0123456789"
@@ -79,6 +79,7 @@ class SizeResult:
     connect_s: float
     connect_registry_cores: float
     connected: int
+    storm_failures: int  # streams that failed during the storm (the nodes reconnected)
     rss_mib: float
     rest_cores: float
     rest_s: float
@@ -86,11 +87,14 @@ class SizeResult:
     sim_cores: float
     sim_rss_mib: float
     metrics_bytes: int
+    scrape_s: float
     traffic: dict[str, Traffic]
     publish_s: float
     directive_p50_s: float
     directive_p99_s: float
     directive_max_s: float
+    pushed_first_s: float  # the registry's first and last push of it (its log)
+    pushed_last_s: float
     directive_within_goal: int
     directive_received: int
     active_max_s: float
@@ -211,6 +215,7 @@ class Workers:
     def status(self, version: int) -> Status:
         parts = [Status(**s) for s in self.ask(cmd="status", version=version)]
         return Status(sum(p.connected for p in parts), sum(p.errors for p in parts),
+                      sum(p.failures for p in parts),
                       [e for p in parts for e in p.errors_shown][:5],
                       sum(p.reports for p in parts), sum(p.budgets for p in parts),
                       [t for p in parts for t in p.received],
@@ -246,7 +251,7 @@ def wait_all(workers: Workers, version: int, count: int, timeout: float,
         if time.monotonic() - said > 10:
             console.log(f"{what}: {status.connected} connected, {len(status.received)} "
                         f"received v{version}, {len(status.verified)} active, "
-                        f"{status.errors} errors")
+                        f"{status.failures} streams failed ({status.errors_shown[:1]})")
             said = time.monotonic()
         time.sleep(0.5)
 
@@ -302,8 +307,9 @@ def run_size(n: int, options: Options, template: Path, second: Path,
         connect_s = max(status.verified, default=math.nan) - started
         connect_cores = (process_cpu_s(registry.pid) - cpu0) / max(time.time() - started, 1e-9)
         errors = list(status.errors_shown)
+        storm_failures = status.failures
         console.log(f"{n} nodes: {len(status.verified)} holding v1 {connect_s:.1f} s after the "
-                    f"storm began ({status.errors} errors)")
+                    f"storm began ({status.failures} streams failed and reconnected)")
         # at rest: every node has had a report interval to send its first report
         time.sleep(10.0 + 2.0)
         classes = {port: ("center" if "center" in node else
@@ -312,16 +318,18 @@ def run_size(n: int, options: Options, template: Path, second: Path,
                    for port, node in peers(registry.log).items()}
         pids = [registry.pid, *(p.pid for p in workers.processes)]
         machine0 = Busy.now(pids)
+        sims_cores = sum(process_cpu_s(p.pid) for p in workers.processes)
         before, cpu_a, at_a = sockets(registry.port), process_cpu_s(registry.pid), time.time()
         time.sleep(options.rest_s)
         after, cpu_b, at_b = sockets(registry.port), process_cpu_s(registry.pid), time.time()
         others = Busy.now(pids).others_since(machine0)
-        sims_cores = sum(process_cpu_s(p.pid) for p in workers.processes)
         rest = at_b - at_a
         rest_cores = (cpu_b - cpu_a) / rest
         sims_cores = (sum(process_cpu_s(p.pid) for p in workers.processes) - sims_cores) / rest
         rss = rss_mib(registry.pid)
-        metrics_bytes = len(httpx.get(registry.metrics_url, timeout=30).content)
+        scraped = time.monotonic()
+        metrics_bytes = len(httpx.get(registry.metrics_url, timeout=60).content)
+        scrape_s = time.monotonic() - scraped
         by_class = traffic(before, after, classes, rest)
         held = workers.status(1)
         console.log(f"{n} nodes at rest: registry RSS {rss:.0f} MiB, {rest_cores:.3f} cores; "
@@ -335,16 +343,19 @@ def run_size(n: int, options: Options, template: Path, second: Path,
                                                                      1e-9)
         errors += status.errors_shown
         delays = [t - returned for t in status.received]
+        pushed = [t - returned for t in push_times(registry.log, 2, "fleet-").values()]
         wave_bytes, wave_s = status.fetched_bytes, 0.0
         if status.fetching:
             wave_done = sorted(status.verified)  # the wave's are the last to go ACTIVE
             wave_s = wave_done[-1] - min(status.fetching)
         result = SizeResult(
             n, edges, options.centers, busy, len(worker_plans), connect_s, connect_cores,
-            held.connected, rss, rest_cores, rest, others, sims_cores, workers.rss_mib(),
-            metrics_bytes, by_class,
+            held.connected, storm_failures, rss, rest_cores, rest, others, sims_cores,
+            workers.rss_mib(),
+            metrics_bytes, scrape_s, by_class,
             publish_s, percentile(delays, 50), percentile(delays, 99),
-            max(delays, default=math.nan),
+            max(delays, default=math.nan), min(pushed, default=math.nan),
+            max(pushed, default=math.nan),
             sum(1 for d in delays if d <= GOAL_DIRECTIVE_S), len(delays),
             max(status.verified, default=math.nan) - returned, publish_cores,
             len(status.fetching), wave_bytes, wave_s, 0, 0, held.reports, held.budgets, errors)

@@ -30,6 +30,7 @@ from serving.release.manifest import decode
 from serving.release.store import ModelStore
 from serving.telemetry.quality import QualityWindow
 from sync import auth
+from sync.backoff import Backoff
 from sync.converge import directive_seq
 from sync.download import Downloader, DownloadMetrics
 from sync.gen import sync_pb2 as pb
@@ -40,6 +41,7 @@ from sync.subscriber import CLIENT_OPTIONS
 OPTIONS = [*CLIENT_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
 """A real node's channel options; the local pool keeps one connection per simulated node."""
 RUNTIME = "simulated (no model run)"
+BACKOFF_MAX_S = 30.0  # a node's default (``sync_backoff_max_s``)
 PREFIX = "sim"  # of the download metrics
 PROBE_ROWS = 64  # the fidelity acks claim this many probe rows
 
@@ -107,7 +109,14 @@ class Sim:
     active: dict[str, int] = field(default_factory=dict)  # model -> version it serves
     reports: int = 0
     budgets: int = 0
-    error: str | None = None
+    connected: bool = False  # a stream is open now (welcomed)
+    failures: int = 0  # streams that failed
+    last_error: str | None = None
+    error: str | None = None  # the failure it stopped at (without reconnect)
+
+    def held(self) -> list[pb.Held]:
+        """What its hello says it holds: what it serves (reconnecting, as a real node)."""
+        return [pb.Held(model=m, versions=[v], active=v) for m, v in sorted(self.active.items())]
 
     def bytes_received(self) -> float:
         if self.metrics is None:
@@ -138,9 +147,37 @@ def _metadata(sim: Sim) -> list[tuple[str, str]]:
     return auth.metadata(node_token(sim.secret, sim.node_id, sim.tier, sim.region))
 
 
-async def subscribe(sim: Sim, seed: int = 0) -> None:
+async def subscribe(sim: Sim, seed: int = 0, reconnect: bool = False) -> None:
     """Hello, Welcome, then until cancelled: apply every Release, send reports every
-    interval. A failure is recorded in ``sim.error`` (the caller's round does not wait)."""
+    interval. A failed stream is recorded (``failures``, ``last_error``); with ``reconnect``
+    it is opened again after an exponential, jittered backoff as a real node does
+    (``sync.backoff``, at most ``BACKOFF_MAX_S``), else it ends there (``error``: the
+    caller's round does not wait for it)."""
+    backoff = Backoff(BACKOFF_MAX_S)
+    rng = random.Random(seed)
+    while True:
+        try:
+            await _session(sim, rng, backoff)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            sim.failures += 1
+            sim.last_error = f"{sim.node_id}: {type(exc).__name__}: {_said(exc)}"
+            if not reconnect:
+                sim.error = sim.last_error
+                return
+        finally:
+            sim.connected = False
+        await asyncio.sleep(backoff.next())
+
+
+def _said(exc: Exception) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return f"{exc.code().name} {exc.details()}"
+    return str(exc)
+
+
+async def _session(sim: Sim, rng: random.Random, backoff: Backoff) -> None:
     call = pb_grpc.SyncStub(sim.channel).Sync(metadata=_metadata(sim))
     reporter: asyncio.Task[None] | None = None
     lock = asyncio.Lock()
@@ -151,13 +188,16 @@ async def subscribe(sim: Sim, seed: int = 0) -> None:
 
     try:
         await call.write(pb.NodeMessage(hello=pb.Hello(node_id=sim.node_id, tier=sim.tier,
-                                                       region=sim.region, platform=platform())))
+                                                       region=sim.region, platform=platform(),
+                                                       held=sim.held())))
         welcome = await call.read()
         if welcome is grpc.aio.EOF:
             raise RuntimeError("the registry closed the stream before its welcome")
         sim.welcomed = time.time()
+        sim.connected = True
+        backoff.reset()
         sim.interval_s = welcome.welcome.report_interval_s or 10.0
-        reporter = asyncio.create_task(_report(sim, send, random.Random(seed)))
+        reporter = asyncio.create_task(_report(sim, send, rng))
         while (message := await call.read()) is not grpc.aio.EOF:
             kind = message.WhichOneof("kind")
             if kind == "release":
@@ -165,10 +205,6 @@ async def subscribe(sim: Sim, seed: int = 0) -> None:
             elif kind == "budget":
                 sim.budgets += 1
         raise RuntimeError("the registry ended the stream")
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        sim.error = f"{sim.node_id}: {type(exc).__name__}: {exc}"
     finally:
         if reporter is not None:
             reporter.cancel()

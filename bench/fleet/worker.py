@@ -47,7 +47,8 @@ class Plan:
 @dataclass
 class Status:
     connected: int
-    errors: int
+    errors: int  # nodes that stopped at a failure (none: they reconnect)
+    failures: int  # streams that failed, reconnected after
     errors_shown: list[str]
     reports: int
     budgets: int
@@ -77,9 +78,10 @@ def build(plan: Plan) -> list[Sim]:
 
 
 def status(sims: list[Sim], version: int) -> Status:
-    errors = [s.error for s in sims if s.error]
-    return Status(sum(1 for s in sims if s.welcomed is not None and s.error is None),
-                  len(errors), errors[:ERRORS_SHOWN], sum(s.reports for s in sims),
+    errors = [s.last_error for s in sims if s.last_error]
+    return Status(sum(1 for s in sims if s.connected), sum(1 for s in sims if s.error),
+                  sum(s.failures for s in sims), errors[:ERRORS_SHOWN],
+                  sum(s.reports for s in sims),
                   sum(s.budgets for s in sims),
                   [s.received[version] for s in sims if version in s.received],
                   [s.verified[version] for s in sims if version in s.verified],
@@ -106,7 +108,7 @@ async def main() -> None:
         while line := await reader.readline():
             command = json.loads(line)
             if command["cmd"] == "go":
-                tasks = [asyncio.create_task(subscribe(s, seed=i))
+                tasks = [asyncio.create_task(subscribe(s, seed=i, reconnect=True))
                          for i, s in enumerate(sims)]
                 say(started=time.time())
             elif command["cmd"] == "status":
