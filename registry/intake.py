@@ -9,6 +9,7 @@ import logging
 import math
 import re
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from google.protobuf.json_format import MessageToDict
@@ -43,9 +44,10 @@ class Intake:
                  sessions: dict[str, Session], writes: WriteBehind,
                  rebalance_every_s: float = REBALANCE_EVERY_S) -> None:
         self.settings, self.db, self.metrics, self.sessions = settings, db, metrics, sessions
-        self.writes, self.rebalance_every_s = writes, rebalance_every_s
-        self._rebalanced: dict[str, float] = {}  # model -> when its budgets were last split
-        self._due: dict[str, asyncio.TimerHandle] = {}  # model -> its next, coalesced split
+        self.writes = writes
+        # every report changes the split, and a split covers every node: O(nodes) per report,
+        # O(nodes²) per report interval; what arrives within a second is split once
+        self.splits = Coalesced(self.rebalance, rebalance_every_s)
         self.seen: dict[str, dict[str, Seen]] = {}  # model -> node id -> its last report
         self.policies: dict[str, Policy] = {}  # model -> the operator's cascade policy
         self.known: set[str] = set()  # the models in the catalog (reloaded with the policies)
@@ -125,45 +127,17 @@ class Intake:
         seen = self.seen.setdefault(report.model, {})
         seen[n.node_id] = Seen.of(n.node_id, n.tier, time.monotonic(), data,
                                   seen.get(n.node_id), self.settings.report_interval_s)
-        self.rebalance_soon(report.model)
+        self.splits.soon(report.model)
 
     def gone(self, node_id: str) -> None:
         """A node disconnected: its capacity or traffic is gone from every model's budgets."""
         self._said.pop(node_id, None)
         for model, seen in self.seen.items():
             if seen.pop(node_id, None) is not None:
-                self.rebalance_soon(model)
-
-    def rebalance_soon(self, model: str) -> None:
-        """Rebalance ``model`` now, or, if it was rebalanced less than ``rebalance_every_s``
-        ago, once when that time is up: every report changes the split, and splitting over
-        every node per report costs O(nodes) per report, O(nodes²) per report interval. What
-        arrives in between is all in the one split that follows."""
-        if model in self._due:
-            return
-        wait = self._rebalanced.get(model, -math.inf) + self.rebalance_every_s - \
-            time.monotonic()
-        if wait <= 0:
-            self.rebalance(model)
-            return
-        self._due[model] = asyncio.get_running_loop().call_later(wait, self._rebalance_due,
-                                                                 model)
-
-    def _rebalance_due(self, model: str) -> None:
-        self._due.pop(model, None)
-        try:
-            self.rebalance(model)
-        except Exception:  # the next report tries again
-            log.exception("rebalancing %s failed", model)
-
-    async def stop(self) -> None:
-        for handle in self._due.values():
-            handle.cancel()
-        self._due.clear()
+                self.splits.soon(model)
 
     def rebalance(self, model: str) -> None:
         """Recompute ``model``'s escalation budgets; push those that moved enough."""
-        self._rebalanced[model] = time.monotonic()
         seen = self.seen.get(model, {})
         policy = self.policies.get(model, Policy(split=self.settings.budget_split))
         found = budgets.split(policy, list(seen.values()),
@@ -180,6 +154,9 @@ class Intake:
                      f"{budget.rows_per_s:.1f} rows/s of {budget.capacity_rows_s:.1f}"
                      if budget.controlled else "none (calibrated threshold)")
 
+    async def stop(self) -> None:
+        self.splits.stop()
+
     async def load_policies(self) -> None:
         """The operators' cascade policies (``registry cascade``); budgets follow them."""
         self.policies, self.known = await self.db.run(lambda: (
@@ -187,6 +164,39 @@ class Intake:
             {r["name"] for r in self.db.catalog.db.query("SELECT name FROM models")}))
         for model in list(self.seen):
             self.rebalance(model)
+
+
+class Coalesced:
+    """``call(key)`` at most once per ``every_s`` per key: now, if the last call is that long
+    ago, else once when the time is up, for every ``soon`` in between (the last state is what
+    that one call sees)."""
+
+    def __init__(self, call: Callable[[str], None], every_s: float) -> None:
+        self.call, self.every_s = call, every_s
+        self._last: dict[str, float] = {}
+        self._due: dict[str, asyncio.TimerHandle] = {}
+
+    def soon(self, key: str) -> None:
+        if key in self._due:
+            return
+        wait = self._last.get(key, -math.inf) + self.every_s - time.monotonic()
+        if wait <= 0:
+            self._run(key)
+        else:
+            self._due[key] = asyncio.get_running_loop().call_later(wait, self._run, key)
+
+    def _run(self, key: str) -> None:
+        self._due.pop(key, None)
+        self._last[key] = time.monotonic()
+        try:
+            self.call(key)
+        except Exception:  # the next one tries again
+            log.exception("%s(%s) failed", getattr(self.call, "__name__", "call"), key)
+
+    def stop(self) -> None:
+        for handle in self._due.values():
+            handle.cancel()
+        self._due.clear()
 
 
 def platform(p: pb.Platform) -> dict[str, Any]:

@@ -54,27 +54,10 @@ class NodeBook:
         self.db = db
         self.anchor = anchor
 
-    def connected(self, node: Node, peer: str, held: list[Held],
-                  platform: dict[str, Any] | None = None) -> None:
-        """A node said hello: (re)record it, its hardware and what it holds; it is online
-        from now."""
-        self.write([hello(node, peer, held, platform)])
-
     def all_disconnected(self) -> None:
         """At ``registry serve`` start: no stream is open yet, whatever a killed server left."""
         with transaction(self.db) as conn:
             conn.execute("UPDATE nodes SET connected = 0 WHERE connected = 1")
-
-    def disconnected(self, node_id: str) -> None:
-        self.write([goodbye(node_id)])
-
-    def acknowledged(self, node: Node, model: str, version: int, state: str,
-                     reason: str, measured: Measured | None = None, seq: int = 0) -> None:
-        """Record an ack and its audit record together (``ack``)."""
-        self.write([ack(node, model, version, state, reason, measured, seq)])
-
-    def reported(self, node_id: str, model: str, report: dict[str, Any]) -> None:
-        self.write([quality(node_id, model, report)])
 
     def write(self, writes: Sequence[Write]) -> list[Write]:
         """Apply ``writes`` in order in one transaction (each ack's audit record in it, with its
@@ -85,32 +68,12 @@ class NodeBook:
         if not writes:
             return []
         try:
-            self._apply(writes)
+            _apply(self.db, self.anchor, writes)
             return []
         except Exception:
             if len(writes) == 1:
-                return self._alone(writes[0])
-        return [w for write in writes for w in self._alone(write)]
-
-    def _apply(self, writes: Sequence[Write]) -> None:
-        if any(w.audited for w in writes):
-            with audited(self.db, self.anchor) as conn:
-                for w in writes:
-                    w.apply(conn)
-        else:
-            with transaction(self.db) as conn:
-                for w in writes:
-                    w.apply(conn)
-
-    def _alone(self, write: Write) -> list[Write]:
-        try:
-            self._apply([write])
-        except sqlite3.OperationalError:
-            log.exception("writing %s failed; trying again", write.what)
-            return [write]
-        except Exception:
-            log.exception("writing %s failed; dropped", write.what)
-        return []
+                return _alone(self.db, self.anchor, writes[0])
+        return [w for write in writes for w in _alone(self.db, self.anchor, write)]
 
     def status(self, catalog: Catalog) -> list[dict[str, Any]]:
         """One row per (model, node): what it runs, what it should run, its last report."""
@@ -279,3 +242,25 @@ def quality(node_id: str, model: str, report: dict[str, Any]) -> Write:
         conn.execute("UPDATE nodes SET last_seen = ? WHERE node_id = ?", [at, node_id])
 
     return Write(f"node {node_id}'s report of {model}", apply)
+
+
+def _apply(db: sqlite_utils.Database, anchor: Anchor | None, writes: Sequence[Write]) -> None:
+    if any(w.audited for w in writes):
+        with audited(db, anchor) as conn:
+            for w in writes:
+                w.apply(conn)
+    else:
+        with transaction(db) as conn:
+            for w in writes:
+                w.apply(conn)
+
+
+def _alone(db: sqlite_utils.Database, anchor: Anchor | None, write: Write) -> list[Write]:
+    try:
+        _apply(db, anchor, [write])
+    except sqlite3.OperationalError:
+        log.exception("writing %s failed; trying again", write.what)
+        return [write]
+    except Exception:
+        log.exception("writing %s failed; dropped", write.what)
+    return []

@@ -15,6 +15,7 @@ import pytest
 from registry import audit, nodes
 from registry.anchor import read
 from registry.catalog import Node
+from registry.intake import Coalesced
 from registry.server import Database, Session, SyncService
 from registry.settings import RegistrySettings
 from sync.gen import sync_pb2 as pb
@@ -126,16 +127,14 @@ def test_reports_move_budgets_at_most_once_per_interval_and_the_last_one_counts(
         await db.run(db.catalog.create_version, manifest("m"))
         await service.intake.load_policies()
         intake = service.intake
-        intake.rebalance_every_s = 0.3
         splits = 0
-        real = intake.rebalance
 
         def counted(model: str) -> None:
             nonlocal splits
             splits += 1
-            real(model)
+            intake.rebalance(model)
 
-        intake.rebalance = counted  # type: ignore[method-assign]
+        intake.splits = Coalesced(counted, 0.3)
         center = session(service, CENTER)
         edges = [session(service, edge(i)) for i in range(50)]
         await intake.report(center, report("m", 1, capacity_rows_s=100))
