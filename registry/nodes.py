@@ -21,6 +21,7 @@ from registry import audit
 from registry.anchor import Anchor, audited
 from registry.catalog import Catalog, Node
 from registry.db import now, transaction
+from registry.errors import NotPrimary
 
 log = logging.getLogger(__name__)
 STATES = ("DOWNLOADING", "ACTIVE", "FAILED", "REFUSED")
@@ -69,6 +70,9 @@ class NodeBook:
             return []
         try:
             _apply(self.db, self.anchor, writes)
+            return []
+        except NotPrimary as exc:  # a standby now: its streams were closed, none is written
+            log.warning("dropped %d node writes: %s", len(writes), exc)
             return []
         except Exception:
             if len(writes) == 1:

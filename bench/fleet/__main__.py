@@ -29,6 +29,7 @@ from bench.fleet.measure import (
     SEGMENT_HEADERS,
     Options,
     SizeResult,
+    Traffic,
     raise_nofile,
     run_size,
 )
@@ -58,6 +59,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--wave-pace", type=float, default=25.0, metavar="PER_S",
                         help="fetches the wave begins per second (default 25)")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH")
+    parser.add_argument("--from-json", type=Path, default=None, metavar="PATH",
+                        help="print (and --markdown) an earlier run's --json; measure nothing")
     parser.add_argument("--markdown", type=Path, default=None, metavar="PATH")
     args = parser.parse_args(argv)
     args.nodes = sorted(set(args.nodes or SIZES))
@@ -157,13 +160,35 @@ def tables(results: list[SizeResult], info: dict[str, str], what: str,
                 f"(max {fmt(r.directive_max_s)} s)" for r in results))
     out.append(g)
     for r in results:
+        out.append(
+            f"N = {r.nodes:,}: the storm took {fmt(r.connect_s, 1)} s "
+            f"({r.nodes / r.connect_s:,.0f} nodes/s), the registry at "
+            f"{fmt(r.connect_registry_cores)} cores on the 2 it shares with the simulated nodes. "
+            f"After publish returned, the registry's pushes of the new release ran from "
+            f"{fmt(r.pushed_first_s)} to {fmt(r.pushed_last_s)} s (its log) and the last node "
+            f"held its directive at {fmt(r.directive_max_s)} s. Up to the first push: the "
+            f"registry noticing the commit and computing the push for every node "
+            f"(SyncService.push_all); first to last: queueing each node's signed directive; "
+            f"after that: delivery.")
         for error in r.errors[:3]:
             out.append(f"N = {r.nodes}: {error}")
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    args = parse_args(argv)
+def load(path: Path) -> tuple[dict[str, str], list[SizeResult]]:
+    """An earlier run's machine and results (``--json``), to print again."""
+    data = json.loads(path.read_text())
+    results = []
+    for size in data["sizes"]:
+        size.pop("wave_mib_s", None)
+        size["traffic"] = {k: Traffic(**{f: v for f, v in t.items()
+                                        if f not in ("kbit_s", "wire_kbit_s")})
+                           for k, t in size["traffic"].items()}
+        results.append(SizeResult(**size))
+    return data["machine"], results
+
+
+def measure(args: argparse.Namespace) -> tuple[dict[str, str], list[SizeResult], str]:
     raise_nofile()
     options = Options(args.busy_every, 20.0, args.centers, 400.0, args.wave, args.wave_pace,
                       args.rest)
@@ -173,11 +198,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
         work = Path(tmp)
         first, second, what = releases(work)
+        info["release"] = what
         template = work / "template"
         console.log(f"publishing v1 ({what})")
         Cli(template).run("publish", str(first), "--name", MODEL, timeout=600)
         for n in args.nodes:
             results.append(run_size(n, options, template, second, work))
+    return info, results, what
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.from_json is not None:
+        info, results = load(args.from_json)
+        what = info.get("release", "?")
+    else:
+        info, results, what = measure(args)
     show = Shown(console)
     for item in tables(results, info, what, args):
         show(item)

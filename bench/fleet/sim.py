@@ -52,35 +52,45 @@ def platform() -> pb.Platform:
     return pb.Platform(cpu=p.cpu, machine=p.machine, features=p.features, runtime=p.runtime)
 
 
+@functools.cache
+def _window(model: str, version: int, window_s: float, capacity: float | None,
+            seed: int) -> dict[str, Any]:
+    """A real quality window's report: a center's, idle but for its capacity; or an edge's,
+    fed a sample of requests (its shape: latencies, confidence and length buckets). Made once
+    per shape and process, then only its counts vary: drawing it per report cost the
+    simulated nodes more than the registry spent on them."""
+    quality = QualityWindow()
+    if capacity is not None:
+        quality.add_source(lambda m, v: {"capacity_rows_s": capacity}, idle=True)
+        (drained,) = quality.drain([(model, version)])
+        return drained | {"window_s": window_s}
+    rng = random.Random(seed)
+    for _ in range(200):
+        quality.request(model, version, rng.uniform(0.004, 0.03))
+        quality.rows(model, version, [rng.randint(8, 96)], ["edge"])
+        quality.confidence(model, version, [rng.uniform(0.5, 1.0)])
+    (drained,) = quality.drain()
+    return drained | {"window_s": window_s, "threshold": 0.8, "budget_rows_s": 2.0}
+
+
 @dataclass
 class Traffic:
-    """What a serving node reports each interval: a real quality window fed ``rows_per_s``
-    rows (``None``: idle, nothing to report, as a real idle edge), and a center's capacity."""
+    """What a serving node reports each interval: a quality window's report of
+    ``rows_per_s`` rows (``None``: idle, nothing to report, as a real idle edge), and a
+    center's capacity."""
 
     rows_per_s: float | None = None
     capacity_rows_s: float | None = None
 
     def report(self, model: str, version: int, window_s: float, fidelity: float,
                rng: random.Random) -> pb.QualityReport | None:
-        quality = QualityWindow()
-        if self.capacity_rows_s is not None:  # a center: its capacity, also while idle
-            capacity = self.capacity_rows_s
-            quality.add_source(lambda m, v: {"capacity_rows_s": capacity}, idle=True)
-            (drained,) = quality.drain([(model, version)])
-            message = report_message(drained | {"window_s": window_s})
-            message.fidelity = fidelity
-            return message
-        if self.rows_per_s is None:
+        if self.capacity_rows_s is None and self.rows_per_s is None:
             return None
-        requests = max(1, int(self.rows_per_s * window_s * rng.uniform(0.95, 1.05)))
-        for _ in range(min(requests, 200)):  # a sample of the window: the report's shape
-            quality.request(model, version, rng.uniform(0.004, 0.03))
-            quality.rows(model, version, [rng.randint(8, 96)], ["edge"])
-            quality.confidence(model, version, [rng.uniform(0.5, 1.0)])
-        (drained,) = quality.drain()
-        drained |= {"window_s": window_s, "requests": requests, "rows": requests,
-                    "threshold": 0.8, "budget_rows_s": 2.0}
-        message = report_message(drained)
+        report = dict(_window(model, version, window_s, self.capacity_rows_s, 0))
+        if self.rows_per_s is not None:
+            requests = max(1, int(self.rows_per_s * window_s * rng.uniform(0.95, 1.05)))
+            report |= {"requests": requests, "rows": requests}
+        message = report_message(report)
         message.fidelity = fidelity
         return message
 
@@ -234,9 +244,10 @@ async def apply(sim: Sim, send: Any, release: pb.Release) -> None:
     sim.received.setdefault(release.version, time.time())
     if hashlib.sha256(release.manifest).hexdigest() != release.manifest_sha256:
         raise RuntimeError(f"release v{release.version}: manifest sha256 mismatch")
-    manifest = decode(release.manifest)
     seq = directive_seq(release.directive) if release.directive else 0
     if sim.downloader is not None and release.version >= sim.fetch_from:
+        manifest = decode(release.manifest)  # what to fetch (the others skip it: their cost
+        # would delay the next Release's arrival in this process, not the registry)
         await send(pb.NodeMessage(ack=pb.Ack(model=release.model, version=release.version,
                                              state=pb.DOWNLOADING, directive_seq=seq)))
         await asyncio.sleep(sim.fetch_delay_s)
