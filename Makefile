@@ -30,8 +30,8 @@ demo: $(STAMP)
 serve: demo
 	bash scripts/serve.sh
 
-## bench: every benchmark, side by side on this machine (~50 min): serving (edge/center vs raw
-## runtimes), where the edge's Python time goes (py-spy), INT8 quantization settings on this CPU and an emulated AVX2 one, Tiered vs MLServer and KServe, the cascade report (docs/cascade.png), the cascade controller under a load ramp (docs/control.png), model sync,
+## bench: every benchmark, side by side on this machine (~60 min): serving (edge/center vs raw
+## runtimes), where the edge's Python time goes (py-spy), INT8 quantization settings on this CPU and an emulated AVX2 one, Tiered vs MLServer and KServe, the cascade report (docs/cascade.png), the cascade controller under a load ramp (docs/control.png), model sync, 100/1,000/10,000 nodes on one registry,
 ## chaos replay, fuzzing, 50 hot swaps, a 10-minute soak;
 ## each prints its tables and writes docs/bench/*.md, gathered into docs/benchmarks.md
 bench: demo
@@ -43,6 +43,7 @@ bench: demo
 	$(BIN)/python -m bench.cascade --markdown docs/bench/cascade.md --plot docs/cascade.png
 	$(BIN)/python -m bench.control --markdown docs/bench/control.md --plot docs/control.png
 	$(BIN)/python -m bench.rollout --markdown docs/bench/rollout.md
+	$(BIN)/python -m bench.fleet --markdown docs/bench/fleet.md
 	$(BIN)/python -m bench.chaos --markdown docs/bench/chaos.md
 	$(BIN)/python -m bench.fuzz --markdown docs/bench/fuzz.md
 	$(BIN)/python -m bench.swaps --markdown docs/bench/swaps.md

@@ -19,11 +19,11 @@ from pathlib import Path
 import httpx
 from rich.table import Table
 
-from bench.fleet import DEMO, Fleet, fleet, releases
 from bench.harness import TEXTS, console, ensure_wrk, review_texts
 from bench.kit import load_average, write_bodies
 from bench.loadgen import Run, Sample, Wrk, growth, run_wrk, sample
 from bench.markdown import Shown
+from bench.synced import DEMO, Fleet, fleet, releases
 
 MINUTE_S = 60
 SAMPLE_S = 5.0

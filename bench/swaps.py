@@ -17,11 +17,11 @@ from pathlib import Path
 
 from rich.table import Table
 
-from bench.fleet import DEMO, Fleet, fleet, releases, wait_serving
 from bench.harness import TEXTS, console, ensure_wrk, review_texts
 from bench.kit import load_average, write_bodies
 from bench.loadgen import Histogram, Run, Sample, Wrk, growth, sample
 from bench.markdown import Shown
+from bench.synced import DEMO, Fleet, fleet, releases, wait_serving
 
 SWAP_AT_S = 0.5
 TIERS = ("edge", "center")

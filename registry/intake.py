@@ -4,15 +4,17 @@ pushed back down to its node's stream."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import re
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from google.protobuf.json_format import MessageToDict
 
-from registry import budgets
+from registry import budgets, nodes
 from registry.budgets import Policy, Seen
 from registry.nodes import STATES, Measured
 from registry.settings import RegistrySettings
@@ -23,13 +25,14 @@ from sync.gen import sync_pb2 as pb
 from sync.metrics import SyncMetrics
 
 if TYPE_CHECKING:
-    from registry.server import Database, Session
+    from registry.server import Database, Session, WriteBehind
 
 log = logging.getLogger(__name__)
 FEATURE = re.compile(r"[a-z0-9_]{1,32}")
 MACHINE = re.compile(r"[A-Za-z0-9_.-]{1,32}")
 MAX_FEATURES = 64
 MAX_REASON = 1000  # characters of an ack's reason kept (control characters escaped first)
+REBALANCE_EVERY_S = 1.0  # a model's budgets are split at most this often (reports coalesce)
 SAY_EVERY_S = 60.0  # a node's dropped messages are logged at most this often
 
 
@@ -38,8 +41,13 @@ class Intake:
     that opens and closes them), and the escalation budgets the reports add up to."""
 
     def __init__(self, settings: RegistrySettings, db: Database, metrics: SyncMetrics,
-                 sessions: dict[str, Session]) -> None:
+                 sessions: dict[str, Session], writes: WriteBehind,
+                 rebalance_every_s: float = REBALANCE_EVERY_S) -> None:
         self.settings, self.db, self.metrics, self.sessions = settings, db, metrics, sessions
+        self.writes = writes
+        # every report changes the split, and a split covers every node: O(nodes) per report,
+        # O(nodes²) per report interval; what arrives within a second is split once
+        self.splits = Coalesced(self.rebalance, rebalance_every_s)
         self.seen: dict[str, dict[str, Seen]] = {}  # model -> node id -> its last report
         self.policies: dict[str, Policy] = {}  # model -> the operator's cascade policy
         self.known: set[str] = set()  # the models in the catalog (reloaded with the policies)
@@ -93,8 +101,8 @@ class Intake:
                 self._drop(session, "ack", "malformed", ack.model)
                 return
             measured = Measured(ack.fidelity, ack.fidelity_rows, platform(ack.platform))
-        await self.db.run(self.db.nodes.acknowledged, session.node, ack.model, ack.version,
-                          state, reason, measured, seq)
+        self.writes.add(nodes.ack(session.node, ack.model, ack.version, state, reason,
+                                  measured, seq))
 
     async def report(self, session: Session, report: pb.QualityReport) -> None:
         if not is_valid_name(report.model):
@@ -115,18 +123,18 @@ class Intake:
         n = session.node
         self.metrics.report([n.node_id, n.tier, n.region, report.model, str(report.version)],
                             data)
-        await self.db.run(self.db.nodes.reported, n.node_id, report.model, data)
+        self.writes.add(nodes.quality(n.node_id, report.model, data))
         seen = self.seen.setdefault(report.model, {})
         seen[n.node_id] = Seen.of(n.node_id, n.tier, time.monotonic(), data,
                                   seen.get(n.node_id), self.settings.report_interval_s)
-        self.rebalance(report.model)
+        self.splits.soon(report.model)
 
     def gone(self, node_id: str) -> None:
         """A node disconnected: its capacity or traffic is gone from every model's budgets."""
         self._said.pop(node_id, None)
         for model, seen in self.seen.items():
             if seen.pop(node_id, None) is not None:
-                self.rebalance(model)
+                self.splits.soon(model)
 
     def rebalance(self, model: str) -> None:
         """Recompute ``model``'s escalation budgets; push those that moved enough."""
@@ -146,6 +154,9 @@ class Intake:
                      f"{budget.rows_per_s:.1f} rows/s of {budget.capacity_rows_s:.1f}"
                      if budget.controlled else "none (calibrated threshold)")
 
+    async def stop(self) -> None:
+        self.splits.stop()
+
     async def load_policies(self) -> None:
         """The operators' cascade policies (``registry cascade``); budgets follow them."""
         self.policies, self.known = await self.db.run(lambda: (
@@ -153,6 +164,39 @@ class Intake:
             {r["name"] for r in self.db.catalog.db.query("SELECT name FROM models")}))
         for model in list(self.seen):
             self.rebalance(model)
+
+
+class Coalesced:
+    """``call(key)`` at most once per ``every_s`` per key: now, if the last call is that long
+    ago, else once when the time is up, for every ``soon`` in between (the last state is what
+    that one call sees)."""
+
+    def __init__(self, call: Callable[[str], None], every_s: float) -> None:
+        self.call, self.every_s = call, every_s
+        self._last: dict[str, float] = {}
+        self._due: dict[str, asyncio.TimerHandle] = {}
+
+    def soon(self, key: str) -> None:
+        if key in self._due:
+            return
+        wait = self._last.get(key, -math.inf) + self.every_s - time.monotonic()
+        if wait <= 0:
+            self._run(key)
+        else:
+            self._due[key] = asyncio.get_running_loop().call_later(wait, self._run, key)
+
+    def _run(self, key: str) -> None:
+        self._due.pop(key, None)
+        self._last[key] = time.monotonic()
+        try:
+            self.call(key)
+        except Exception:  # the next one tries again
+            log.exception("%s(%s) failed", getattr(self.call, "__name__", "call"), key)
+
+    def stop(self) -> None:
+        for handle in self._due.values():
+            handle.cancel()
+        self._due.clear()
 
 
 def platform(p: pb.Platform) -> dict[str, Any]:

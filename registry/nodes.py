@@ -1,12 +1,17 @@
 """What the registry knows about its subscribers: who they are, what each runs, how it does.
 
-Written by ``registry serve`` as nodes say hello, acknowledge releases and report quality; read
-by ``registry status``. Every acknowledgement is an audit record, in the same transaction.
+Written by ``registry serve`` as nodes say hello, acknowledge releases and report quality (a
+``Write`` per message, written in batches: one transaction for all that arrived in an interval);
+read by ``registry status``. Every acknowledgement is an audit record, in the same transaction
+as its change.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import sqlite3
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +21,9 @@ from registry import audit
 from registry.anchor import Anchor, audited
 from registry.catalog import Catalog, Node
 from registry.db import now, transaction
+from registry.errors import NotPrimary
 
+log = logging.getLogger(__name__)
 STATES = ("DOWNLOADING", "ACTIVE", "FAILED", "REFUSED")
 CASCADE = ("capacity_rows_s", "threshold", "budget_rows_s", "shed_rate", "degraded_rate",
            "audit_rows", "audit_agreement", "audit_expected", "audit_interval", "drift",
@@ -48,86 +55,29 @@ class NodeBook:
         self.db = db
         self.anchor = anchor
 
-    def connected(self, node: Node, peer: str, held: list[Held],
-                  platform: dict[str, Any] | None = None) -> None:
-        """A node said hello: (re)record it, its hardware and what it holds; it is online
-        from now."""
-        at = now()
-        with transaction(self.db) as conn:
-            conn.execute("INSERT INTO nodes (node_id, tier, region, peer, connected, first_seen, "
-                         "last_seen, platform) VALUES (?, ?, ?, ?, 1, ?, ?, ?) ON CONFLICT "
-                         "(node_id) DO UPDATE SET tier = excluded.tier, region = "
-                         "excluded.region, peer = excluded.peer, connected = 1, last_seen = "
-                         "excluded.last_seen, platform = excluded.platform",
-                         [node.node_id, node.tier, node.region, peer, at, at,
-                          json.dumps(platform or {})])
-            for h in held:  # only models this registry knows: a node's names make no rows
-                state = "ACTIVE" if h.active else "HELD"
-                conn.execute("INSERT INTO node_models (node_id, model, version, state, "
-                             "updated_at) SELECT ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM "
-                             "models WHERE name = ?) ON CONFLICT (node_id, model) DO "
-                             "UPDATE SET version = excluded.version, state = excluded.state, "
-                             "reason = NULL, updated_at = excluded.updated_at",
-                             [node.node_id, h.model, h.active, state, at, h.model])
-
     def all_disconnected(self) -> None:
         """At ``registry serve`` start: no stream is open yet, whatever a killed server left."""
         with transaction(self.db) as conn:
             conn.execute("UPDATE nodes SET connected = 0 WHERE connected = 1")
 
-    def disconnected(self, node_id: str) -> None:
-        with transaction(self.db) as conn:
-            conn.execute("UPDATE nodes SET connected = 0, last_seen = ? WHERE node_id = ?",
-                         [now(), node_id])
-
-    def acknowledged(self, node: Node, model: str, version: int, state: str,
-                     reason: str, measured: Measured | None = None, seq: int = 0) -> None:
-        """Record an ack and its audit record together (actor: the node). A release the node
-        refused (bad or missing signature, unsafe manifest, fidelity below its floor on its
-        hardware) is its own action, ``refused``. ``seq``: the directive seq the node accepted
-        (checked by the caller against what was pushed to it); the highest is kept."""
-        at = now()
-        action = "refused" if state == "REFUSED" else "ack"
-        if state == "REFUSED":  # recorded as a failure the node will not retry
-            state, reason = "FAILED", f"{REFUSED} {reason}"
-        payload: dict[str, Any] = {"state": state, "reason": reason, "tier": node.tier,
-                                   "region": node.region}
-        if measured is not None:
-            payload |= {"fidelity": measured.fidelity, "fidelity_rows": measured.rows,
-                        "platform": measured.platform}
-        with audited(self.db, self.anchor) as conn:
-            audit.append(conn, actor=f"node:{node.node_id}", action=action, model=model,
-                         version=version, payload=payload)
-            conn.execute("INSERT OR IGNORE INTO node_models (node_id, model, state, updated_at) "
-                         "VALUES (?, ?, ?, ?)", [node.node_id, model, state, at])
-            if measured is not None:  # the latest measurement, refused or served
-                conn.execute("UPDATE node_models SET fidelity = ?, fidelity_rows = ?, "
-                             "fidelity_version = ? WHERE node_id = ? AND model = ?",
-                             [measured.fidelity, measured.rows, version, node.node_id, model])
-                if measured.platform:
-                    conn.execute("UPDATE nodes SET platform = ? WHERE node_id = ?",
-                                 [json.dumps(measured.platform), node.node_id])
-            if state == "ACTIVE":  # the node now serves it
-                conn.execute("UPDATE node_models SET version = ?, state = ?, reason = NULL, "
-                             "updated_at = ? WHERE node_id = ? AND model = ?",
-                             [version, state, at, node.node_id, model])
-            else:  # still serving whatever it served; the reason names the version in flight
-                detail = f"version {version}" + (f": {reason}" if reason else "")
-                conn.execute("UPDATE node_models SET state = ?, reason = ?, updated_at = ? "
-                             "WHERE node_id = ? AND model = ?",
-                             [state, detail, at, node.node_id, model])
-            if seq > 0:
-                conn.execute("UPDATE node_models SET directive_seq = MAX(COALESCE(directive_seq, "
-                             "0), ?) WHERE node_id = ? AND model = ?",
-                             [seq, node.node_id, model])
-            conn.execute("UPDATE nodes SET last_seen = ? WHERE node_id = ?", [at, node.node_id])
-
-    def reported(self, node_id: str, model: str, report: dict[str, Any]) -> None:
-        at = now()
-        with transaction(self.db) as conn:
-            conn.execute("UPDATE node_models SET report = ?, report_at = ? WHERE node_id = ? "
-                         "AND model = ?", [json.dumps(report), at, node_id, model])
-            conn.execute("UPDATE nodes SET last_seen = ? WHERE node_id = ?", [at, node_id])
+    def write(self, writes: Sequence[Write]) -> list[Write]:
+        """Apply ``writes`` in order in one transaction (each ack's audit record in it, with its
+        own ``node_models`` change), the signed audit head moved once after it. If that
+        fails, each write is tried alone, so one bad write costs no other its place. Returns
+        the writes that failed for a reason that may pass (a busy or unwritable database),
+        to be tried again; the others that failed are logged and dropped."""
+        if not writes:
+            return []
+        try:
+            _apply(self.db, self.anchor, writes)
+            return []
+        except NotPrimary as exc:  # a standby now: its streams were closed, none is written
+            log.warning("dropped %d node writes: %s", len(writes), exc)
+            return []
+        except Exception:
+            if len(writes) == 1:
+                return _alone(self.db, self.anchor, writes[0])
+        return [w for write in writes for w in _alone(self.db, self.anchor, write)]
 
     def status(self, catalog: Catalog) -> list[dict[str, Any]]:
         """One row per (model, node): what it runs, what it should run, its last report."""
@@ -190,3 +140,132 @@ class NodeBook:
         with audited(self.db, self.anchor) as conn:
             for row in rows:
                 audit.append(conn, actor="peers", action="auth-denied", payload=row)
+
+
+@dataclass(frozen=True)
+class Write:
+    """One node message's change to the database, applied inside a transaction: what
+    ``registry serve`` queues per message and writes in batches (``NodeBook.write``). Its
+    time is the message's, taken when the write is made, not when it is applied."""
+
+    what: str  # for a log line
+    apply: Callable[[sqlite3.Connection], None]
+    audited: bool = False  # appends an audit record: the signed head moves after the commit
+
+
+def hello(node: Node, peer: str, held: list[Held],
+          platform: dict[str, Any] | None = None) -> Write:
+    """A node said hello: (re)record it, its hardware and what it holds; it is online from
+    now."""
+    at = now()
+
+    def apply(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO nodes (node_id, tier, region, peer, connected, first_seen, "
+                     "last_seen, platform) VALUES (?, ?, ?, ?, 1, ?, ?, ?) ON CONFLICT "
+                     "(node_id) DO UPDATE SET tier = excluded.tier, region = "
+                     "excluded.region, peer = excluded.peer, connected = 1, last_seen = "
+                     "excluded.last_seen, platform = excluded.platform",
+                     [node.node_id, node.tier, node.region, peer, at, at,
+                      json.dumps(platform or {})])
+        for h in held:  # only models this registry knows: a node's names make no rows
+            state = "ACTIVE" if h.active else "HELD"
+            conn.execute("INSERT INTO node_models (node_id, model, version, state, "
+                         "updated_at) SELECT ?, ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM "
+                         "models WHERE name = ?) ON CONFLICT (node_id, model) DO "
+                         "UPDATE SET version = excluded.version, state = excluded.state, "
+                         "reason = NULL, updated_at = excluded.updated_at",
+                         [node.node_id, h.model, h.active, state, at, h.model])
+
+    return Write(f"node {node.node_id}'s hello", apply)
+
+
+def goodbye(node_id: str) -> Write:
+    """A node's stream ended: it is offline from now."""
+    at = now()
+
+    def apply(conn: sqlite3.Connection) -> None:
+        conn.execute("UPDATE nodes SET connected = 0, last_seen = ? WHERE node_id = ?",
+                     [at, node_id])
+
+    return Write(f"node {node_id}'s disconnection", apply)
+
+
+def ack(node: Node, model: str, version: int, state: str, reason: str,
+        measured: Measured | None = None, seq: int = 0) -> Write:
+    """An ack and its audit record, in the same transaction (actor: the node). A release the
+    node refused (bad or missing signature, unsafe manifest, fidelity below its floor on its
+    hardware) is its own action, ``refused``. ``seq``: the directive seq the node accepted
+    (checked by the caller against what was pushed to it); the highest is kept."""
+    at = now()
+    action = "refused" if state == "REFUSED" else "ack"
+    if state == "REFUSED":  # recorded as a failure the node will not retry
+        state, reason = "FAILED", f"{REFUSED} {reason}"
+    payload: dict[str, Any] = {"state": state, "reason": reason, "tier": node.tier,
+                               "region": node.region}
+    if measured is not None:
+        payload |= {"fidelity": measured.fidelity, "fidelity_rows": measured.rows,
+                    "platform": measured.platform}
+
+    def apply(conn: sqlite3.Connection) -> None:
+        audit.append(conn, actor=f"node:{node.node_id}", action=action, model=model,
+                     version=version, payload=payload)
+        conn.execute("INSERT OR IGNORE INTO node_models (node_id, model, state, updated_at) "
+                     "VALUES (?, ?, ?, ?)", [node.node_id, model, state, at])
+        if measured is not None:  # the latest measurement, refused or served
+            conn.execute("UPDATE node_models SET fidelity = ?, fidelity_rows = ?, "
+                         "fidelity_version = ? WHERE node_id = ? AND model = ?",
+                         [measured.fidelity, measured.rows, version, node.node_id, model])
+            if measured.platform:
+                conn.execute("UPDATE nodes SET platform = ? WHERE node_id = ?",
+                             [json.dumps(measured.platform), node.node_id])
+        if state == "ACTIVE":  # the node now serves it
+            conn.execute("UPDATE node_models SET version = ?, state = ?, reason = NULL, "
+                         "updated_at = ? WHERE node_id = ? AND model = ?",
+                         [version, state, at, node.node_id, model])
+        else:  # still serving whatever it served; the reason names the version in flight
+            detail = f"version {version}" + (f": {reason}" if reason else "")
+            conn.execute("UPDATE node_models SET state = ?, reason = ?, updated_at = ? "
+                         "WHERE node_id = ? AND model = ?",
+                         [state, detail, at, node.node_id, model])
+        if seq > 0:
+            conn.execute("UPDATE node_models SET directive_seq = MAX(COALESCE(directive_seq, "
+                         "0), ?) WHERE node_id = ? AND model = ?",
+                         [seq, node.node_id, model])
+        conn.execute("UPDATE nodes SET last_seen = ? WHERE node_id = ?", [at, node.node_id])
+
+    return Write(f"node {node.node_id}'s {action} of {model} version {version}", apply,
+                 audited=True)
+
+
+def quality(node_id: str, model: str, report: dict[str, Any]) -> Write:
+    """A node's quality report of ``model`` (the last one is kept)."""
+    at, data = now(), json.dumps(report)
+
+    def apply(conn: sqlite3.Connection) -> None:
+        conn.execute("UPDATE node_models SET report = ?, report_at = ? WHERE node_id = ? "
+                     "AND model = ?", [data, at, node_id, model])
+        conn.execute("UPDATE nodes SET last_seen = ? WHERE node_id = ?", [at, node_id])
+
+    return Write(f"node {node_id}'s report of {model}", apply)
+
+
+def _apply(db: sqlite_utils.Database, anchor: Anchor | None, writes: Sequence[Write]) -> None:
+    if any(w.audited for w in writes):
+        with audited(db, anchor) as conn:
+            for w in writes:
+                w.apply(conn)
+    else:
+        with transaction(db) as conn:
+            for w in writes:
+                w.apply(conn)
+
+
+def _alone(db: sqlite_utils.Database, anchor: Anchor | None, write: Write) -> list[Write]:
+    try:
+        _apply(db, anchor, [write])
+    except sqlite3.OperationalError:
+        log.exception("writing %s failed; trying again", write.what)
+        return [write]
+    except Exception:
+        log.exception("writing %s failed; dropped", write.what)
+    return []

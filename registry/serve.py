@@ -8,7 +8,6 @@ import logging
 import signal
 
 import uvloop
-from prometheus_client import start_http_server
 
 from registry import anchor, leader, replicate, replication
 from registry.db import transaction
@@ -16,7 +15,7 @@ from registry.server import Database, SyncServer
 from registry.settings import RegistrySettings
 from serving.fleet import discovery
 from serving.telemetry.logs import configure
-from sync.metrics import SyncMetrics
+from sync.metrics import SyncMetrics, serve_http
 
 log = logging.getLogger("registry.serve")
 
@@ -25,8 +24,7 @@ async def serve(settings: RegistrySettings) -> None:
     metrics = SyncMetrics()
     http = None
     if settings.metrics_port is not None:
-        http, _ = start_http_server(settings.metrics_port, addr=settings.host,
-                                    registry=metrics.registry)
+        http = serve_http(metrics, settings.host, settings.metrics_port)
     server = SyncServer(settings, metrics)
     port = await server.start()
     tls = "TLS" if settings.tls_cert else "plaintext"

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from registry import anchor, audit, replication, waves
+from registry import anchor, audit, nodes, replication, waves
 from registry.anchor import audited
 from registry.audit import Head
 from registry.catalog import Catalog, Node, Target
@@ -48,6 +48,12 @@ SERVICE = "tiered.sync.v1.Sync"
 MAX_UNWRITTEN = 1_000  # refused-call records (one per interval) kept while the database
 # cannot take them
 WAVES_ACTOR = "registry:waves"  # who the audit log names for what a wave rollout's gate did
+WRITE_EVERY_S = 0.25  # node messages are written in one transaction per interval
+MAX_PENDING = 200_000  # node writes kept while the database cannot take them
+MAX_PENDING_CALLS = 20_000  # calls gRPC holds until the event loop takes them: its default
+# (1,000, refused from 3,000 on) cancelled most of 10,000 nodes' streams when they connected at
+# once (bench.fleet), and each came back with its backoff: a connect storm of minutes
+MAX_UNTAKEN_S = 120  # ... and for this long (default 30 s: a storm of 10,000 is longer here)
 MAX_MESSAGE = 1 << 20  # nodes send small messages only: hello, acks, reports
 KEEPALIVE = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
              ("grpc.keepalive_permit_without_calls", 1),
@@ -109,6 +115,55 @@ class Database:
         self._thread.shutdown()
 
 
+class WriteBehind:
+    """What nodes send up (hellos, disconnections, acks, quality reports), written behind:
+    queued on the event loop and written every ``interval_s`` in one transaction on the
+    database thread (``NodeBook.write``) — one commit, fsync and signed-head move per interval
+    instead of one per message. Each ack keeps its own audit record, in the same transaction
+    as its change. ``stop`` writes what is still queued; a write the database could not take
+    (busy, locked) is tried again with the next batch."""
+
+    def __init__(self, db: Database, interval_s: float = WRITE_EVERY_S) -> None:
+        self.db, self.interval_s = db, interval_s
+        self.pending: list[nodes.Write] = []
+        self._task: asyncio.Task[None] | None = None
+        self._flushing = asyncio.Lock()
+
+    def add(self, write: nodes.Write) -> None:
+        self.pending.append(write)
+        if len(self.pending) > MAX_PENDING:  # the database has been failing for a while
+            dropped, self.pending = self.pending[:-MAX_PENDING], self.pending[-MAX_PENDING:]
+            log.error("dropped %d node writes the database could not take (first: %s)",
+                      len(dropped), dropped[0].what)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.flush()
+            except Exception:  # the next interval tries again
+                log.exception("writing node messages failed")
+
+    async def flush(self) -> None:
+        """Write everything queued so far (in order) and wait until it is committed."""
+        async with self._flushing:
+            writes, self.pending = self.pending, []
+            if writes:
+                again = await self.db.run(self.db.nodes.write, writes)
+                self.pending[:0] = again
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self.flush()
+
+
 @dataclass
 class Session:
     node: Node
@@ -142,7 +197,8 @@ class SyncService(pb_grpc.SyncServicer):
     def __init__(self, settings: RegistrySettings, db: Database, metrics: SyncMetrics) -> None:
         self.settings, self.db, self.metrics = settings, db, metrics
         self.sessions: dict[str, Session] = {}
-        self.intake = Intake(settings, db, metrics, self.sessions)
+        self.writes = WriteBehind(db)
+        self.intake = Intake(settings, db, metrics, self.sessions, self.writes)
         self.refusing: str | None = None  # why nodes are turned away (a standby says whom to ask)
         self.artifacts = Artifacts(settings, db, metrics, self.sessions)
 
@@ -212,8 +268,7 @@ class SyncService(pb_grpc.SyncServicer):
             superseded.close()
         self.sessions[session.node.node_id] = session
         self.metrics.connected.set(len(self.sessions))
-        await self.db.run(self.db.nodes.connected, session.node, session.peer, held,
-                          platform(hello.platform))
+        self.writes.add(nodes.hello(session.node, session.peer, held, platform(hello.platform)))
         log.info("node %s (%s, %s) connected from %s holding %s", session.node.node_id,
                  session.node.tier, session.node.region, session.peer, session.active)
         return session
@@ -222,7 +277,7 @@ class SyncService(pb_grpc.SyncServicer):
         node_id = session.node.node_id
         if self.sessions.get(node_id) is session:
             del self.sessions[node_id]
-            await self.db.run(self.db.nodes.disconnected, node_id)
+            self.writes.add(nodes.goodbye(node_id))
             log.info("node %s disconnected", node_id)
             self.intake.gone(node_id)
         self.metrics.connected.set(len(self.sessions))
@@ -324,6 +379,9 @@ class SyncServer:
             interceptors=[auth.TokenInterceptor(self.verifier, self._denied),
                           ParseInterceptor(f"/{SERVICE}/")],
             options=[("grpc.max_receive_message_length", MAX_MESSAGE), *KEEPALIVE,
+                     ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+                     ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
+                     ("grpc.server_max_unrequested_time_in_server", MAX_UNTAKEN_S),
                      ("grpc.max_concurrent_streams", self.settings.max_concurrent_streams)])
         pb_grpc.add_SyncServicer_to_server(self.service, server)
         pb_grpc.add_ReplicationServicer_to_server(self.replication, server)
@@ -342,6 +400,7 @@ class SyncServer:
         self._watcher = asyncio.create_task(self._watch())
         self._flusher = asyncio.create_task(self._flush_refusals())
         self._steerer = asyncio.create_task(self._steer())
+        self.service.writes.start()
         return self.port
 
     async def _denied(self, method: str, peer: str) -> None:
@@ -428,5 +487,7 @@ class SyncServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
             await self._write_refusals()  # the last interval's, once no call can add to it
+        await self.service.intake.stop()
+        await self.service.writes.stop()  # every stream has ended: its goodbye is queued too
         self.db.close()
 

@@ -1,10 +1,21 @@
-"""The registry's Prometheus series: sync traffic and every node's last quality report."""
+"""The registry's Prometheus series: sync traffic and every node's last quality report.
+
+The per-node series (``registry_node_*``, one per report field and node) are rendered as text
+once per report, not at each scrape, and served after prometheus_client's own: at 5,000
+reporting nodes its labelled gauges held 67 MiB and a scrape formatted 90,000 samples again
+(1 s of CPU on the registry's process, 3-7 s while it served the nodes: bench.fleet)."""
 
 from __future__ import annotations
 
+import socket
+import threading
+from collections.abc import Callable, Iterable
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, ThreadingWSGIServer
+from prometheus_client.utils import floatToGoString
 
 NODE = ["node", "tier", "region", "model", "version"]
 DROPPED = {"ack": ("unknown-model", "malformed", "seq-not-pushed"),
@@ -55,10 +66,7 @@ class SyncMetrics:
                                ["resumed"], registry=r)
         self.denied = Counter("registry_auth_failures", "Calls refused for a missing or "
                               "wrong token", registry=r)
-        self.quality = {key: Gauge(f"registry_node_{name}", text, NODE, registry=r)
-                        for key, (name, text, _) in QUALITY.items()}
-        self.requests = Counter("registry_node_requests", "Requests nodes reported", NODE,
-                                registry=r)
+        self.nodes = NodeSeries()
         self.dropped = Counter("registry_sync_dropped", "Acks and quality reports dropped: "
                                "for a model (version) not pushed to that node nor held by it, "
                                "or malformed", ["kind", "reason"], registry=r)
@@ -69,17 +77,11 @@ class SyncMetrics:
 
     def report(self, labels: list[str], report: dict[str, Any]) -> None:
         """Export one node's report; the series of its previous version are dropped."""
-        key = (labels[0], labels[3])
-        previous = self._labels.get(key)
-        if previous is not None and previous != labels:
-            for gauge in self.quality.values():
-                gauge.remove(*previous)
-        self._labels[key] = labels
-        for field, (_, _, scale) in QUALITY.items():
-            value = report.get(field, 0.0)
-            self.quality[field].labels(*labels).set(
-                float(value) * scale if isinstance(value, int | float) else 0.0)
-        self.requests.labels(*labels).inc(int(report.get("requests", 0)))
+        self.nodes.report(labels, report)
+
+    def exposition(self) -> bytes:
+        """The /metrics page: the text format (0.0.4), the per-node series last."""
+        return generate_latest(self.registry) + self.nodes.render().encode()
 
     def replication(self, roles: Any) -> None:
         """The replication series, read from ``roles`` (``registry.serve.Roles``) and the
@@ -128,3 +130,74 @@ class _Replication:
                                 "knew (raised at each promotion)", value=row[1])
         yield GaugeMetricFamily("registry_replication_position", "The newest change this "
                                 "registry holds", value=row[2] or 0)
+
+
+def _labels(labels: Iterable[str]) -> str:
+    values = (v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"') for v in labels)
+    return "{" + ",".join(f'{k}="{v}"' for k, v in zip(NODE, values, strict=True)) + "}"
+
+
+class NodeSeries:
+    """Every node's last quality report (``registry_node_*`` gauges, one per ``QUALITY``
+    field) and the requests each node reported per version (``registry_node_requests_total``),
+    as text lines made when the report arrives; ``render`` only joins them, each family's
+    lines together as the text format wants."""
+
+    def __init__(self) -> None:
+        self._gauges: dict[tuple[str, str], list[str]] = {}  # (node, model) -> a line a field
+        self._requests: dict[tuple[str, ...], float] = {}  # labels -> requests so far
+        self._lock = threading.Lock()  # reports come on the event loop, scrapes on a thread
+
+    def report(self, labels: list[str], report: dict[str, Any]) -> None:
+        """One node's report of one model version: it replaces the node's last for the
+        model (its previous version's gauges go)."""
+        shown = _labels(labels)
+        lines = []
+        for field, (name, _, scale) in QUALITY.items():
+            value = report.get(field, 0.0)
+            number = float(value) * scale if isinstance(value, int | float) else 0.0
+            lines.append(f"registry_node_{name}{shown} {floatToGoString(number)}\n")
+        key = tuple(labels)
+        with self._lock:
+            self._gauges[(labels[0], labels[3])] = lines
+            self._requests[key] = self._requests.get(key, 0.0) + int(report.get("requests", 0))
+
+    def render(self) -> str:
+        with self._lock:
+            gauges = list(self._gauges.values())
+            requests = list(self._requests.items())
+        out = []
+        for i, (name, text, _) in enumerate(QUALITY.values()):
+            out.append(f"# HELP registry_node_{name} {text}\n# TYPE registry_node_{name} gauge\n")
+            out.extend(lines[i] for lines in gauges)
+        out.append("# HELP registry_node_requests_total Requests nodes reported\n"
+                   "# TYPE registry_node_requests_total counter\n")
+        out.extend(f"registry_node_requests_total{_labels(labels)} {floatToGoString(total)}\n"
+                   for labels, total in requests)
+        return "".join(out)
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+def serve_http(metrics: SyncMetrics, host: str, port: int) -> WSGIServer:
+    """/metrics (``SyncMetrics.exposition``) on ``host:port``, a thread per request; stop it
+    with ``shutdown()``."""
+    def app(environ: dict[str, Any], start: Callable[..., Any]) -> list[bytes]:
+        if environ.get("PATH_INFO") not in ("/", "/metrics"):
+            start("404 Not Found", [("Content-Type", "text/plain")])
+            return [b"not found\n"]
+        body = metrics.exposition()
+        start("200 OK", [("Content-Type", CONTENT_TYPE_PLAIN_0_0_4),
+                         ("Content-Length", str(len(body)))])
+        return [body]
+
+    class Server(ThreadingWSGIServer):
+        address_family = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                            flags=socket.AI_PASSIVE)[0][0]
+
+    server = make_server(host, port, app, Server, handler_class=_Quiet)
+    threading.Thread(target=server.serve_forever, name="registry-metrics", daemon=True).start()
+    return server

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from bench.chaos import record
 from bench.chaos.replay import Chaos, Kill, Plan, Tally, replay
-from bench.fleet import publish
+from bench.synced import publish
 from harness.processes import BIN, free_port
 from registry.db import connect, integrity_check
 from tiered.stack import Stack

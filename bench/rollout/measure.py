@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
 import math
 import re
@@ -24,10 +23,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import grpc
 import httpx
-from prometheus_client import CollectorRegistry
 
+from bench.fleet.sim import Sim, make_sim, subscribe
 from bench.harness import (
     MODEL,
     Cpu,
@@ -45,13 +43,6 @@ from harness.processes import (
     TierProcess,
     start_tier,
 )
-from serving.config.tokens import node_token
-from serving.release.manifest import decode
-from serving.release.store import ModelStore
-from sync import auth
-from sync.download import Downloader, DownloadMetrics
-from sync.gen import sync_pb2 as pb
-from sync.gen import sync_pb2_grpc as pb_grpc
 
 RELEASE = ROOT / "var" / "demo" / "release"
 TOKEN = "bench-sync-token-0123456789"
@@ -68,8 +59,6 @@ PROPAGATION_TIMEOUT_S = 180.0
 FANOUT_TIMEOUT_S = 180.0
 GOAL_PUSH_S = 1.0
 GOAL_FANOUT_S = 10.0
-SIM_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
-               ("grpc.use_local_subchannel_pool", 1)]  # one connection per subscriber
 PUSHING = re.compile(r"pushing (\S+) version (\d+) \((\w+)\) to (\S+)")
 SAMPLE = re.compile(r"^(\w+)(?:\{(.*)\})?\s+(\S+)$")
 
@@ -426,78 +415,6 @@ def propagate(kind: str, cli: Cli, registry: RegistryProcess, nodes: Sequence[Ti
 
 # --- part 2: fan-out -------------------------------------------------------------------------
 
-@dataclass
-class Sim:
-    """One simulated edge: its own channel and store; what happened to each version."""
-
-    index: int
-    store: ModelStore
-    metrics: CollectorRegistry
-    channel: grpc.aio.Channel
-    downloader: Downloader
-    received: dict[int, float] = field(default_factory=dict)
-    verified: dict[int, float] = field(default_factory=dict)
-    bytes: dict[int, float] = field(default_factory=dict)
-    error: str | None = None
-
-    @property
-    def node_id(self) -> str:
-        return f"sim-{self.index}"
-
-    def bytes_received(self) -> float:
-        return self.metrics.get_sample_value("sim_sync_bytes_received_total") or 0.0
-
-    def finished(self, version: int) -> bool:
-        return version in self.verified or self.error is not None
-
-
-def make_sim(index: int, root: Path, target: str) -> Sim:
-    store = ModelStore(root / f"sim-{index}")
-    store.root.mkdir(parents=True)
-    channel = auth.channel(target, None, SIM_OPTIONS)
-    metrics = CollectorRegistry()
-    stub = pb_grpc.SyncStub(channel)
-    token = node_token(TOKEN, f"sim-{index}", "edge", SIM_REGION)
-    downloader = Downloader(lambda: stub, auth.metadata(token), store,
-                            DownloadMetrics("sim", metrics))
-    return Sim(index, store, metrics, channel, downloader)
-
-
-async def subscribe(sim: Sim) -> None:
-    """Hello, Welcome, then for every Release: download the edge artifacts, ack ACTIVE."""
-    call = pb_grpc.SyncStub(sim.channel).Sync(
-        metadata=auth.metadata(node_token(TOKEN, sim.node_id, "edge", SIM_REGION)))
-    try:
-        await call.write(pb.NodeMessage(hello=pb.Hello(node_id=sim.node_id, tier="edge",
-                                                       region=SIM_REGION)))
-        if await call.read() is grpc.aio.EOF:
-            raise RuntimeError("the registry closed the stream before its welcome")
-        while (message := await call.read()) is not grpc.aio.EOF:
-            if message.WhichOneof("kind") == "release":
-                await apply(sim, call, message.release)
-        raise RuntimeError("the registry ended the stream")
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:  # recorded and reported; the round does not wait for it
-        sim.error = f"{sim.node_id}: {type(exc).__name__}: {exc}"
-    finally:
-        call.cancel()
-
-
-async def apply(sim: Sim, call: grpc.aio.StreamStreamCall, release: pb.Release) -> None:
-    sim.received[release.version] = time.monotonic()
-    if hashlib.sha256(release.manifest).hexdigest() != release.manifest_sha256:
-        raise RuntimeError(f"release v{release.version}: manifest sha256 mismatch")
-    manifest = decode(release.manifest)
-    before = sim.bytes_received()
-    for artifact in manifest.artifacts("edge"):
-        await sim.downloader.get(artifact)
-    sim.verified[release.version] = time.monotonic()
-    sim.bytes[release.version] = sim.bytes_received() - before
-    await call.write(pb.NodeMessage(ack=pb.Ack(model=release.model, version=release.version,
-                                               state=pb.ACTIVE)))
-
-
 async def wait_round(sims: Sequence[Sim], version: int) -> None:
     deadline = time.monotonic() + FANOUT_TIMEOUT_S
     while not all(s.finished(version) for s in sims) and time.monotonic() < deadline:
@@ -517,7 +434,7 @@ class Trigger:
 def summarize(name: str, trigger: Trigger, version: int, sims: Sequence[Sim],
               pushed: dict[str, float], artifact_bytes: int, registry_sent: float,
               other_cores: float) -> Round:
-    start = trigger.at
+    start = trigger.wall  # the simulated nodes' times are wall-clock
     pushes = [at - trigger.wall for at in pushed.values()]
     done = [s for s in sims if version in s.verified]
     verified = [s.verified[version] - start for s in done]
@@ -556,7 +473,8 @@ async def run_command(cli: Cli, *args: str) -> tuple[float, float, str]:
 async def fanout(cli: Cli, registry: RegistryProcess, count: int, root: Path,
                  production: int) -> Fanout:
     size = cli.artifact_bytes(production)["edge"]
-    sims = [make_sim(i, root, registry.target) for i in range(count)]
+    sims = [make_sim(f"sim-{i}", registry.target, TOKEN, SIM_REGION, store=root / f"sim-{i}")
+            for i in range(count)]
     tasks: list[asyncio.Task[None]] = []
     try:
         sent, busy = await sent_bytes(registry), Busy.now([registry.pid])
@@ -575,7 +493,8 @@ async def fanout(cli: Cli, registry: RegistryProcess, count: int, root: Path,
         sessions = await asyncio.to_thread(metric, registry.metrics_url,
                                            "registry_sync_nodes_connected")
         for sim in sims:  # nothing local any more: the rollback must be downloaded again
-            shutil.rmtree(sim.store.root / ".downloads", ignore_errors=True)
+            assert sim.downloader is not None
+            shutil.rmtree(sim.downloader.folder, ignore_errors=True)
         sent, busy = sent_now, Busy.now([registry.pid])
         command_s, returned, out = await run_command(cli, "rollback", MODEL, "--json")
         trigger = Trigger(f"registry rollback {MODEL}", returned, time.time(), command_s)

@@ -116,3 +116,24 @@ def test_the_operator_ceiling_bounds_capacity_and_no_edge_outweighs_the_others()
     assert sum(b.rows_per_s for b in out.values()) == pytest.approx(100)
     assert out["liar"].share < budgets.MAX_SKEW / (budgets.MAX_SKEW + 2) + 0.01
     assert out["e1"].rows_per_s > 9  # was ~0 with the liar's figure taken as said
+
+
+def test_the_skew_cap_uses_the_median_of_the_other_edges_as_before() -> None:
+    """The O(N log N) median-of-the-others gives what the plain one gave, ties and all."""
+    import random
+    import statistics
+
+    rng = random.Random(5)
+    for n in (2, 3, 4, 7, 50):
+        traffic = [float(rng.choice([0, 1, 5, 5, 40, 900])) for _ in range(n)]
+        nodes = [seen("c", "center", capacity=500)] + [seen(f"e{i}", "edge", t)
+                                                       for i, t in enumerate(traffic)]
+        out = split(Policy(), nodes, now=100, stale_s=30)
+        capped = []
+        for i, t in enumerate(traffic):
+            other = statistics.median(traffic[:i] + traffic[i + 1:])
+            capped.append(min(t, budgets.MAX_SKEW * other) if other > 0 else t)
+        mean = sum(capped) / n
+        weights = [c + budgets.FLOOR * mean + 0.1 for c in capped]
+        for i, w in enumerate(weights):
+            assert out[f"e{i}"].rows_per_s == pytest.approx(500 * w / sum(weights))

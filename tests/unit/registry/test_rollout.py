@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from registry import audit
+from registry import nodes as node_writes
 from registry.catalog import Catalog, Node
 from registry.db import connect
 from registry.nodes import Held, NodeBook
@@ -89,17 +90,17 @@ def test_a_canary_first_release_has_nothing_for_the_other_nodes(catalog: Catalog
 def test_acks_are_audited_and_status_names_the_laggards(catalog: Catalog) -> None:
     book = NodeBook(catalog.db)
     catalog.create_version(manifest())
-    book.connected(EU_EDGE, "ipv4:127.0.0.1:1", [Held("m", [1], 1)])
-    book.connected(US_EDGE, "ipv4:127.0.0.1:2", [])
+    book.write([node_writes.hello(EU_EDGE, "ipv4:127.0.0.1:1", [Held("m", [1], 1)])])
+    book.write([node_writes.hello(US_EDGE, "ipv4:127.0.0.1:2", [])])
     catalog.create_version(manifest(seed=1))
-    book.acknowledged(EU_EDGE, "m", 2, "DOWNLOADING", "")
-    book.acknowledged(US_EDGE, "m", 2, "FAILED", "sha256 mismatch")
+    book.write([node_writes.ack(EU_EDGE, "m", 2, "DOWNLOADING", "")])
+    book.write([node_writes.ack(US_EDGE, "m", 2, "FAILED", "sha256 mismatch")])
     rows = {r["node"]: r for r in book.status(catalog)}
     assert (rows["edge-1"]["version"], rows["edge-1"]["state"], rows["edge-1"]["lagging"]) == \
         (1, "DOWNLOADING", True)
     assert rows["edge-2"]["reason"] == "version 2: sha256 mismatch"
-    book.acknowledged(EU_EDGE, "m", 2, "ACTIVE", "")
-    book.disconnected("edge-2")
+    book.write([node_writes.ack(EU_EDGE, "m", 2, "ACTIVE", "")])
+    book.write([node_writes.goodbye("edge-2")])
     rows = {r["node"]: r for r in book.status(catalog)}
     assert (rows["edge-1"]["version"], rows["edge-1"]["lagging"]) == (2, False)
     assert rows["edge-2"]["connected"] is False
@@ -115,7 +116,8 @@ def test_acks_are_audited_and_status_names_the_laggards(catalog: Catalog) -> Non
 def test_reports_are_kept_per_node_and_model(catalog: Catalog) -> None:
     book = NodeBook(catalog.db)
     catalog.create_version(manifest())
-    book.connected(EU_EDGE, "p", [Held("m", [1], 1)])
-    book.reported("edge-1", "m", {"escalation_rate": 0.25, "p99_ms": 12.5, "requests": 40})
+    book.write([node_writes.hello(EU_EDGE, "p", [Held("m", [1], 1)])])
+    book.write([node_writes.quality("edge-1", "m", {"escalation_rate": 0.25, "p99_ms": 12.5,
+                                                    "requests": 40})])
     (row,) = book.status(catalog)
     assert (row["escalation_rate"], row["p99_ms"], row["requests"]) == (0.25, 12.5, 40)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from registry import audit, keys
+from registry import nodes as node_writes
 from registry.catalog import Catalog
 from registry.db import connect
 from registry.errors import InvalidRelease, RegistryError, SigningKeyError
@@ -88,9 +89,9 @@ def test_a_refused_release_is_audited_as_its_own_action(tmp_path: Path) -> None:
     catalog = Catalog(connect(tmp_path / "r.sqlite3"), "tester")
     catalog.create_version(manifest())
     nodes = NodeBook(catalog.db)
-    nodes.connected(EU_EDGE, "ipv4:127.0.0.1:1", [])
-    nodes.acknowledged(EU_EDGE, "m", 1, "FAILED", "TransferError: broken")
-    nodes.acknowledged(EU_EDGE, "m", 1, "REFUSED", "release signature does not verify")
+    nodes.write([node_writes.hello(EU_EDGE, "ipv4:127.0.0.1:1", [])])
+    nodes.write([node_writes.ack(EU_EDGE, "m", 1, "FAILED", "TransferError: broken")])
+    nodes.write([node_writes.ack(EU_EDGE, "m", 1, "REFUSED", "release signature does not verify")])
     actions = [(r.action, json.loads(r.payload).get("reason")) for r in audit.records(catalog.db)]
     assert actions[1:] == [("ack", "TransferError: broken"),
                            ("refused", "refused: release signature does not verify")]

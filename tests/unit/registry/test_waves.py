@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from registry import audit, replication, waves
+from registry import nodes as node_writes
 from registry.anchor import audited
 from registry.catalog import Catalog, Node
 from registry.db import connect, transaction
@@ -34,7 +35,7 @@ def catalog(tmp_path: Path) -> Catalog:
 def fleet(catalog: Catalog, nodes: list[Node] = EDGES) -> NodeBook:
     book = NodeBook(catalog.db)
     for node in [*nodes, CENTER]:
-        book.connected(node, "peer", [])
+        book.write([node_writes.hello(node, "peer", [])])
     return book
 
 
@@ -61,11 +62,12 @@ def settle(catalog: Catalog, book: NodeBook, version: int, agreement: float = 0.
             continue
         new = want == version
         if node.node_id in failed and new:
-            book.acknowledged(node, MODEL, want, "FAILED", "bad artifact")
+            book.write([node_writes.ack(node, MODEL, want, "FAILED", "bad artifact")])
             continue
-        book.acknowledged(node, MODEL, want, "ACTIVE", "")
-        book.reported(node.node_id, MODEL, report(want, agreement if new else previous_agreement,
-                                                  rows, p99, drift and new))
+        book.write([node_writes.ack(node, MODEL, want, "ACTIVE", ""),
+                    node_writes.quality(node.node_id, MODEL, report(
+                        want, agreement if new else previous_agreement, rows, p99,
+                        drift and new))])
 
 
 def report(version: int, agreement: float, rows: int, p99: float = 20.0,
@@ -181,7 +183,8 @@ def test_each_gate_halts_on_its_own(catalog: Catalog, what: str, kwargs: dict[st
             settle(catalog, book, new, failed=set())
             for node in EDGES:
                 if node.node_id in wave:
-                    book.reported(node.node_id, MODEL, report(new, 0.9, 300, p99=args["p99"]))
+                    book.write([node_writes.quality(node.node_id, MODEL,
+                                                    report(new, 0.9, 300, p99=args["p99"]))])
             continue
         settle(catalog, book, new, **args)
     r = waves.latest(catalog.db.conn, MODEL)
@@ -251,7 +254,7 @@ def test_a_node_joining_later_gets_what_its_position_says_never_more(catalog: Ca
     with audited(catalog.db, None) as conn:
         waves.steer(conn, MODEL, "pause", "ops", at)
     for n in late[:50]:
-        book.connected(n, "peer", [])
+        book.write([node_writes.hello(n, "peer", [])])
     tick(catalog, at + 100)
     r2 = waves.latest(catalog.db.conn, MODEL)
     assert r2 is not None and r2.cutoff == r.cutoff  # paused: nothing admitted
