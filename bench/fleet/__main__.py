@@ -129,6 +129,9 @@ def tables(results: list[SizeResult], info: dict[str, str], what: str,
     row("download wave: nodes, MiB, s, MiB/s",
         lambda r: f"{r.wave}, {fmt(r.wave_bytes / 2**20, 1)}, {fmt(r.wave_s)}, "
                   f"{fmt(r.wave_mib_s, 1)}")
+    row("  fetches broken / resumed at the partial file's offset / MiB not sent again",
+        lambda r: f"{r.wave_interrupted} / {r.wave_resumed} / "
+                  f"{fmt(r.wave_cut_bytes / 2**20, 1)}")
     row("registry database after stop: ACTIVE on v2 / ack records",
         lambda r: f"{r.recorded_active:,} / {r.recorded_acks:,}")
     row("reports sent / budgets received (whole run)",
@@ -137,8 +140,10 @@ def tables(results: list[SizeResult], info: dict[str, str], what: str,
     t.caption = (f"Release: {what}. Nodes are simulated (bench/fleet/sim.py): each its own "
                  f"channel and TCP connection, token, hello, acks and reports; the model run "
                  f"is skipped. Only the wave's {args.wave} edges fetch the new release (at "
-                 f"{args.wave_pace:g} fetches begun per second); the rest ack ACTIVE from a "
-                 f"shared cache. Payload: TCP bytes_sent/bytes_received of each node's socket "
+                 f"{args.wave_pace:g} fetches begun per second), every other one's first fetch of "
+                 f"each artifact dropped half-way through its first chunk and resumed from "
+                 f"the partial file's offset; the rest ack ACTIVE from a shared cache. Payload: "
+                 f"TCP bytes_sent/bytes_received of each node's socket "
                  f"(ss -tinH) over the window; with headers: plus {SEGMENT_HEADERS} B "
                  f"(IPv4 + TCP with timestamps) per segment, loopback (no Ethernet framing). "
                  f"Up to {PER_WORKER:,} nodes per worker process.")

@@ -102,6 +102,9 @@ class SizeResult:
     wave: int
     wave_bytes: float
     wave_s: float
+    wave_interrupted: int  # wave nodes whose first fetches broke (then resumed)
+    wave_resumed: int  # fetches that resumed at the partial file's offset
+    wave_cut_bytes: int  # bytes the broken fetches had written (not fetched again)
     recorded_active: int
     recorded_acks: int
     reports: int
@@ -221,7 +224,8 @@ class Workers:
                       [t for p in parts for t in p.received],
                       [t for p in parts for t in p.verified],
                       [t for p in parts for t in p.fetching],
-                      sum(p.fetched_bytes for p in parts))
+                      sum(p.fetched_bytes for p in parts), sum(p.interrupted for p in parts),
+                      sum(p.resumed for p in parts), sum(p.cut_bytes for p in parts))
 
     def rss_mib(self) -> float:
         return sum(rss_mib(p.pid) for p in self.processes if p.poll() is None)
@@ -358,7 +362,8 @@ def run_size(n: int, options: Options, template: Path, second: Path,
             max(pushed, default=math.nan),
             sum(1 for d in delays if d <= GOAL_DIRECTIVE_S), len(delays),
             max(status.verified, default=math.nan) - returned, publish_cores,
-            len(status.fetching), wave_bytes, wave_s, 0, 0, held.reports, held.budgets, errors)
+            len(status.fetching), wave_bytes, wave_s, status.interrupted, status.resumed,
+            status.cut_bytes, 0, 0, held.reports, held.budgets, errors)
         console.log(f"{n} nodes: directive p50 {result.directive_p50_s:.2f} s, max "
                     f"{result.directive_max_s:.2f} s after publish returned; all active "
                     f"{result.active_max_s:.2f} s")

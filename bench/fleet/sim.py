@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 
 from serving.config.tokens import node_token
 from serving.release import hardware
-from serving.release.manifest import decode
+from serving.release.manifest import Artifact, decode
 from serving.release.store import ModelStore
 from serving.telemetry.quality import QualityWindow
 from sync import auth
@@ -108,6 +108,8 @@ class Sim:
     metrics: CollectorRegistry | None = None
     fetch_from: int = 1  # the first version it fetches (earlier ones: from the cache)
     fetch_delay_s: float = 0.0  # the wave's pace: wait this long before fetching
+    interrupt: bool = False  # its first fetch of each artifact breaks in its first chunk
+    cut: int = 0  # bytes its broken fetches left in partial files (then resumed)
     traffic: Traffic = field(default_factory=Traffic)
     fidelity: float = 1.0
     welcomed: float | None = None
@@ -127,6 +129,12 @@ class Sim:
     def held(self) -> list[pb.Held]:
         """What its hello says it holds: what it serves (reconnecting, as a real node)."""
         return [pb.Held(model=m, versions=[v], active=v) for m, v in sorted(self.active.items())]
+
+    def resumed(self) -> int:
+        """Fetches that resumed a partial file at its offset."""
+        if self.metrics is None:
+            return 0
+        return int(self.metrics.get_sample_value(f"{PREFIX}_sync_fetch_resumed_total") or 0)
 
     def bytes_received(self) -> float:
         if self.metrics is None:
@@ -254,6 +262,8 @@ async def apply(sim: Sim, send: Any, release: pb.Release) -> None:
         sim.fetching[release.version] = time.time()
         before = sim.bytes_received()
         for artifact in manifest.artifacts(sim.tier):
+            if sim.interrupt:
+                await cut_short(sim, sim.downloader, artifact)
             await sim.downloader.get(artifact)
         sim.bytes[release.version] = sim.bytes_received() - before
     sim.active[release.model] = release.version
@@ -261,3 +271,23 @@ async def apply(sim: Sim, send: Any, release: pb.Release) -> None:
         model=release.model, version=release.version, state=pb.ACTIVE, directive_seq=seq,
         fidelity=sim.fidelity, fidelity_rows=PROBE_ROWS, platform=platform())))
     sim.verified[release.version] = time.time()
+
+
+async def cut_short(sim: Sim, downloader: Downloader, artifact: Artifact) -> None:
+    """Begin ``artifact``'s Fetch and drop the call in its first chunk, as a lost connection
+    would: half of what the chunk held stays in the partial file (the registry's chunks are
+    1 MiB and most artifacts of a small release fit one), from whose offset
+    ``Downloader.get`` resumes."""
+    downloader.folder.mkdir(parents=True, exist_ok=True)
+    part = downloader.folder / f"{artifact.sha256}.part"
+    call = downloader.stub().Fetch(pb.FetchRequest(sha256=artifact.sha256, offset=0),
+                                   metadata=downloader.metadata)
+    try:
+        async for chunk in call:
+            kept = chunk.data[:len(chunk.data) // 2]
+            if chunk.offset == 0 and kept:
+                part.write_bytes(kept)
+                sim.cut += len(kept)
+            break
+    finally:
+        call.cancel()

@@ -56,6 +56,9 @@ class Status:
     verified: list[float]  # ... and it was acked ACTIVE
     fetching: list[float]  # wave: when each fetch of it began
     fetched_bytes: float
+    interrupted: int  # wave nodes whose first fetches broke (then resumed)
+    resumed: int  # fetches that resumed a partial file at its offset
+    cut_bytes: int  # what the broken fetches had written
 
 
 def build(plan: Plan) -> list[Sim]:
@@ -67,7 +70,8 @@ def build(plan: Plan) -> list[Sim]:
         extra: dict[str, Any] = {}
         if i in wave:
             extra = {"store": Path(plan.store) / f"edge-{i}", "fetch_from": plan.wave_from,
-                     "fetch_delay_s": wave[i] / plan.wave_pace_per_s}
+                     "fetch_delay_s": wave[i] / plan.wave_pace_per_s,
+                     "interrupt": wave[i] % 2 == 1}  # every other one: a broken transfer
         sims.append(make_sim(f"fleet-edge-{i}", plan.target, plan.secret, plan.region,
                              traffic=traffic, fidelity=plan.fidelity, **extra))
     for i in range(plan.first, plan.first + plan.centers):
@@ -86,7 +90,9 @@ def status(sims: list[Sim], version: int) -> Status:
                   [s.received[version] for s in sims if version in s.received],
                   [s.verified[version] for s in sims if version in s.verified],
                   [s.fetching[version] for s in sims if version in s.fetching],
-                  sum(s.bytes.get(version, 0.0) for s in sims))
+                  sum(s.bytes.get(version, 0.0) for s in sims),
+                  sum(1 for s in sims if s.cut), sum(s.resumed() for s in sims),
+                  sum(s.cut for s in sims))
 
 
 def say(**what: Any) -> None:
