@@ -387,13 +387,17 @@ def test_a_catalog_entry_moved_to_another_address_reaches_nobody(guarded: Guarde
                      "the moved entry rendered")
             # the file is rendered before nginx has reloaded it: requests go on until nginx
             # has dialed the moved entry (the attack is live), 40 at least, 20 s at most
-            answers = []
+            answers, closed = [], 0
             deadline = time.monotonic() + 20
             with httpx.Client(timeout=10) as client:  # keep-alive to nginx; nginx keeps its own
                 while len(answers) < 40 or (attacker.handshakes == 0 and
                                             time.monotonic() < deadline):
-                    answers.append(client.post(f"{entry.url}/v2/models/tiny/infer", json=BODY,
-                                               headers=US))
+                    try:
+                        answers.append(client.post(f"{entry.url}/v2/models/tiny/infer",
+                                                   json=BODY, headers=US))
+                    except httpx.RemoteProtocolError:  # the reload closed an idle keep-alive
+                        closed += 1  # connection as the request went out: sent again
+                        assert closed <= 3, "nginx kept closing connections"
         finally:
             stop.set()
             if registering.is_alive():
