@@ -462,6 +462,8 @@ class SyncServer:
             try:
                 for line in await self.db.run(self.db.steer, time.time()):
                     log.info("rollout: %s", line)
+                self.metrics.rollouts(await self.db.run(waves.newest, self.db.catalog.db.conn),
+                                      waves.STATES)
             except NotPrimary:
                 pass  # lost the lease: the next primary steers
             except Exception:  # a bad moment must not end the rollouts for good

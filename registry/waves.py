@@ -53,6 +53,7 @@ ALIAS = "wave"  # how a release pushed by a wave rollout is named to the node
 ACTIVE = ("running", "baking", "paused")  # the release is desired on the admitted nodes
 OPEN = (*ACTIVE, "halted")  # not finished: a person may resume or abort it
 STEPPED = ("running", "baking")  # what ``tick`` moves on
+STATES = (*OPEN, "aborted", "done", "superseded")
 MAX_WAVES = 20
 Z95 = 1.959964
 SHARE = re.compile(r"(\d+(?:\.\d+)?)%")
@@ -168,6 +169,13 @@ def latest(conn: sqlite3.Connection, model: str) -> Rollout | None:
     row = conn.execute(f"SELECT {COLUMNS} FROM waves WHERE model = ? ORDER BY id DESC LIMIT 1",
                        [model]).fetchone()
     return Rollout.of(row) if row else None
+
+
+def newest(conn: sqlite3.Connection) -> list[tuple[str, str, int]]:
+    """(model, state, wave, 1-based) of each model's newest wave rollout."""
+    rows = conn.execute("SELECT model, state, wave + 1 FROM waves WHERE id IN (SELECT MAX(id) "
+                        "FROM waves GROUP BY model) ORDER BY model").fetchall()
+    return [(m, s, int(w)) for m, s, w in rows]
 
 
 def unfinished(conn: sqlite3.Connection, model: str | None = None) -> list[Rollout]:

@@ -73,7 +73,20 @@ class SyncMetrics:
         for kind, reasons in DROPPED.items():
             for reason in reasons:
                 self.dropped.labels(kind, reason)
+        self.rollout_state = Gauge("registry_rollout_state", "1 for the state the newest wave "
+                                   "rollout of a model is in (registry publish --waves)",
+                                   ["model", "state"], registry=r)
+        self.rollout_wave = Gauge("registry_rollout_wave", "The wave the newest wave rollout "
+                                  "of a model is at (1 = the first)", ["model"], registry=r)
         self._labels: dict[tuple[str, str], list[str]] = {}
+
+    def rollouts(self, latest: list[tuple[str, str, int]], states: tuple[str, ...]) -> None:
+        """Each model's newest wave rollout as (model, state, wave): its state's series 1, the
+        others' 0, so an alert on ``state="halted"`` fires and clears."""
+        for model, state, wave in latest:
+            for name in states:
+                self.rollout_state.labels(model, name).set(1.0 if name == state else 0.0)
+            self.rollout_wave.labels(model).set(wave)
 
     def report(self, labels: list[str], report: dict[str, Any]) -> None:
         """Export one node's report; the series of its previous version are dropped."""

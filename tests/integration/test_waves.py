@@ -21,7 +21,7 @@ from examples.sentiment import data
 from harness.processes import RegistryProcess, start_registry, start_tier
 from registry import waves
 from tests.conftest import RegistryCli
-from tests.integration.test_sync import served, wait_for
+from tests.integration.test_sync import metric, served, wait_for
 from tests.servers import BIN, Server
 from tests.streams import Acking
 
@@ -177,6 +177,11 @@ def test_a_worse_release_halts_at_the_first_gate_and_its_wave_goes_back(
     assert payload["back_to"] == 1 and "agreement" in payload["reason"]
     assert payload["figures"]["new"]["audit_rows"] >= 40
     assert fleet.cli("status").stdout.count("halted") >= 1
+    state = lambda name: metric(fleet.registry.metrics_url, "registry_rollout_state",  # noqa: E731
+                                model=MODEL, state=name)
+    wait_for(lambda: state("halted") == 1.0, 10, "the halt on /metrics")
+    assert state("running") == 0.0
+    assert metric(fleet.registry.metrics_url, "registry_rollout_wave", model=MODEL) == 1.0
     assert fleet.cli("list", "--json").json()[0]["production"] == 1
 
 
@@ -198,6 +203,10 @@ def test_a_good_release_passes_every_gate_unattended(fleet: Fleet, tiny_release:
     assert [g["wave"] for g in gates] == [1, 2, 3]
     assert gates[0]["figures"]["agreement_drop"]["drop"] < 0.05
     assert fleet.cli("list", "--json").json()[0]["production"] == good
+    wait_for(lambda: metric(fleet.registry.metrics_url, "registry_rollout_state", model=MODEL,
+                            state="done") == 1.0, 10, "done on /metrics")
+    assert metric(fleet.registry.metrics_url, "registry_rollout_state", model=MODEL,
+                  state="halted") == 0.0
 
 
 def test_a_bad_wave_policy_is_refused_before_anything_is_built(registry_cli: RegistryCli,

@@ -73,3 +73,18 @@ def test_the_page_is_served_over_http() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_rollout_state_is_one_series_at_1_the_others_0_so_an_alert_clears() -> None:
+    from sync.metrics import SyncMetrics
+
+    metrics = SyncMetrics()
+    states = ("running", "halted", "done")
+    metrics.rollouts([("m", "halted", 2)], states)
+    page = metrics.exposition().decode()
+    assert 'registry_rollout_state{model="m",state="halted"} 1.0' in page
+    assert 'registry_rollout_state{model="m",state="running"} 0.0' in page
+    assert 'registry_rollout_wave{model="m"} 2.0' in page
+    metrics.rollouts([("m", "running", 2)], states)
+    page = metrics.exposition().decode()
+    assert 'registry_rollout_state{model="m",state="halted"} 0.0' in page
