@@ -296,7 +296,10 @@ def test_an_unresolvable_edge_host_name_freezes_no_routing(guarded: Guarded) -> 
         deregister(guarded.consul, "edge-eu-5")
         # an entry started while the bad entry is listed routes from its first render
         fresh = guarded.new_entry("--edge-ca", str(guarded.ca))
-        wait_for(lambda: infer(fresh, **US).status_code == 200, 30, "the fresh entry routing")
+        # settled: three answers in a row (on this machine one 502 was seen right after the
+        # first answer of a fresh entry, once in several runs, bad entry or not)
+        wait_for(lambda: all(infer(fresh, **US).status_code == 200 for _ in range(3)), 30,
+                 "the fresh entry routing")
         answers = [infer(fresh, **US) for _ in range(6)]
         assert [a.status_code for a in answers] == [200] * 6
         assert {a.json()["parameters"]["node_id"] for a in answers} == {"edge-us-1"}
