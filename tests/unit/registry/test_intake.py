@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -17,24 +16,11 @@ from registry.anchor import read
 from registry.catalog import Node
 from registry.intake import Coalesced
 from registry.server import Database, Session, SyncService
-from registry.settings import RegistrySettings
 from sync.gen import sync_pb2 as pb
-from sync.metrics import SyncMetrics
+from tests.unit.registry.test_push import run
 from tests.unit.registry.test_rollout import manifest
 
 CENTER = Node("center-1", "center", "eu")
-
-
-def run(tmp_path: Path, scenario: Callable[[SyncService, Database], Awaitable[None]]) -> None:
-    async def main() -> None:
-        db = Database(RegistrySettings(home=tmp_path))
-        await db.open()
-        try:
-            await scenario(SyncService(db.settings, db, SyncMetrics()), db)
-        finally:
-            db.close()
-
-    asyncio.run(main())
 
 
 def edge(i: int) -> Node:
