@@ -78,7 +78,6 @@ class SyncMetrics:
                                    ["model", "state"], registry=r)
         self.rollout_wave = Gauge("registry_rollout_wave", "The wave the newest wave rollout "
                                   "of a model is at (1 = the first)", ["model"], registry=r)
-        self._labels: dict[tuple[str, str], list[str]] = {}
 
     def rollouts(self, latest: list[tuple[str, str, int]], states: tuple[str, ...]) -> None:
         """Each model's newest wave rollout as (model, state, wave): its state's series 1, the
