@@ -8,6 +8,7 @@ it, ``signing.pub`` beside it. An explicitly configured path is never created.
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,20 +50,31 @@ def load_private_key(path: Path) -> Ed25519PrivateKey:
 
 def generate_key_pair(private_path: Path, public_path: Path) -> Ed25519PrivateKey:
     """Write a new key pair: the private key with mode 0600 (never overwriting a file), the
-    public key beside it."""
+    public key beside it. The private key appears whole or not at all: it is written and synced
+    under a temporary name, then linked into place, which fails when the name exists (two
+    publishers making the first key at once: one wins, the other raises)."""
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                             serialization.NoEncryption())
     private_path.parent.mkdir(parents=True, exist_ok=True)
+    if private_path.exists():
+        raise SigningError(f"{private_path} exists already; not overwriting a key")
+    fd, temporary = tempfile.mkstemp(prefix=f".{private_path.name}.", dir=private_path.parent)
     try:
-        fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        raise SigningError(f"{private_path} exists already; not overwriting a key") from None
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
-        f.flush()
-        os.fsync(f.fileno())
-    public_path.write_bytes(public_pem(key.public_key()))
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(pem)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(temporary, private_path)
+        except FileExistsError:
+            raise SigningError(f"{private_path} exists already; not overwriting a key") from None
+    finally:
+        os.unlink(temporary)
+    public = public_path.with_name(f".{public_path.name}.{os.getpid()}")
+    public.write_bytes(public_pem(key.public_key()))
+    os.replace(public, public_path)
     return key
 
 
@@ -82,7 +94,12 @@ def signer(settings: RegistrySettings) -> Signer:
                     f"no signing key at {path}, and this registry is one of a replicated group: "
                     f"every registry of a group signs with the one key nodes pin, so it is "
                     f"provisioned (REGISTRY_SIGNING_KEY), never made here")
-            key = generate_key_pair(path, public_path(path))
+            try:
+                key = generate_key_pair(path, public_path(path))
+            except SigningError:
+                if not path.exists():
+                    raise
+                key = load_private_key(path)  # another publisher made it first: theirs it is
         else:
             key = load_private_key(path)
     except SigningError as exc:

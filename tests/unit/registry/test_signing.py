@@ -7,9 +7,12 @@ import json
 import os
 import sqlite3
 import stat
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from registry import audit, keys
 from registry import nodes as node_writes
@@ -36,6 +39,28 @@ def test_the_default_key_is_created_once_owner_only(tmp_path: Path) -> None:
     public = keys.public_key(s)
     assert public.public_path == tmp_path / "reg" / "keys" / "signing.pub"
     assert Verifier(load_public_key(public.public_path)).key_id == first.key_id
+
+
+def test_publishers_making_the_first_key_at_once_all_sign_with_the_one_that_won(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three first publishes at once (seen in CI: one failed with "exists already" or read the
+    key half written). Each generates only once all have found no key, so all race to write."""
+    s = settings(tmp_path / "reg")
+    ready = threading.Barrier(3, timeout=10)
+    generate = Ed25519PrivateKey.generate
+
+    def together() -> Ed25519PrivateKey:
+        ready.wait()
+        return generate()
+
+    monkeypatch.setattr(keys.Ed25519PrivateKey, "generate", together)
+    with ThreadPoolExecutor(3) as pool:
+        ids = list(pool.map(lambda _: keys.signer(s).key_id, range(3)))
+    monkeypatch.undo()
+    assert len(set(ids)) == 1 and keys.signer(s).key_id == ids[0]
+    assert Verifier(load_public_key(keys.public_key(s).public_path)).key_id == ids[0]
+    assert sorted(p.name for p in (tmp_path / "reg" / "keys").iterdir()) == \
+        ["signing.key", "signing.pub"]  # no temporary left behind
 
 
 def test_a_configured_key_that_is_missing_is_an_error_not_a_new_key(tmp_path: Path) -> None:
