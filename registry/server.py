@@ -48,7 +48,6 @@ SERVICE = "tiered.sync.v1.Sync"
 MAX_UNWRITTEN = 1_000  # refused-call records (one per interval) kept while the database
 # cannot take them
 WAVES_ACTOR = "registry:waves"  # who the audit log names for what a wave rollout's gate did
-WRITE_EVERY_S = 0.25  # node messages are written in one transaction per interval
 MAX_PENDING = 200_000  # node writes kept while the database cannot take them
 MAX_PENDING_CALLS = 20_000  # calls gRPC holds until the event loop takes them: its default
 # (1,000, refused from 3,000 on) cancelled most of 10,000 nodes' streams when they connected at
@@ -123,7 +122,7 @@ class WriteBehind:
     as its change. ``stop`` writes what is still queued; a write the database could not take
     (busy, locked) is tried again with the next batch."""
 
-    def __init__(self, db: Database, interval_s: float = WRITE_EVERY_S) -> None:
+    def __init__(self, db: Database, interval_s: float) -> None:
         self.db, self.interval_s = db, interval_s
         self.pending: list[nodes.Write] = []
         self._task: asyncio.Task[None] | None = None
@@ -197,7 +196,7 @@ class SyncService(pb_grpc.SyncServicer):
     def __init__(self, settings: RegistrySettings, db: Database, metrics: SyncMetrics) -> None:
         self.settings, self.db, self.metrics = settings, db, metrics
         self.sessions: dict[str, Session] = {}
-        self.writes = WriteBehind(db)
+        self.writes = WriteBehind(db, settings.node_write_interval_s)
         self.intake = Intake(settings, db, metrics, self.sessions, self.writes)
         self.refusing: str | None = None  # why nodes are turned away (a standby says whom to ask)
         self.artifacts = Artifacts(settings, db, metrics, self.sessions)

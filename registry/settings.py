@@ -186,6 +186,12 @@ class RegistrySettings(ConsulSettings):
     wave_tick_s: float = Field(default=1.0, gt=0, le=60)
     """How often ``registry serve`` steps its wave rollouts (admits, checks, judges)."""
 
+    node_write_interval_s: float = Field(default=0.25, gt=0, le=5)
+    """How long ``registry serve`` gathers what nodes send up (hellos, acks, quality reports)
+    before writing it in one transaction. Longer: fewer commits and fsyncs with many nodes;
+    shorter: ``registry status`` and the audit log follow the fleet more closely. Should the
+    process die meanwhile, each node says again what it serves when it reconnects."""
+
     @model_validator(mode="after")
     def _token_from_file(self) -> RegistrySettings:
         if self.token_file is not None:

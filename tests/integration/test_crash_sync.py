@@ -44,6 +44,9 @@ from tests.servers import Server
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SEED = 20261201
+# node acks written every 20 ms, not every 250: a node's DOWNLOADING and ACTIVE acks (0.1-0.3 s
+# apart) land in different commits, so the kills can be timed between them
+ENV = {**REGISTRY_ENV, "REGISTRY_NODE_WRITE_INTERVAL_S": "0.02"}
 
 
 @dataclass
@@ -92,7 +95,7 @@ class Crashes:
 
     def restart_registry(self) -> None:
         self.registry = start_registry(self.cli.home, self.root, TOKEN, port=self.registry.port,
-                                       env=REGISTRY_ENV)
+                                       env=ENV)
 
     def query(self, sql: str, *params: object) -> list[tuple[object, ...]]:
         """Read straight from the database (read-only: no CLI start-up in the timing)."""
@@ -166,7 +169,7 @@ class Crashes:
 def crashes(tmp_path: Path, tiny_release: Path) -> Iterator[Crashes]:
     cli = RegistryCli(tmp_path / "registry")
     cli("publish", tiny_release, "--name", "tiny")  # version 1
-    registry = start_registry(cli.home, tmp_path, TOKEN, env=REGISTRY_ENV)
+    registry = start_registry(cli.home, tmp_path, TOKEN, env=ENV)
     fleet = Crashes(tmp_path, cli, registry, [], random.Random(SEED))
     try:
         # empty stores: the first kill lands while they download version 1
