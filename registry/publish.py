@@ -20,6 +20,7 @@ from registry import keys
 from registry.blobs import BlobStore
 from registry.calibrate import agreement, calibrate, default_calibration
 from registry.catalog import Catalog, check_name
+from registry.chunkstore import ChunkStore
 from registry.db import now
 from registry.errors import FidelityTooLow, InvalidRelease
 from registry.export import INPUT_NAMES, QUANTIZATION, export_onnx, precision, quantize_int8
@@ -120,7 +121,7 @@ def publish(settings: RegistrySettings, catalog: Catalog, source: ReleaseSource,
                                      options.confidence)
                            if source.calibration else default_calibration())
         with timed("store and record"):
-            artifacts = _store(BlobStore(settings.blobs), source, built)
+            artifacts = _store(BlobStore(settings.blobs), source, built, settings.chunking)
             manifest = _manifest(options.name, source, labels, artifacts, calibration, fidelity,
                                  catalog.actor)
             version = catalog.create_version(manifest, canary=options.canary or None,
@@ -201,18 +202,20 @@ def _fidelity(built: _Built, options: PublishOptions) -> Fidelity:
                     probe_agreement=built.probe_agreement)
 
 
-def _store(blobs: BlobStore, source: ReleaseSource, built: _Built) -> dict[str, Artifact]:
-    center_sha, center_size = blobs.put(source.center)
-    edge_sha, edge_size = blobs.put(built.edge_int8)
-    probe_sha, probe_size = blobs.put(built.probe)
-    artifacts = {
-        "center": Artifact(CENTER_FILE, center_sha, center_size, "torchscript", "fp32"),
-        "edge": Artifact(EDGE_FILE, edge_sha, edge_size, "onnx", precision(QUANTIZATION)),
-        "probe": Artifact(PROBE_FILE, probe_sha, probe_size, "probe"),
-    }
+def _store(blobs: BlobStore, source: ReleaseSource, built: _Built,
+           chunked: bool) -> dict[str, Artifact]:
+    """Put every file in the blob store and, when ``chunked``, cut it into stored chunks."""
+    files = {"center": (source.center, CENTER_FILE, "torchscript", "fp32"),
+             "edge": (built.edge_int8, EDGE_FILE, "onnx", precision(QUANTIZATION)),
+             "probe": (built.probe, PROBE_FILE, "probe", "")}
     if source.tokenizer is not None:
-        tok_sha, tok_size = blobs.put(source.tokenizer)
-        artifacts["tokenizer"] = Artifact(TOKENIZER_FILE, tok_sha, tok_size, "tokenizer")
+        files["tokenizer"] = (source.tokenizer, TOKENIZER_FILE, "tokenizer", "")
+    store = ChunkStore(blobs)
+    artifacts = {}
+    for role, (path, name, kind, how) in files.items():
+        sha, size = blobs.put(path)
+        artifacts[role] = Artifact(name, sha, size, kind, how,  # type: ignore[arg-type]
+                                   chunks=store.build(sha) if chunked else None)
     return artifacts
 
 

@@ -342,6 +342,16 @@ class SyncService(pb_grpc.SyncServicer):
             async for chunk in chunks:
                 yield chunk
 
+    async def ChunkIndex(self, request: pb.FetchRequest,
+                         context: grpc.aio.ServicerContext) -> pb.IndexReply:
+        return await self.artifacts.index(request, context)
+
+    async def Chunks(self, request: pb.ChunksRequest,
+                     context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ChunkData]:
+        async with contextlib.aclosing(self.artifacts.send_chunks(request, context)) as sent:
+            async for chunk in sent:
+                yield chunk
+
 
 class SyncServer:
     """Explicit start/stop; the entry point (``registry serve``) owns the signals."""

@@ -186,6 +186,19 @@ class RegistrySettings(ConsulSettings):
     wave_tick_s: float = Field(default=1.0, gt=0, le=60)
     """How often ``registry serve`` steps its wave rollouts (admits, checks, judges)."""
 
+    chunking: bool = True
+    """Cut each published artifact into content-defined chunks (FastCDC, zstd-compressed,
+    stored once per distinct chunk), so that a node fetches only the chunks no version it holds
+    has. Off: releases are fetched whole (what nodes of Tiered before chunking understand)."""
+
+    egress_mbit_s: float = Field(default=0, ge=0)
+    """The most artifact bytes ``registry serve`` sends to all nodes together, in Mbit/s (0: no
+    limit), so a rollout never fills the registry's uplink."""
+
+    site_mbit_s: float = Field(default=0, ge=0)
+    """The most artifact bytes sent to the nodes of one region (one site's link) together, in
+    Mbit/s (0: no limit). The region is the one in each node's token."""
+
     node_write_interval_s: float = Field(default=0.25, gt=0, le=5)
     """How long ``registry serve`` gathers what nodes send up (hellos, acks, quality reports)
     before writing it in one transaction. Longer: fewer commits and fsyncs with many nodes;

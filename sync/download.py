@@ -6,6 +6,7 @@ sha256 and only then renamed to ``<sha256>``; a mismatch deletes it (the next tr
 The manifest's size bounds the file: a chunk that would run past it (or is empty, or claims
 another size) deletes the ``.part`` and fails the transfer before it is written.
 An artifact some installed version already has is copied locally instead of downloaded.
+A chunked artifact is fetched by chunks first (``sync.chunked``).
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ from prometheus_client import CollectorRegistry, Counter
 
 from serving.release.manifest import Artifact
 from serving.release.store import ModelStore, file_sha256
+from sync.chunked import ByChunks, Whole
 from sync.errors import TransferError
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
+from sync.rate import Rate
 
 log = logging.getLogger(__name__)
 STALE_SECONDS = 24 * 3600
@@ -47,14 +50,22 @@ class DownloadMetrics:
                                "partial download (offset > 0)", registry=registry)
         self.corrupt = Counter(f"{prefix}_sync_corrupt_downloads", "Downloads discarded because "
                                "their sha256 did not match", registry=registry)
+        self.refused_chunks = Counter(f"{prefix}_sync_chunks_refused", "Chunks received and "
+                                      "refused (not a zstd frame, or another sha256), then "
+                                      "fetched again", registry=registry)
+        self.chunks = Counter(f"{prefix}_sync_chunks_received", "Chunks received and kept",
+                              registry=registry)
 
 
 class Downloader:
     def __init__(self, stub: Callable[[], pb_grpc.SyncStub], metadata: list[tuple[str, str]],
-                 store: ModelStore, metrics: DownloadMetrics) -> None:
-        """``stub`` gives the current registry's stub (it changes when discovery moves it)."""
+                 store: ModelStore, metrics: DownloadMetrics, limit: Rate | None = None) -> None:
+        """``stub`` gives the current registry's stub (it changes when discovery moves it);
+        ``limit``: the most this node receives (its ``SYNC_MBIT_S``)."""
         self.stub, self.metadata, self.store, self.metrics = stub, metadata, store, metrics
+        self.limit = limit
         self.folder = store.root / ".downloads"
+        self.chunked = ByChunks(self)
 
     async def get(self, artifact: Artifact) -> Path:
         """A verified local copy of ``artifact`` (downloaded, resumed or reused)."""
@@ -66,7 +77,12 @@ class Downloader:
         if local is not None:
             await asyncio.to_thread(shutil.copyfile, local, final)
             self.metrics.local.inc(artifact.size)
-            return await self._verified(final, final, artifact)
+            return await self.verified(final, final, artifact)
+        if artifact.chunks is not None:
+            try:
+                return await self.chunked.get(artifact, artifact.chunks)
+            except Whole as exc:
+                log.warning("fetching %s whole: %s", artifact.file, exc)
         part = self.folder / f"{artifact.sha256}.part"
         for attempt in range(RESUMES + 1):
             try:
@@ -79,7 +95,7 @@ class Downloader:
                 log.info("fetch of %s broke at %d bytes (%s); resuming", artifact.file,
                          part.stat().st_size if part.exists() else 0, exc.code().name)
                 await asyncio.sleep(min(0.2 * 2 ** attempt, 3))
-        return await self._verified(part, final, artifact)
+        return await self.verified(part, final, artifact)
 
     async def _fetch(self, artifact: Artifact, part: Path) -> None:
         offset = part.stat().st_size if part.is_file() else 0
@@ -101,12 +117,14 @@ class Downloader:
                 await asyncio.to_thread(_append, out, chunk.data)
                 offset += len(chunk.data)
                 self.metrics.bytes.inc(len(chunk.data))
+                if self.limit is not None:
+                    await self.limit.take(len(chunk.data))
             await asyncio.to_thread(os.fsync, out.fileno())
         if offset != artifact.size:
             raise TransferError(f"fetch {artifact.file}: stream ended at {offset} of "
                                 f"{artifact.size} bytes")
 
-    async def _verified(self, path: Path, final: Path, artifact: Artifact) -> Path:
+    async def verified(self, path: Path, final: Path, artifact: Artifact) -> Path:
         digest = await asyncio.to_thread(file_sha256, path)
         if digest != artifact.sha256:
             path.unlink(missing_ok=True)
@@ -122,9 +140,12 @@ class Downloader:
         if not self.folder.is_dir():
             return 0
         stale = [p for p in self.folder.iterdir()
-                 if p.is_file() and time.time() - p.stat().st_mtime > max_age_s]
+                 if time.time() - p.stat().st_mtime > max_age_s]
         for path in stale:
-            path.unlink(missing_ok=True)
+            if path.is_dir():  # chunks kept for a download nobody finished
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
         return len(stale)
 
     def take(self, artifact: Artifact, destination: Path) -> None:
@@ -149,3 +170,4 @@ def misfit(chunk: pb.Chunk, offset: int, size: int) -> str | None:
 def _append(out: BinaryIO, data: bytes) -> None:
     out.write(data)
     out.flush()
+

@@ -60,8 +60,12 @@ class SyncMetrics:
                               registry=r)
         self.acks = Counter("registry_sync_acks", "Acknowledgements received", ["state"],
                             registry=r)
-        self.bytes_sent = Counter("registry_sync_bytes_sent", "Artifact bytes sent by Fetch",
-                                  registry=r)
+        self.bytes_sent = Counter("registry_sync_bytes_sent", "Artifact bytes sent by Fetch "
+                                  "and Chunks (compressed chunks as sent)", registry=r)
+        self.chunk_calls = Counter("registry_sync_chunk_calls", "Chunks calls (a node's request "
+                                   "for the chunks of one artifact it lacks)", registry=r)
+        self.chunks_sent = Counter("registry_sync_chunks_sent", "Chunks sent by Chunks calls",
+                                   registry=r)
         self.fetches = Counter("registry_sync_fetches", "Fetch calls (resumed: offset > 0)",
                                ["resumed"], registry=r)
         self.denied = Counter("registry_auth_failures", "Calls refused for a missing or "

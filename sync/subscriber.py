@@ -30,6 +30,7 @@ from sync.converge import Converger, platform_message
 from sync.download import Downloader, DownloadMetrics, TransferError
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
+from sync.rate import rate
 from sync.reports import send_reports
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class Subscriber:
         self.stub: pb_grpc.SyncStub | None = None
         self._channel_target: str | None = None
         self.downloads = Downloader(self._stub, self.metadata, self.store,
-                                    DownloadMetrics(prefix, registry))
+                                    DownloadMetrics(prefix, registry), rate(settings.sync_mbit_s))
         self.connected = Gauge(f"{prefix}_sync_connected", "1 while the Sync stream to the "
                                "registry is open", registry=registry)
         self.releases = Converger(settings, repository, self.downloads, self._send)

@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -90,9 +90,11 @@ class Result:
 
 @dataclass
 class RegistryCli:
-    """Runs the installed ``registry`` console script against one REGISTRY_HOME."""
+    """Runs the installed ``registry`` console script against one REGISTRY_HOME (``extra``:
+    more settings for every command)."""
 
     home: Path
+    extra: dict[str, str] = field(default_factory=dict)
 
     def __call__(self, *args: str | Path, check: bool = True, timeout: float = 120) -> Result:
         proc = subprocess.run([str(REGISTRY), *map(str, args)], capture_output=True, text=True,
@@ -108,7 +110,7 @@ class RegistryCli:
         # are about. The gate's own tests pass --min-fidelity.
         return {"PATH": str(REGISTRY.parent), "REGISTRY_HOME": str(self.home),
                 "REGISTRY_ACTOR": "tester@ci", "COLUMNS": "200", "HOME": str(self.home),
-                "REGISTRY_MIN_FIDELITY": str(TEST_FLOOR)}
+                "REGISTRY_MIN_FIDELITY": str(TEST_FLOOR), **self.extra}
 
     def catalog(self) -> Catalog:
         return Catalog(connect(self.home / "registry.sqlite3"), "tester@ci")

@@ -145,6 +145,10 @@ class ServingSettings(ConsulSettings):
     sync_backoff_max_s: float = Field(default=30.0, gt=0)
     """Longest wait between reconnects or retries of a failed release (exponential, jittered)."""
 
+    sync_mbit_s: float = Field(default=0, ge=0)
+    """The most this node downloads releases at, in Mbit/s (0: no limit), so a rollout leaves
+    room on a shop's or a factory's uplink for the traffic it serves."""
+
     max_batch_size: int = Field(default=32, ge=1, le=4096)
     """Most rows one model execution takes (Triton's max_batch_size)."""
 

@@ -26,12 +26,27 @@ class TensorSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     shape: list[int]  # -1 for a variable dimension
 
 
+class Chunking(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How an artifact is cut into content-defined chunks (serving.release.chunks): the sha256
+    of its chunk index (each chunk's sha256 and length), which nodes fetch to download only the
+    chunks they do not hold, and the parameters that reproduce the cuts."""
+
+    index_sha256: str
+    count: int
+    min_size: int
+    avg_size: int
+    max_size: int
+    algorithm: Literal["fastcdc-2020"] = "fastcdc-2020"
+    compression: Literal["zstd"] = "zstd"
+
+
 class Artifact(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     file: str  # file name inside the version folder
     sha256: str
     size: int
     format: Literal["torchscript", "onnx", "tokenizer", "probe"]
     precision: str = ""  # fp32, int8-dynamic-per-channel, ...
+    chunks: Chunking | None = None  # None: fetched whole (published before chunking)
 
 
 class CurvePoint(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -18,7 +18,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -216,9 +216,15 @@ class ModelStore:
 
     def find(self, sha256: str) -> Path | None:
         """A file with this sha256 in some installed version (to copy instead of download)."""
+        return next((path for sha, path in self.held() if sha == sha256), None)
+
+    def held(self) -> Iterator[tuple[str, Path]]:
+        """(sha256 as its manifest names it, path) of every file of every installed version,
+        each sha256 once."""
         if not self.root.is_dir():
-            return None
-        for folder in self.root.iterdir():
+            return
+        seen: set[str] = set()
+        for folder in sorted(self.root.iterdir()):
             if not (folder.is_dir() and is_valid_name(folder.name)):
                 continue
             for version in self.versions(folder.name):
@@ -228,9 +234,9 @@ class ModelStore:
                     continue
                 for artifact in manifest.by_role().values():
                     path = self.version_dir(folder.name, version) / artifact.file
-                    if artifact.sha256 == sha256 and path.is_file():
-                        return path
-        return None
+                    if artifact.sha256 not in seen and path.is_file():
+                        seen.add(artifact.sha256)
+                        yield artifact.sha256, path
 
     def complete(self, manifest: Manifest, tier: Tier, raw: bytes | None = None,
                  signature: bytes | None = None) -> bool:

@@ -319,3 +319,25 @@ class Chunk(_message.Message):
     data: bytes
     size: int
     def __init__(self, offset: _Optional[int] = ..., data: _Optional[bytes] = ..., size: _Optional[int] = ...) -> None: ...
+
+class IndexReply(_message.Message):
+    __slots__ = ("index",)
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    index: bytes
+    def __init__(self, index: _Optional[bytes] = ...) -> None: ...
+
+class ChunksRequest(_message.Message):
+    __slots__ = ("sha256", "chunks")
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    sha256: str
+    chunks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, sha256: _Optional[str] = ..., chunks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ChunkData(_message.Message):
+    __slots__ = ("chunk", "data")
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    chunk: int
+    data: bytes
+    def __init__(self, chunk: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...

@@ -44,6 +44,16 @@ class SyncStub:
                 request_serializer=sync_dot_gen_dot_sync__pb2.FetchRequest.SerializeToString,
                 response_deserializer=sync_dot_gen_dot_sync__pb2.Chunk.FromString,
                 _registered_method=True)
+        self.ChunkIndex = channel.unary_unary(
+                '/tiered.sync.v1.Sync/ChunkIndex',
+                request_serializer=sync_dot_gen_dot_sync__pb2.FetchRequest.SerializeToString,
+                response_deserializer=sync_dot_gen_dot_sync__pb2.IndexReply.FromString,
+                _registered_method=True)
+        self.Chunks = channel.unary_stream(
+                '/tiered.sync.v1.Sync/Chunks',
+                request_serializer=sync_dot_gen_dot_sync__pb2.ChunksRequest.SerializeToString,
+                response_deserializer=sync_dot_gen_dot_sync__pb2.ChunkData.FromString,
+                _registered_method=True)
 
 
 class SyncServicer:
@@ -61,6 +71,21 @@ class SyncServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ChunkIndex(self, request, context):
+        """A chunked artifact (its manifest entry has `chunks`): its chunk index, whose sha256 the
+        signed manifest names, then only the chunks the node does not hold, by their positions in
+        that index, each zstd-compressed. Served for what Fetch serves, nothing else.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Chunks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SyncServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -73,6 +98,16 @@ def add_SyncServicer_to_server(servicer, server):
                     servicer.Fetch,
                     request_deserializer=sync_dot_gen_dot_sync__pb2.FetchRequest.FromString,
                     response_serializer=sync_dot_gen_dot_sync__pb2.Chunk.SerializeToString,
+            ),
+            'ChunkIndex': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChunkIndex,
+                    request_deserializer=sync_dot_gen_dot_sync__pb2.FetchRequest.FromString,
+                    response_serializer=sync_dot_gen_dot_sync__pb2.IndexReply.SerializeToString,
+            ),
+            'Chunks': grpc.unary_stream_rpc_method_handler(
+                    servicer.Chunks,
+                    request_deserializer=sync_dot_gen_dot_sync__pb2.ChunksRequest.FromString,
+                    response_serializer=sync_dot_gen_dot_sync__pb2.ChunkData.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -129,6 +164,60 @@ class Sync:
             '/tiered.sync.v1.Sync/Fetch',
             sync_dot_gen_dot_sync__pb2.FetchRequest.SerializeToString,
             sync_dot_gen_dot_sync__pb2.Chunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChunkIndex(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tiered.sync.v1.Sync/ChunkIndex',
+            sync_dot_gen_dot_sync__pb2.FetchRequest.SerializeToString,
+            sync_dot_gen_dot_sync__pb2.IndexReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Chunks(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tiered.sync.v1.Sync/Chunks',
+            sync_dot_gen_dot_sync__pb2.ChunksRequest.SerializeToString,
+            sync_dot_gen_dot_sync__pb2.ChunkData.FromString,
             options,
             channel_credentials,
             insecure,
