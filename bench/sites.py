@@ -5,6 +5,7 @@ sending through their site's entry the whole time, retrying a failed request onc
 
 1. an edge site is cut from the center site;
 2. an edge site is cut from the registry during a rollout (its download resumes on heal);
+   then small releases cross its 2 Mbit/s link, fetched whole and by chunks (2b);
 3. an edge site is cut from the Consul servers;
 4. a whole edge site's edges go down;
 5. the Consul leader is killed; then the center host;
@@ -50,6 +51,7 @@ from bench.kit import machine_line
 from bench.markdown import Shown
 from bench.rollout.measure import metric
 from bench.wan import DelayProxy
+from examples.sentiment.variants import head_only, recalibrated
 from tiered.commands import BIN, tier_argv
 from tiered.netns import Network
 from tiered.sites import CENTER_PORT, CORE, EDGE_PORT, Sites
@@ -355,6 +357,46 @@ class Run:
                           artifact_bytes=size,
                           resumed=self.metric(probe, "sync_fetch_resumed"),
                           received=self.metric(probe, "sync_bytes_received") - received)
+
+    def small_changes_on_a_thin_link(self, site: str = "eu", kbit: int = 2000) -> Event:
+        """2b. ``site``'s links slowed to ``kbit``; small releases published in turn on top of
+        what its edges hold: a recalibration and a head-only change, each once fetched whole
+        (published with ``REGISTRY_CHUNKING=false``, as every release was before chunks) and
+        once by chunks. Per release: the bytes ``site``'s first edge received and the time
+        until all of ``site``'s edges served it."""
+        net, hosts = self.sites.network, self.sites.network.site_hosts(site)
+        probe, base = self.nodes(site)[0], self.version(self.nodes(site)[0]) or 0
+        folder = self.sites.root / "variants"
+        # each built from the release the edges hold, and unlike any other of them
+        changes: dict[str, tuple[Callable[[Path, Path], Path], Callable[[Path, Path], Path]]] = {
+            "recalibrated": (partial(recalibrated, shift=10), partial(recalibrated, shift=20)),
+            "head only": (partial(head_only, scale=1.5), partial(head_only, scale=2.0))}
+        found: dict[str, dict[str, float]] = {}
+        started = time.monotonic()
+        for host in hosts:
+            net.throttle(host, kbit)
+        try:
+            for kind, makers in changes.items():
+                for chunked, make in zip((False, True), makers, strict=True):
+                    name = f"{kind}, {'chunked' if chunked else 'whole'}"
+                    release = make(self.release_b, folder / name.replace(", ", "-"))
+                    received = self.metric(probe, "sync_bytes_received")
+                    self.registry_at(self.home, "publish", release, "--name", MODEL,
+                                     env={"REGISTRY_CHUNKING": str(chunked).lower()})
+                    base, published = base + 1, time.monotonic()
+                    took = wait(partial(self.all_serve, base, site), 120,
+                                f"{site} on version {base} ({name})")
+                    found[name] = {"received": self.metric(probe, "sync_bytes_received") -
+                                   received, "seconds": took,
+                                   "full": self.artifact_bytes(base)}
+                    print(f"{name}: {found[name]} ({time.monotonic() - published:.1f} s)",
+                          file=sys.stderr, flush=True)
+        finally:
+            for host in hosts:
+                net.throttle(host, None)
+        return self.event("2b", f"small releases over {kbit / 1000:g} Mbit/s", site, started,
+                          time.monotonic(), f"{site}'s edges on each", None, 0,
+                          changes=found, target=base)
 
     def site_from_consul(self, site: str = "eu", hold_s: float = 10) -> Event:
         """3. ``site`` cut from the three Consul servers only (the center and the registry
@@ -724,6 +766,7 @@ def partitions(run: Run) -> dict[str, Any]:
     time.sleep(3)
     run.site_from_center()
     run.registry_during_rollout()
+    run.small_changes_on_a_thin_link()
     run.site_from_consul()
     run.site_down()
     run.consul_leader()

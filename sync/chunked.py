@@ -52,10 +52,14 @@ class ByChunks:
         held = await asyncio.to_thread(self._held, chunking)
         kept = self.node.folder / f"{artifact.sha256}.chunks"
         kept.mkdir(exist_ok=True)
+        broke = any(kept.iterdir())  # chunks kept by a try this process or an earlier made
         for attempt in range(RESUMES + 2):
             wanted = _missing(index, held, kept)
             if not wanted:
                 break
+            if broke:
+                self.node.metrics.resumed.inc()
+                broke = False
             if attempt > RESUMES:
                 raise Whole(f"{len(wanted)} chunks still missing after {RESUMES + 1} tries")
             if attempt:
@@ -69,9 +73,9 @@ class ByChunks:
                 if exc.code() in CODES_NOT_RETRIED:
                     raise TransferError(f"chunks of {artifact.file}: {exc.code().name} "
                                         f"{exc.details()}") from exc
-                log.info("chunks of %s broke off (%s); %d of %d chunks kept, resuming",
-                         artifact.file, exc.code().name, len(index) - len(wanted),
-                         len(index))
+                broke = True
+                log.info("chunks of %s broke off (%s); resuming with the chunks kept",
+                         artifact.file, exc.code().name)
         part = self.node.folder / f"{artifact.sha256}.part"
         reused = await asyncio.to_thread(_assemble, part, index, held, kept)
         self.node.metrics.local.inc(reused)

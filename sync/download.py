@@ -47,7 +47,8 @@ class DownloadMetrics:
                              "version already in the store instead of downloaded",
                              registry=registry)
         self.resumed = Counter(f"{prefix}_sync_fetch_resumed", "Fetch calls that resumed a "
-                               "partial download (offset > 0)", registry=registry)
+                               "partial download (offset > 0), and chunked downloads resumed "
+                               "with the chunks already received", registry=registry)
         self.corrupt = Counter(f"{prefix}_sync_corrupt_downloads", "Downloads discarded because "
                                "their sha256 did not match", registry=registry)
         self.refused_chunks = Counter(f"{prefix}_sync_chunks_refused", "Chunks received and "

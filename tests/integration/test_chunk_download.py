@@ -175,8 +175,8 @@ def test_a_cut_stream_resumes_with_the_chunks_not_yet_kept(tmp_path: Path) -> No
     artifact, cuts, index = _artifact(tmp_path, NEW)
     registry = Registry(NEW, cuts, index)
     registry.cut_after = 10
-    got, _ = asyncio.run(_get(registry, ModelStore(tmp_path / "empty"), artifact))
-    assert got.read_bytes() == NEW
+    got, metrics = asyncio.run(_get(registry, ModelStore(tmp_path / "empty"), artifact))
+    assert got.read_bytes() == NEW and _metric(metrics, "fetch_resumed") == 1
     first, second = registry.requests
     assert len(first) == len(cuts) and sorted(second) == sorted(first[10:])
 

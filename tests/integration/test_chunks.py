@@ -11,17 +11,15 @@ registry (the version numbers in the comments).
 from __future__ import annotations
 
 import hashlib
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import torch
 
+from examples.sentiment.variants import head_only
 from harness.processes import RegistryProcess, start_registry
-from serving.model import torchscript
 from serving.release import chunks
 from tests.conftest import RegistryCli
 from tests.faults import CutProxy
@@ -38,18 +36,6 @@ from tests.integration.test_sync import (
 from tests.servers import Server, start
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def head_only(release: Path, out: Path) -> Path:
-    """``release`` with its models' classifier heads changed, as a head-only fine-tune
-    would: every other weight the same."""
-    shutil.copytree(release, out)
-    for name in ("center.pt", "edge.pt"):
-        module = torchscript.load(out / name)
-        with torch.no_grad():
-            module.classifier.weight.mul_(1.5)
-        torchscript.save(module, out / name)
-    return out
 
 
 @dataclass
@@ -139,6 +125,7 @@ def test_a_cut_chunk_stream_resumes(fleet: Chunked) -> None:
         proxy.cut_after(full // 3)
         edge = fleet.edge("edge-cut", registry=f"127.0.0.1:{proxy.port}")
         assert served(edge) == 2 and proxy.cuts == 1
+        assert node_metric(edge, "sync_fetch_resumed") >= 1
         received = node_metric(edge, "sync_bytes_received")
         print(f"cut at {full // 3} bytes: received {received:.0f} for {full}")
         assert received <= full * 1.01 + 2 * chunks.MAX_SIZE  # chunks in flight at the cut

@@ -114,6 +114,23 @@ def test_2_cut_from_the_registry_during_a_rollout_keeps_serving_then_resumes_the
     assert facts["received"] <= facts["artifact_bytes"] + 3 * CHUNK
 
 
+def test_2b_small_releases_cross_a_thin_link_by_the_chunks_they_changed(run: Run) -> None:
+    event = run.small_changes_on_a_thin_link()
+    no_failures(event)
+    changes = event.facts["changes"]
+    whole, chunked = changes["head only, whole"], changes["head only, chunked"]
+    # a head-only change: the whole edge model before chunks, a few chunks now
+    assert chunked["received"] <= 0.05 * chunked["full"], changes
+    assert chunked["received"] * 5 < whole["received"], changes
+    assert chunked["seconds"] < whole["seconds"], changes
+    # a recalibration changes only the probe (the model files were copied locally before
+    # chunks too): never more bytes by chunks than whole
+    calibrated = changes["recalibrated, chunked"]
+    assert calibrated["received"] <= 0.05 * calibrated["full"], changes
+    assert calibrated["received"] <= changes["recalibrated, whole"]["received"] + 1024, changes
+    assert run.all_serve(event.facts["target"], "us")
+
+
 def test_3_an_edge_site_cut_from_the_consul_servers_serves_from_its_last_lists(
         run: Run) -> None:
     event = run.site_from_consul()
