@@ -45,7 +45,7 @@ class Whole(Exception):
 class ByChunks:
     def __init__(self, node: Downloader) -> None:
         self.node = node
-        self._cuts: dict[tuple[str, Chunking], list[Chunk]] = {}  # held files' cuts, by sha256
+        self._cuts: dict[tuple[str, tuple[int, int, int]], list[Chunk]] = {}  # held files' cuts
 
     async def get(self, artifact: Artifact, chunking: Chunking) -> Path:
         index = await self._index(artifact, chunking)
@@ -100,14 +100,17 @@ class ByChunks:
             raise Whole(f"its chunk index was refused: {exc}") from exc
 
     def _held(self, chunking: Chunking) -> dict[bytes, tuple[Path, Chunk]]:
-        """Where each chunk of the files the store holds is (files cut once per parameters)."""
+        """Where each chunk of the files the store holds is (each file cut once per set of
+        parameters; files no longer held are forgotten)."""
         found: dict[bytes, tuple[Path, Chunk]] = {}
+        sizes = (chunking.min_size, chunking.avg_size, chunking.max_size)
+        cuts: dict[tuple[str, tuple[int, int, int]], list[Chunk]] = {}
         for sha, path in self.node.store.held():
-            key = (sha, chunking)
-            if key not in self._cuts:
-                self._cuts[key] = chunks.cut(path, chunking)
-            for chunk in self._cuts[key]:
+            key = (sha, sizes)
+            cuts[key] = self._cuts.get(key) or chunks.cut(path, chunking)
+            for chunk in cuts[key]:
                 found.setdefault(chunk.digest, (path, chunk))
+        self._cuts = cuts
         return found
 
     async def _fetch_chunks(self, artifact: Artifact, index: list[Chunk], group: list[int],
