@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -265,6 +266,12 @@ class Run:
         """Sum of an edge's Prometheus series ``edge_<name>_total``."""
         return metric(f"{self.sites.node_url(node)}/metrics", f"edge_{name}_total", self.ca)
 
+    def committed_at(self, version: int) -> float:
+        """When the publish of ``version`` was committed (its audit record's time)."""
+        rows = json.loads(self.registry("audit", "--model", MODEL, "--json").stdout)
+        at = next(r["at"] for r in rows if r["action"] == "publish" and r["version"] == version)
+        return datetime.fromisoformat(at).timestamp()
+
     def artifact_bytes(self, version: int) -> int:
         show = self.registry("show", f"{MODEL}@{version}", "--json")
         manifest = json.loads(show.stdout)["manifest"]
@@ -381,16 +388,20 @@ class Run:
                     name = f"{kind}, {'chunked' if chunked else 'whole'}"
                     release = make(self.release_b, folder / name.replace(", ", "-"))
                     received = self.metric(probe, "sync_bytes_received")
-                    self.registry_at(self.home, "publish", release, "--name", MODEL,
-                                     env={"REGISTRY_CHUNKING": str(chunked).lower()})
-                    base, published = base + 1, time.monotonic()
-                    took = wait(partial(self.all_serve, base, site), 120,
-                                f"{site} on version {base} ({name})")
+                    base += 1
+                    # watched while the command runs: nodes often have it before it returns
+                    publish = threading.Thread(target=partial(
+                        self.registry_at, self.home, "publish", release, "--name", MODEL,
+                        env={"REGISTRY_CHUNKING": str(chunked).lower()}))
+                    publish.start()
+                    wait(partial(self.all_serve, base, site), 300,
+                         f"{site} on version {base} ({name})", every=0.05)
+                    served_at = time.time()
+                    publish.join()
                     found[name] = {"received": self.metric(probe, "sync_bytes_received") -
-                                   received, "seconds": took,
+                                   received, "seconds": served_at - self.committed_at(base),
                                    "full": self.artifact_bytes(base)}
-                    print(f"{name}: {found[name]} ({time.monotonic() - published:.1f} s)",
-                          file=sys.stderr, flush=True)
+                    print(f"{name}: {found[name]}", file=sys.stderr, flush=True)
         finally:
             for host in hosts:
                 net.throttle(host, None)
