@@ -14,7 +14,7 @@ from bench.kit import machine_line
 
 DOCS = Path("docs")
 ORDER = ["tiers", "profile", "quantization", "peers", "protocols", "cascade", "control",
-         "rollout", "fleet", "chaos", "fuzz", "swaps", "sites", "soak", "registry_backup",
+         "rollout", "fleet", "delta", "chaos", "fuzz", "swaps", "sites", "soak", "registry_backup",
          "registry_failover", "gpu"]
 
 
