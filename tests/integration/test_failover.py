@@ -125,7 +125,7 @@ def group(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Itera
                   consul_port=free_port(), standbys=2, regions=("eu",),
                   nginx_flags=("--rate", "1000", "--burst", "500"))
     key = str(stack.signing_key)
-    clis = {name: _Cli(home, key) for name, home in stack.registry_homes().items()}
+    clis = {name: _Cli(home, key=key) for name, home in stack.registry_homes().items()}
     clis["registry"]("publish", tiny_release, "--name", "tiny")
     try:
         stack.up(timeout=180)
@@ -137,7 +137,6 @@ def group(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Itera
 @dataclass
 class _Cli(RegistryCli):
     key: str = ""
-    extra: dict[str, str] = field(default_factory=dict)
 
     def __call__(self, *args: str | Path, check: bool = True, timeout: float = 120,
                  env: dict[str, str] | None = None) -> Any:
