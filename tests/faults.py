@@ -38,8 +38,12 @@ class CutProxy:
         while not self._closed:
             try:
                 client, _ = self.listener.accept()
-                upstream = socket.create_connection(("127.0.0.1", self.target_port))
             except OSError:
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:  # the target is down (restarting): this client is refused
+                client.close()
                 continue
             with self._lock:
                 self._sockets += [client, upstream]

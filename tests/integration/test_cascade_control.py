@@ -124,7 +124,13 @@ def test_budgets_reach_the_edges_split_by_their_traffic(fleet: Fleet) -> None:
     with traffic(fleet.edges, [40, 8]):
         wait_for(lambda: near(CAPACITY)(fleet) and budgets(fleet)[0] > 2 * budgets(fleet)[1],
                  40, "budgets summing to the center's capacity, the busy edge's the larger")
-        rows = {r["node"]: r for r in fleet.cli("status", "--json").json()}
+        rows: dict[str, Any] = {}
+
+        def reported() -> bool:  # each edge's next quality report carries its budget
+            rows.update({r["node"]: r for r in fleet.cli("status", "--json").json()})
+            return all(rows[f"edge-{e.port}"]["budget_rows_s"] > 0 for e in fleet.edges)
+
+        wait_for(reported, 20, "every edge's budget in registry status")
     center = rows[f"center-{fleet.center.port}"]
     assert center["capacity_rows_s"] == CAPACITY
     for edge in fleet.edges:

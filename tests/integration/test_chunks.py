@@ -131,6 +131,8 @@ def test_a_cut_chunk_stream_resumes(fleet: Chunked) -> None:
         assert received <= full * 1.01 + 2 * chunks.MAX_SIZE  # chunks in flight at the cut
         assert metric(fleet.registry.metrics_url,
                       "registry_sync_chunk_calls_total") - calls >= 4  # 3 files, one twice
+        edge.stop()  # before its proxy goes: it would keep reconnecting to a closed port
+        fleet.nodes.remove(edge)
     finally:
         proxy.close()
 
