@@ -44,6 +44,7 @@ from rich.table import Table
 
 from bench.kit import ROOT, machine_line
 from bench.markdown import Shown
+from bench.rollout.measure import metric
 from examples.sentiment.quick import QuickConfig, build_quick
 from examples.sentiment.release import EDGE, TOKENIZER
 from examples.sentiment.variants import recalibrated
@@ -135,14 +136,6 @@ def tier_files(manifest: dict[str, Any], tier: str) -> list[dict[str, Any]]:
 
 def zstd_size(path: Path) -> int:
     return len(zstandard.ZstdCompressor(level=chunks.ZSTD_LEVEL).compress(path.read_bytes()))
-
-
-def metric(url: str, name: str) -> float:
-    total = 0.0
-    for line in httpx.get(url, timeout=10).text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def serves(url: str) -> int | None:
