@@ -10,8 +10,8 @@ from center.runtime import TorchScriptRuntime, pick_device
 from center.service import CenterService
 from center.settings import CenterSettings
 from serving.release.manifest import Manifest
-from serving.release.signing import node_verifier
 from serving.release.store import ModelStore
+from serving.release.trust import node_trust
 from serving.runtime import classify
 from serving.runtime.repository import Repository, VersionLoader
 from serving.telemetry.metrics import Metrics
@@ -26,7 +26,8 @@ def build_service(settings: CenterSettings, metrics: Metrics | None = None) -> C
         return TorchScriptRuntime(folder / manifest.center.file, device, settings.precision,
                                   settings.threads)
 
-    store = ModelStore(settings.store, node_verifier(settings.release_key, "center"))
+    store = ModelStore(settings.store, node_trust(settings.store, settings.release_key,
+                                                    "center"))
     repository = Repository(VersionLoader(store, "center", load, settings, metrics,
                                           finisher=lambda _: classify.softmax))
     service = CenterService(settings, metrics, repository)

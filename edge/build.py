@@ -18,8 +18,8 @@ from edge.runtime import OnnxRuntime
 from edge.settings import EdgeSettings
 from edge.threshold import ThresholdPolicy
 from serving.release.manifest import Manifest
-from serving.release.signing import node_verifier
 from serving.release.store import ModelStore
+from serving.release.trust import node_trust
 from serving.runtime.repository import Repository, VersionLoader
 from serving.telemetry.metrics import Metrics
 
@@ -42,7 +42,8 @@ def build_service(settings: EdgeSettings, metrics: Metrics | None = None,
     def load(manifest: Manifest, folder: Path) -> OnnxRuntime:
         return OnnxRuntime(folder / manifest.edge.file, settings.threads)
 
-    store = ModelStore(settings.store, node_verifier(settings.release_key, "edge"))
+    store = ModelStore(settings.store, node_trust(settings.store, settings.release_key,
+                                                    "edge"))
     repository = Repository(VersionLoader(store, "edge", load, settings, metrics,
                                           finisher=stats.finisher))
     policy = ThresholdPolicy(settings, stats)

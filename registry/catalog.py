@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import sqlite_utils
 
-from registry import audit, waves
+from registry import audit, trust, waves
 from registry.anchor import Anchor, audited
 from registry.db import now
 from registry.errors import InvalidName, NotFound, RegistryError
@@ -257,6 +257,13 @@ class Catalog:
                 payload["waves"] = msgspec.to_builtins(rollout)
             if signer is not None:
                 payload["key_id"] = signer.key_id
+                # TUF targets: a new version listing it, signed by this publisher (refused
+                # when the key is not a targets key: the whole publish is rolled back)
+                verdict = trust.add_release(conn, final, body, signer)
+                if verdict is not None:
+                    payload["tuf_targets"] = {"version": verdict.version,
+                                              "complete": verdict.complete,
+                                              "missing": verdict.missing}
             audit.append(conn, actor=self.actor, action="publish", model=final.name,
                          version=final.version, sha256=digest, payload=payload)
             for artifact in final.by_role().values():
@@ -281,9 +288,13 @@ class Catalog:
                 self._point(conn, final.name, alias, final.version, targets)
         return final.version
 
-    def sign(self, model: str, signer: Signer, version: int | None = None) -> list[int]:
+    def sign(self, model: str, signer: Signer,
+             version: int | None = None) -> tuple[list[int], trust.Signed | None]:
         """Sign VERSION (default: every unsigned version) of a model published before signing
-        existed; each signature is audited (action ``sign``). Signed versions are immutable."""
+        existed, listing each in the TUF targets; and add this publisher's signature to the
+        targets version awaiting signatures when it holds the model (k-of-n publishing). Each
+        signature is audited (actions ``sign``, ``sign-targets``). Signed versions are
+        immutable. Returns the versions signed and the targets verdict (None: none awaited)."""
         with audited(self.db, self.anchor) as conn:
             self._require_model(model)
             if version is not None:
@@ -293,15 +304,27 @@ class Catalog:
                 "signatures s ON s.model = v.model AND s.version = v.version WHERE v.model = ? "
                 "AND s.signature IS NULL AND (? IS NULL OR v.version = ?) ORDER BY v.version",
                 [model, version, version]).fetchall()
-            if version is not None and not rows:
-                raise RegistryError(f"{model} version {version} is signed already")
+            waiting = trust.pending(conn) if trust.latest(conn, trust.ROOT) else None
+            held = [r for r in (waiting or {}).get("releases", [])
+                    if r.split("@")[0] == model and (version is None or r == f"{model}@{version}")]
+            if version is not None and not rows and not held:
+                raise RegistryError(f"{model} version {version} is signed already (and no "
+                                    f"targets metadata awaits signatures for it)")
             for number, body, digest in rows:
                 audit.append(conn, actor=self.actor, action="sign", model=model,
                              version=number, sha256=digest, payload={"key_id": signer.key_id})
                 conn.execute("INSERT INTO signatures VALUES (?, ?, ?, ?, ?)",
                              [model, number, signer.key_id,
                               encode_signature(signer.sign(body.encode())), now()])
-        return [int(r[0]) for r in rows]
+                trust.add_release(conn, decode(body.encode()), body.encode(), signer)
+            verdict = None
+            if held:
+                verdict = trust.sign_targets(conn, signer)
+                audit.append(conn, actor=self.actor, action="sign-targets", model=model,
+                             payload={"key_id": signer.key_id, "targets_version": verdict.version,
+                                      "releases": held, "complete": verdict.complete,
+                                      "missing": verdict.missing})
+        return [int(r[0]) for r in rows], verdict
 
     def promote(self, model: str, version: int | None = None) -> int:
         """Move ``production`` to VERSION (default: the canary version); clears the canary."""

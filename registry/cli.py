@@ -16,10 +16,11 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 
-from registry import anchor, audit, budgets, keys, render, replication, waves
+from registry import anchor, audit, budgets, keys, render, replication, trust, waves
+from registry.anchor import audited
 from registry.blobs import BlobStore
 from registry.catalog import Catalog, check_name
-from registry.db import connect
+from registry.db import connect, read
 from registry.errors import AuditChainBroken, NotPrimary, RegistryError
 from registry.nodes import NodeBook
 from registry.pull import pull
@@ -236,19 +237,36 @@ def pull_cmd(ctx: Context, ref: str, tier: str, store: Path, no_activate: bool,
          lambda: out.print(f"{name} version {row.version} ({tier}) -> {folder}"))
 
 
-@cli.command("key")
+@cli.group("key", invoke_without_command=True)
 @click.option("--path", "path_only", is_flag=True,
               help="Print only the public key file's path (for --release-key).")
+@click.option("--root", "root_out", type=click.Path(path_type=Path), default=None,
+              help="Also write the current TUF root metadata to this file: a node given it as "
+                   "--release-key trusts it (and the roots after it) instead of the key.")
 @json_flag
-@pass_ctx
-def key_cmd(ctx: Context, path_only: bool, as_json: bool) -> None:
+@click.pass_context
+def key_cmd(click_ctx: click.Context, path_only: bool, root_out: Path | None,
+            as_json: bool) -> None:
     """Print the public key releases are signed with (PEM on stdout, its id and file on
     stderr); creates the default key pair on first use. Give the file to edges and centers
-    as --release-key."""
+    as --release-key. `registry key rotate` changes the keys of a TUF role."""
+    if click_ctx.invoked_subcommand is not None:
+        return
+    ctx: Context = click_ctx.obj
     public = keys.public_key(ctx.settings)
-    data = {"key_id": public.key_id, "public_key": public.pem,
-            "public_key_path": str(public.public_path),
-            "private_key_path": str(public.private_path)}
+    catalog = ctx.catalog
+    trust.ensure(catalog.db, keys.signer(ctx.settings),
+                 keys.online_signer(ctx.settings).key.public_key())
+    tuf = trust.describe(catalog.db)
+    data: dict[str, Any] = {"key_id": public.key_id, "public_key": public.pem,
+                            "public_key_path": str(public.public_path),
+                            "private_key_path": str(public.private_path), "tuf": tuf}
+    if root_out is not None:
+        with read(catalog.db) as conn:
+            root = trust.latest(conn, trust.ROOT)
+        assert root is not None  # ensure made one
+        root_out.write_bytes(root.data)
+        data["root_path"] = str(root_out)
     if path_only and not as_json:
         click.echo(str(public.public_path))
         return
@@ -257,8 +275,77 @@ def key_cmd(ctx: Context, path_only: bool, as_json: bool) -> None:
         click.echo(public.pem, nl=False)
         err.print(f"key id {public.key_id}; public key {public.public_path} (give it to edges "
                   f"and centers as --release-key)")
+        if tuf is not None:
+            render.trust_view(err, tuf)
 
     emit(as_json, data, human)
+
+
+def _key_file(path: Path) -> tuple[Any, keys.Signer | None]:
+    """A key file for ``rotate``: a private key (it also signs) or a public key."""
+    from serving.release.signing import SigningError, load_public_key
+
+    try:
+        signer = keys.Signer(keys.load_private_key(path))
+        return signer.key.public_key(), signer
+    except SigningError:
+        pass
+    try:
+        return load_public_key(path), None
+    except SigningError as exc:
+        raise click.UsageError(f"{path}: neither an Ed25519 private nor public key "
+                               f"({exc})") from None
+
+
+@key_cmd.command("rotate")
+@click.option("--role", type=click.Choice(["root", "targets", "online"]), required=True,
+              help="root: the offline root keys; targets: the publisher keys (`registry "
+                   "publish` / `registry sign`); online: the key `registry serve` signs "
+                   "snapshot, timestamp and directives with (REGISTRY_ONLINE_KEY).")
+@click.option("--key", "key_files", type=click.Path(path_type=Path), multiple=True,
+              required=True, help="A key of the role from now on (repeat for several). A "
+                                  "private key also signs: the new root (--role root) or the "
+                                  "current targets (--role targets).")
+@click.option("--threshold", type=click.IntRange(1, 32), default=1, show_default=True,
+              help="Signatures of these keys needed (k of n).")
+@click.option("--root-key", "root_files", type=click.Path(path_type=Path), multiple=True,
+              help="A private key of the current root (repeat up to its threshold); "
+                   "default: the signing key.")
+@json_flag
+@pass_ctx
+def key_rotate_cmd(ctx: Context, role: str, key_files: tuple[Path, ...], threshold: int,
+                   root_files: tuple[Path, ...], as_json: bool) -> None:
+    """Make TUF root version N+1 with new keys for ROLE, signed by the current root keys and
+    (for --role root) the new ones. Nodes follow it over the sync stream without a restart;
+    what only the old keys signed is refused from then on. Audited."""
+    loaded = [_key_file(path) for path in key_files]
+    signers = [s for _, s in loaded if s is not None]
+    root_signers = [_key_file(path)[1] for path in root_files]
+    if any(s is None for s in root_signers):
+        raise click.UsageError("--root-key takes private keys (they sign the new root)")
+    old_root = [s for s in root_signers if s is not None] or [keys.signer(ctx.settings)]
+    catalog = ctx.catalog
+    trust.ensure(catalog.db, keys.signer(ctx.settings),
+                 keys.online_signer(ctx.settings).key.public_key())
+    with audited(catalog.db, catalog.anchor) as conn:
+        done = trust.rotate(conn, role, [public for public, _ in loaded], threshold,
+                            [*old_root, *(signers if role == "root" else [])],
+                            signers if role == "targets" else [])
+        audit.append(conn, actor=ctx.settings.actor, action="rotate-key", payload=done)
+
+    def human() -> None:
+        out.print(f"root version {done['root_version']}: {role} keys {', '.join(done['keys'])} "
+                  f"(threshold {threshold}); revoked {', '.join(done['revoked']) or 'none'}")
+        targets = done.get("targets")
+        if targets is not None and not targets["complete"]:
+            out.print(f"[yellow]targets version {targets['version']} awaits "
+                      f"{targets['missing']} more signature(s) of the new keys: `registry "
+                      f"sign` with each (nodes install nothing new until then)[/]")
+        if role == "online":
+            out.print("`registry serve` signs with REGISTRY_ONLINE_KEY: point it at the new "
+                      "key (the file is read again at each re-signing)")
+
+    emit(as_json, done, human)
 
 
 @cli.command("keygen")
@@ -285,17 +372,30 @@ def _print_key(public: keys.PublicKey) -> None:
 @json_flag
 @pass_ctx
 def sign_cmd(ctx: Context, ref: str, as_json: bool) -> None:
-    """Sign NAME@VERSION, or every unsigned version of NAME, with the signing key: for
-    releases published before signing existed (nodes with --release-key refuse unsigned
-    ones). Audited; a signed version is never re-signed."""
+    """Sign NAME@VERSION, or NAME, with the signing key (--signing-key): a version published
+    before signing existed is signed and listed in the TUF targets; a release waiting for
+    more publisher signatures (a targets threshold above 1) gets this key's. Audited; a
+    signed version is never re-signed."""
     name, version = split_ref(ref)
     if version is not None and not version.isdigit():
         raise click.UsageError("sign takes NAME or NAME@VERSION (a number)")
     signer = keys.signer(ctx.settings)
-    signed = ctx.catalog.sign(name, signer, int(version) if version else None)
-    emit(as_json, {"model": name, "signed": signed, "key_id": signer.key_id},
-         lambda: out.print(f"{name}: signed versions {signed or 'none (all were signed)'} "
-                           f"with key {signer.key_id}"))
+    trust.ensure(ctx.catalog.db, signer, keys.online_signer(ctx.settings).key.public_key())
+    signed, verdict = ctx.catalog.sign(name, signer, int(version) if version else None)
+    data: dict[str, Any] = {"model": name, "signed": signed, "key_id": signer.key_id,
+                            "targets": None if verdict is None else {
+                                "version": verdict.version, "complete": verdict.complete,
+                                "signed": verdict.signed, "threshold": verdict.threshold}}
+
+    def human() -> None:
+        out.print(f"{name}: signed versions {signed or 'none (all were signed)'} with key "
+                  f"{signer.key_id}")
+        if verdict is not None:
+            out.print(f"targets version {verdict.version}: {verdict.signed} of "
+                      f"{verdict.threshold} signatures" + (" - complete: it goes out now"
+                                                           if verdict.complete else ""))
+
+    emit(as_json, data, human)
 
 
 @cli.command("promote")
@@ -375,6 +475,10 @@ def status_cmd(ctx: Context, as_json: bool) -> None:
 
     def human() -> None:
         render.status_tables(out, rows)
+        stale = sorted({r["node"] for r in rows if (r.get("trust") or {}).get("stale")})
+        if stale:
+            out.print(f"[red]release metadata stale on {len(stale)} node(s)[/] "
+                      f"({', '.join(stale[:10])}): no fresh TUF timestamp reached them")
         for model in ctx.catalog.models():
             rollout = rollout_state(ctx, model["name"])
             if rollout is not None and (rollout["state"] in waves.OPEN or

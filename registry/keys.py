@@ -108,6 +108,18 @@ def signer(settings: RegistrySettings) -> Signer:
     return Signer(key)
 
 
+def online_signer(settings: RegistrySettings) -> Signer:
+    """The key ``registry serve`` signs snapshot, timestamp and directives with: the online
+    key when one is set, else the signing key (read from its file each time it is asked for,
+    so a replaced file takes effect at once)."""
+    if settings.online_key is None:
+        return signer(settings)
+    try:
+        return Signer(load_private_key(settings.online_key))
+    except SigningError as exc:
+        raise SigningKeyError(f"{exc} (REGISTRY_ONLINE_KEY)") from exc
+
+
 def _replicated(settings: RegistrySettings) -> bool:
     """Whether the registry at ``settings.home`` is a primary or standby of a group."""
     state = read_state(settings.database)

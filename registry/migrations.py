@@ -159,8 +159,10 @@ REPLICATED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "waves": (("id", "model", "version", "previous", "policy", "wave", "cutoff", "state",
                "wave_started", "admitted_at", "installed_at", "reason", "figures",
                "created_at", "updated_at"), ("id",)),
+    "trust_metadata": (("role", "version", "data", "complete", "created_at"),
+                       ("role", "version")),
 }
-LATER = {"waves"}  # replicated tables made after migration 8, with their triggers
+LATER = {"waves", "trust_metadata"}  # replicated tables made after migration 8, with their triggers
 NOT_PRIMARY = "tiered: this registry is not the primary"
 # Unix time in SQL (SQLite 3.40 has no unixepoch('subsec')): milliseconds.
 NOW_S = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -247,3 +249,15 @@ CREATE TABLE waves (
 );
 CREATE INDEX waves_model ON waves (model, id);
 """ + _capture_sql("waves")))
+
+MIGRATIONS.append((10, "release metadata on The Update Framework; what nodes say of theirs", """
+CREATE TABLE trust_metadata (
+    role TEXT NOT NULL CHECK (role IN ('root', 'targets', 'snapshot', 'timestamp')),
+    version INTEGER NOT NULL CHECK (version >= 1),
+    data TEXT NOT NULL,
+    complete INTEGER NOT NULL CHECK (complete IN (0, 1)),
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (role, version)
+);
+ALTER TABLE nodes ADD COLUMN trust TEXT;
+""" + _capture_sql("trust_metadata")))

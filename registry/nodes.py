@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlite_utils
@@ -92,6 +94,7 @@ class NodeBook:
             n = nodes[r["node_id"]]
             report = json.loads(r["report"]) if r["report"] else {}
             platform = json.loads(n["platform"]) if n["platform"] else {}
+            held = json.loads(n["trust"]) if n["trust"] else {}
             want = desired[r["node_id"]].get(r["model"])
             rows.append({
                 "model": r["model"], "node": r["node_id"], "tier": n["tier"],
@@ -106,7 +109,8 @@ class NodeBook:
                 "fidelity": r["fidelity"], "fidelity_rows": r["fidelity_rows"],
                 "fidelity_version": r["fidelity_version"], "directive_seq": r["directive_seq"],
                 "cpu": platform.get("cpu"), "cpu_features": platform.get("features", []),
-                "machine": platform.get("machine"), "runtime": platform.get("runtime")})
+                "machine": platform.get("machine"), "runtime": platform.get("runtime"),
+                "trust": _trust_row(held)})
         return rows
 
     def generations(self) -> dict[str, int]:
@@ -140,6 +144,18 @@ class NodeBook:
         with audited(self.db, self.anchor) as conn:
             for row in rows:
                 audit.append(conn, actor="peers", action="auth-denied", payload=row)
+
+
+def _trust_row(held: dict[str, Any]) -> dict[str, Any] | None:
+    """A node's TUF state as status shows it: stale since when, in ISO time."""
+    if not held:
+        return None
+    expires = held.get("expires") or 0.0
+    shown = datetime.fromtimestamp(expires, UTC).isoformat() if expires else None
+    return {"root_version": held.get("root_version"),
+            "timestamp_version": held.get("timestamp_version"), "expires": shown,
+            "stale": bool(held.get("stale")), "stale_since": shown if held.get("stale") else None,
+            "error": held.get("error"), "reported_at": held.get("at")}
 
 
 @dataclass(frozen=True)
@@ -177,6 +193,23 @@ def hello(node: Node, peer: str, held: list[Held],
                          [node.node_id, h.model, h.active, state, at, h.model])
 
     return Write(f"node {node.node_id}'s hello", apply)
+
+
+def trust_state(node_id: str, state: Any) -> Write:
+    """What a node's TUF client holds (``pb.TrustState``), bounded: numbers made sane, its
+    error cut short; shown by ``registry status``."""
+    def number(value: float) -> float:
+        return float(value) if math.isfinite(value) and 0 <= value < 1e12 else 0.0
+
+    row = {"root_version": max(0, min(int(state.root_version), 1 << 31)),
+           "timestamp_version": max(0, min(int(state.timestamp_version), 1 << 62)),
+           "expires": number(state.expires), "stale": bool(state.stale),
+           "error": str(state.error)[:500] or None, "at": now()}
+
+    def apply(conn: sqlite3.Connection) -> None:
+        conn.execute("UPDATE nodes SET trust = ? WHERE node_id = ?", [json.dumps(row), node_id])
+
+    return Write(f"node {node_id}'s release metadata state", apply)
 
 
 def goodbye(node_id: str) -> Write:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from registry import keys
+from registry import keys, trust
 from registry.blobs import BlobStore
 from registry.calibrate import agreement, calibrate, default_calibration
 from registry.catalog import Catalog, check_name
@@ -95,6 +95,8 @@ def publish(settings: RegistrySettings, catalog: Catalog, source: ReleaseSource,
             options: PublishOptions, step: Step = quiet_step) -> PublishResult:
     check_name(options.name)
     signer = keys.signer(settings)  # before the work: a missing or bad key fails at once
+    trust.ensure(catalog.db, signer, keys.online_signer(settings).key.public_key())
+    trust.check_publisher(catalog.db, signer)  # a key root does not trust: before the work
     if options.skip_existing:
         existing = _same_source(catalog, options.name, source.digest)
         if existing is not None:

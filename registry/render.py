@@ -335,3 +335,19 @@ def rollout_view(console: Console, rollout: dict[str, Any]) -> None:
 
 def _figure(value: object) -> str:
     return "-" if value is None else f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def trust_view(console: Console, tuf: dict[str, Any]) -> None:
+    """``registry key``'s TUF summary: root version, each role's keys and threshold, what
+    awaits signatures."""
+    console.print(f"TUF root version {tuf['root_version']} (expires {tuf['root_expires']})")
+    for role, held in tuf["roles"].items():
+        version = (tuf["versions"].get(role) or {}) if role != "root" else {}
+        at = f", version {version['version']} expires {version['expires']}" if version else ""
+        console.print(f"  {role:<9} keys {', '.join(held['keys'])} "
+                      f"(threshold {held['threshold']}){at}")
+    waiting = tuf.get("awaiting_signatures")
+    if waiting:
+        console.print(f"  [yellow]targets version {waiting['version']} awaits signatures "
+                      f"({waiting['signed']} of {waiting['threshold']}): "
+                      f"{', '.join(waiting['releases'])}[/]")

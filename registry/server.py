@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from registry import anchor, audit, nodes, replication, waves
+from registry import anchor, audit, keys, nodes, replication, trust, waves
 from registry.anchor import audited
 from registry.audit import Head
 from registry.catalog import Catalog, Node, Target
@@ -174,6 +175,8 @@ class Session:
     budgets: dict[str, Budget] = field(default_factory=dict)  # model -> last budget pushed
     seqs: dict[str, int] = field(default_factory=dict)  # model -> seq of the last directive
     pushed: asyncio.Event = field(default_factory=asyncio.Event)  # set after the first push
+    root_version: int = 0  # the newest TUF root the node trusts (hello, then what was sent)
+    trust_sent: tuple[int, str, str] = (0, "", "")  # timestamp version, snapshot, targets sha
     error: str | None = None  # a protocol violation: the stream ends INVALID_ARGUMENT
 
     def close(self) -> None:
@@ -200,6 +203,9 @@ class SyncService(pb_grpc.SyncServicer):
         self.intake = Intake(settings, db, metrics, self.sessions, self.writes)
         self.refusing: str | None = None  # why nodes are turned away (a standby says whom to ask)
         self.artifacts = Artifacts(settings, db, metrics, self.sessions)
+        self.published: trust.Published | None = None  # TUF metadata as nodes are sent it
+        self.director: keys.Signer | None = None  # signs directives: the online key
+        self._held_back: set[tuple[str, int]] = set()  # releases awaiting signatures, logged
 
     async def Sync(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         first = await context.read()
@@ -216,6 +222,7 @@ class SyncService(pb_grpc.SyncServicer):
             await context.write(pb.ServerMessage(welcome=pb.Welcome(
                 registry=self.settings.actor,
                 report_interval_s=self.settings.report_interval_s)))
+            self.send_trust(session)
             await self.push(session)
             session.pushed.set()  # Fetch serves what ``sent`` holds from now on
             while (message := await session.outbox.get()) is not None:
@@ -258,7 +265,8 @@ class SyncService(pb_grpc.SyncServicer):
         held = [Held(h.model, sorted(h.versions), h.active or None) for h in hello.held
                 if is_valid_name(h.model)]
         session = Session(Node(token.node_id, token.tier, token.region), context.peer(),
-                          {h.model: h.active for h in held if h.active}, token.generation)
+                          {h.model: h.active for h in held if h.active}, token.generation,
+                          root_version=max(0, hello.root_version))
         superseded = self.sessions.get(session.node.node_id)
         if superseded is not None:  # a reconnect before the old stream timed out, or a clash
             log.warning("node %s connected again from %s; closing its stream from %s (two "
@@ -293,9 +301,43 @@ class SyncService(pb_grpc.SyncServicer):
         for session, targets in zip(sessions, desired, strict=True):
             self._queue(session, targets, head)
 
+    def send_trust(self, session: Session) -> None:
+        """Queue the TUF metadata for this node when it changed since it was last sent: roots
+        newer than the node's, the timestamp, and snapshot and targets when they changed."""
+        published = self.published
+        if published is None:
+            return
+        snapshot = hashlib.sha256(published.snapshot).hexdigest()
+        targets = hashlib.sha256(published.targets).hexdigest()
+        last = session.trust_sent
+        if last == (published.timestamp_version, snapshot, targets):
+            return
+        message = pb.Trust(roots=published.roots_after(session.root_version),
+                           timestamp=published.timestamp)
+        if last[1] != snapshot:
+            message.snapshot = published.snapshot
+        if last[2] != targets:
+            message.targets = published.targets
+        session.trust_sent = (published.timestamp_version, snapshot, targets)
+        if published.roots:
+            session.root_version = max(session.root_version, published.roots[-1][0])
+        session.outbox.put_nowait(pb.ServerMessage(trust=message))
+
+    def trust_all(self) -> None:
+        for session in list(self.sessions.values()):
+            self.send_trust(session)
+
     def _queue(self, session: Session, targets: list[Target], head: Head | None) -> None:
+        waiting = self.published.waiting if self.published is not None else set()
         for t in targets:
             if session.sent.get(t.model) == t.version:
+                continue
+            if (t.model, t.version) in waiting:  # pushed once it has enough signatures
+                if (t.model, t.version) not in self._held_back:
+                    self._held_back.add((t.model, t.version))
+                    log.warning("%s version %s awaits publisher signatures (`registry sign`): "
+                                "not pushed until its targets metadata is complete", t.model,
+                                t.version)
                 continue
             session.sent[t.model] = t.version
             if session.active.pop(t.model, None) == t.version:
@@ -305,7 +347,7 @@ class SyncService(pb_grpc.SyncServicer):
                                  signature=t.signature, signing_key_id=t.key_id)
             if head is not None:  # there is always one: a desired release was audited
                 release.directive, release.directive_signature = directive.sign(
-                    self.db.anchor.signer, directive.Directive(
+                    self.director or self.db.anchor.signer, directive.Directive(
                         session.node.node_id, t.model, t.version, t.manifest_sha256, head.seq,
                         head.hash))
                 session.seqs[t.model] = head.seq
@@ -328,6 +370,8 @@ class SyncService(pb_grpc.SyncServicer):
                     await self.intake.ack(session, message.ack)
                 elif kind == "report":
                     await self.intake.report(session, message.report)
+                elif kind == "trust":
+                    self.writes.add(nodes.trust_state(session.node.node_id, message.trust))
         except (grpc.RpcError, asyncio.InvalidStateError, ValueError) as exc:
             log.info("stream from %s ended: %s", session.node.node_id, exc)
         except Exception:  # e.g. the database: end this stream, the node reconnects
@@ -354,7 +398,11 @@ class SyncService(pb_grpc.SyncServicer):
 
 
 class SyncServer:
-    """Explicit start/stop; the entry point (``registry serve``) owns the signals."""
+    """Explicit start/stop; the entry point (``registry serve``) owns the signals.
+
+    Why one class: it owns the gRPC server and the background tasks around it (watching the
+    database, stepping rollouts, keeping the TUF timestamp fresh, flushing refusals), which
+    share the service's sessions and stop in one order."""
 
     def __init__(self, settings: RegistrySettings, metrics: SyncMetrics | None = None) -> None:
         if settings.token is None:
@@ -377,9 +425,12 @@ class SyncServer:
         self._unwritten: list[dict[str, Any]] = []
         self._flusher: asyncio.Task[None] | None = None
         self._steerer: asyncio.Task[None] | None = None
+        self._trustee: asyncio.Task[None] | None = None
+        self._frozen = ""  # why the timestamp cannot be advanced (logged once per reason)
 
     async def start(self) -> int:
         await self.db.open()
+        await self._advance()
         await self.db.run(self.db.nodes.all_disconnected)
         await self._load_generations()
         await self.service.intake.load_policies()
@@ -409,6 +460,7 @@ class SyncServer:
         self._watcher = asyncio.create_task(self._watch())
         self._flusher = asyncio.create_task(self._flush_refusals())
         self._steerer = asyncio.create_task(self._steer())
+        self._trustee = asyncio.create_task(self._keep_fresh())
         self.service.writes.start()
         return self.port
 
@@ -455,11 +507,53 @@ class SyncServer:
                 version = await self.db.run(self.db.data_version)
                 if version != seen and self.service.refusing is None:
                     await self._load_generations()
+                    await self._advance()  # before releases: nodes check them against it
                     await self.service.push_all()
                     await self.service.intake.load_policies()
                     seen = version  # only once pushed: a failed push is tried again
             except Exception:  # a bad moment must not end pushing for good
                 log.exception("pushing changes failed; retrying")
+
+    async def _advance(self) -> None:
+        """Sign what the TUF metadata needs (root 1 on a registry from before TUF; snapshot
+        and timestamp with the online key) and send nodes what changed. A registry that may
+        not write (a standby) or whose online key is not root's serves what is stored."""
+        settings = self.settings
+        try:
+            director = await self.db.run(keys.online_signer, settings)
+            self.service.director = director
+            if self.service.refusing is None:
+                publisher = await self.db.run(keys.signer, settings)
+                db = self.db.catalog.db
+                await self.db.run(trust.ensure, db, publisher, director.key.public_key())
+                await self.db.run(trust.advance, db, director, settings.timestamp_expiry_s)
+            if self._frozen:
+                log.info("TUF timestamp advancing again")
+            self._frozen = ""
+        except NotPrimary:
+            pass
+        except trust.Frozen as exc:
+            if str(exc) != self._frozen:
+                log.error("cannot advance the TUF timestamp: %s; nodes flag this registry "
+                          "stale when the timestamp they hold expires", exc)
+            self._frozen = str(exc)
+        except Exception:  # a bad key file or a busy database: serve what is stored, retry
+            log.exception("signing the TUF metadata failed; retrying")
+        published = await self.db.run(trust.published, self.db.catalog.db)
+        before = self.service.published
+        self.service.published = published
+        if published is not None and (before is None or before.timestamp_version !=
+                                      published.timestamp_version or before.roots !=
+                                      published.roots or before.targets != published.targets):
+            self.service.trust_all()
+            if before is not None and before.trusted != published.trusted:
+                await self.service.push_all()  # releases that now have their signatures
+
+    async def _keep_fresh(self) -> None:
+        interval = min(60.0, max(0.5, self.settings.timestamp_expiry_s / 6))
+        while True:
+            await asyncio.sleep(interval)
+            await self._advance()
 
     async def _steer(self) -> None:
         """The wave rollouts, stepped every ``wave_tick_s`` on the registry that may write (a
@@ -481,6 +575,10 @@ class SyncServer:
     async def stop(self, grace: float = 5.0) -> None:
         for name in ("", SERVICE):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self._trustee is not None:
+            self._trustee.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._trustee
         if self._steerer is not None:
             self._steerer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -53,6 +53,18 @@ class RegistrySettings(ConsulSettings):
     ``<home>/keys/signing.key``, created (mode 0600, ``signing.pub`` beside it) on first use.
     A path set here is never created: a typo must not mint a new key."""
 
+    online_key: Path | None = None
+    """Ed25519 private key (PEM) that ``registry serve`` signs the online TUF roles (snapshot,
+    timestamp) and each node's directive with; unset = the signing key. Read again at every
+    re-signing, so a rotated key (``registry key rotate --role online``) takes effect without
+    a restart. A key that is not root's online key cannot advance the timestamp: nodes flag
+    the registry stale once theirs expires."""
+
+    timestamp_expiry_s: float = Field(default=3600, ge=3, le=7 * 86400)
+    """How long a TUF timestamp signed by ``registry serve`` is valid; it is re-signed every
+    third of this. A node that gets no fresh one for this long (a frozen registry, a replayed
+    stream) flags itself stale and installs nothing new until it does."""
+
     tls_cert: Path | None = None
     """PEM certificate chain for ``registry serve`` (with ``tls_key``; unset = plaintext)."""
 
@@ -227,6 +239,10 @@ class RegistrySettings(ConsulSettings):
     @property
     def signing_key_path(self) -> Path:
         return self.signing_key or self.home / "keys" / "signing.key"
+
+    @property
+    def online_key_path(self) -> Path:
+        return self.online_key or self.signing_key_path
 
     @property
     def ca_pem(self) -> Path | None:

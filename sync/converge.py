@@ -25,8 +25,9 @@ from serving.errors import FidelityRefused
 from serving.release import hardware
 from serving.release.manifest import Manifest, decode
 from serving.release.probe import Measured
-from serving.release.signing import SigningError, Verifier
+from serving.release.signing import ReleaseCheck, SigningError
 from serving.release.store import StoreError, check_release
+from serving.release.trust import Director, NodeTrust
 from serving.runtime.repository import Repository
 from sync import directive
 from sync.backoff import Backoff
@@ -67,12 +68,14 @@ def platform_message(repository: Repository,
 
 
 def node_directives(settings: ServingSettings, store_root: Path,
-                    verifier: Verifier | None) -> Directives | None:
+                    verifier: ReleaseCheck | None) -> Directives | None:
     """The node's directive checks: with a release key only (without one nothing is verified
-    at all), floored at ``settings.directive_floor`` (its bundle's)."""
+    at all), floored at ``settings.directive_floor`` (its bundle's). With TUF trust, a
+    directive is verified with root's timestamp keys (the registry's online key)."""
     if verifier is None:
         return None
-    return Directives(store_root, settings.node_id, verifier, floor=settings.directive_floor)
+    checker = Director(verifier) if isinstance(verifier, NodeTrust) else verifier
+    return Directives(store_root, settings.node_id, checker, floor=settings.directive_floor)
 
 
 class Converger:
@@ -144,7 +147,10 @@ class Converger:
         """Why this release must not be installed at all (None: it may be)."""
         try:
             check_release(manifest)
-            if self.store.verifier is not None:
+            trust = self.store.verifier
+            if isinstance(trust, NodeTrust) and trust.established:
+                trust.check_release(manifest, release.manifest)
+            elif self.store.verifier is not None:
                 self.store.verifier.check(release.manifest, release.signature,
                                           release.signing_key_id)
             if self.directives is not None:

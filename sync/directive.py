@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
-from serving.release.signing import SigningError, Verifier
+from serving.release.signing import SigningError
 from serving.release.store import write_durably
 from sync.errors import DirectiveError
 
@@ -48,6 +48,12 @@ class Directive:
 
 class Signer(Protocol):
     def sign(self, data: bytes) -> bytes: ...
+
+
+class Checker(Protocol):
+    """What verifies a directive's signature: the pinned key, or the TUF root's online keys."""
+
+    def check(self, data: bytes, signature: bytes | None, signed_by: str = "") -> None: ...
 
 
 def sign(signer: Signer, directive: Directive) -> tuple[bytes, bytes]:
@@ -84,7 +90,7 @@ class Accepted:
 class Directives:
     """A node's side: check each pushed release's directive, remember the newest per model."""
 
-    def __init__(self, store_root: Path, node_id: str, verifier: Verifier,
+    def __init__(self, store_root: Path, node_id: str, verifier: Checker,
                  floor: int = 0) -> None:
         """``floor``: no directive below this seq is taken, whatever the store holds (the
         audit chain's seq when the node's bundle was made): a wiped store, or one never

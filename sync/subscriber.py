@@ -21,6 +21,7 @@ from serving.config.settings import ServingSettings
 from serving.fleet.node import Node
 from serving.protocol.budget import Budget
 from serving.release.manifest import is_valid_name
+from serving.release.trust import NodeTrust
 from serving.runtime.repository import Repository
 from serving.telemetry.metrics import Metrics
 from serving.telemetry.quality import QualityWindow
@@ -32,10 +33,13 @@ from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 from sync.rate import rate
 from sync.reports import send_reports
+from sync.trusted import TrustFollower
 
 log = logging.getLogger(__name__)
 CLIENT_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
-                  ("grpc.keepalive_permit_without_calls", 1)]
+                  ("grpc.keepalive_permit_without_calls", 1),
+                  # TUF targets list every release: up to trust.CONFIG's 8 MiB, and the rest
+                  ("grpc.max_receive_message_length", 12 << 20)]
 
 
 class Subscriber:
@@ -62,8 +66,9 @@ class Subscriber:
         self.connected = Gauge(f"{prefix}_sync_connected", "1 while the Sync stream to the "
                                "registry is open", registry=registry)
         self.releases = Converger(settings, repository, self.downloads, self._send)
-        self._call: grpc.aio.StreamStreamCall | None = None
-        self._send_lock = asyncio.Lock()
+        verifier = self.store.verifier
+        self.trust = (TrustFollower(verifier, self._send, registry, prefix)
+                      if isinstance(verifier, NodeTrust) else None)
 
     async def run(self) -> None:
         """Stay subscribed until cancelled."""
@@ -122,6 +127,8 @@ class Subscriber:
         log.info("subscribed to registry %s", self._channel_target)
         reporter = asyncio.create_task(send_reports(
             self.repository, self.quality, self._send, welcome.welcome.report_interval_s or 10.0))
+        watcher = asyncio.create_task(self.trust.watch() if self.trust is not None
+                                      else asyncio.sleep(0))
         try:
             while (message := await call.read()) is not grpc.aio.EOF:
                 kind = message.WhichOneof("kind")
@@ -129,10 +136,13 @@ class Subscriber:
                     await self.releases.desire(message.release)
                 elif kind == "budget":
                     self._budget(message.budget)
+                elif kind == "trust" and self.trust is not None:
+                    await self.trust.update(message.trust)
         finally:
-            reporter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reporter
+            for task in (reporter, watcher):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     def _hello(self) -> pb.Hello:
         held = []
@@ -143,8 +153,9 @@ class Subscriber:
                 active = self.repository.default_version(folder.name) or 0
                 held.append(pb.Held(model=folder.name, versions=versions, active=active))
         s = self.settings
+        trusted = self.trust.trust.state().root_version if self.trust is not None else 0
         return pb.Hello(node_id=s.node_id, tier=self.tier, region=s.region, held=held,
-                        platform=platform_message(self.repository))
+                        platform=platform_message(self.repository), root_version=trusted)
 
     def _budget(self, message: pb.Budget) -> None:
         if self.on_budget is None:

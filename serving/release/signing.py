@@ -16,6 +16,7 @@ import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
@@ -69,6 +70,16 @@ def load_public_key(path: Path) -> Ed25519PublicKey:
         raise SigningError(f"release key {path}: an Ed25519 key is needed, this is "
                            f"{type(key).__name__}")
     return key
+
+
+class ReleaseCheck(Protocol):
+    """What a store checks manifests with: a pinned ``Verifier``, or the node's TUF trust
+    (``serving.release.trust.NodeTrust``)."""
+
+    @property
+    def key_id(self) -> str: ...
+
+    def check(self, data: bytes, signature: bytes | None, signed_by: str = "") -> None: ...
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,8 @@ staging name, every file's sha256 is checked, and only then is it renamed into p
 ``os.replace``: a folder under a version name is always complete. No symlinks.
 
 ``release.json`` holds the manifest exactly as the registry signed it and ``release.sig`` its
-Ed25519 signature (base64). A store given a ``Verifier`` refuses to install or verify a version
+Ed25519 signature (base64). A store given a ``ReleaseCheck`` (the pinned key, or the node's TUF
+trust: the manifest must be in its trusted targets) refuses to install or verify a version
 whose signature is missing or does not verify; every manifest read or installed must name a
 valid model and only plain file names (no paths, no hidden files).
 """
@@ -24,7 +25,12 @@ from typing import Literal
 
 from serving.errors import StoreError
 from serving.release.manifest import Artifact, Manifest, decode, encode, is_valid_name
-from serving.release.signing import SigningError, Verifier, decode_signature, encode_signature
+from serving.release.signing import (
+    ReleaseCheck,
+    SigningError,
+    decode_signature,
+    encode_signature,
+)
 
 MANIFEST = "release.json"
 SIGNATURE = "release.sig"
@@ -92,7 +98,7 @@ class ModelStore:
     Why one class: every method is a path in that one layout plus the checks it keeps (valid
     names, sizes, sha256s, signatures), and the reads and the install share them."""
 
-    def __init__(self, root: Path, verifier: Verifier | None = None) -> None:
+    def __init__(self, root: Path, verifier: ReleaseCheck | None = None) -> None:
         """``verifier``: the key every version must be signed with (None: not checked)."""
         self.root = root
         self.verifier = verifier

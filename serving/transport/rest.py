@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from serving.dataplane import DataPlane
 from serving.errors import PayloadTooLarge
 from serving.protocol import v2
+from serving.release.trust import NodeTrust
 from serving.telemetry import tracing
 from serving.telemetry.logs import request_id
 from serving.transport import openapi
@@ -110,6 +111,13 @@ def ready(request: Request[Any, Any, Any]) -> dict[str, Any]:
     plane = _plane(request)
     answer: dict[str, Any] = {"ready": True, "models": plane.ready()}
     notes = plane.notes()
+    verifier = plane.repository.store.verifier
+    trust = verifier.state().as_dict() if isinstance(verifier, NodeTrust) else None
+    if trust is not None:  # the node's TUF release metadata (none: nothing is verified)
+        answer["trust"] = trust
+        if trust["stale"]:  # it keeps serving; nothing new is installed until it is fresh
+            notes = [*notes, f"release metadata stale since {trust['stale_since']}: no fresh "
+                             f"TUF timestamp from the registry"]
     if notes:  # e.g. a drift alarm: the check stays passing, its output says it
         answer["notes"] = notes
     return answer

@@ -139,18 +139,20 @@ class Platform(_message.Message):
     def __init__(self, cpu: _Optional[str] = ..., machine: _Optional[str] = ..., features: _Optional[_Iterable[str]] = ..., runtime: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("node_id", "tier", "region", "held", "platform")
+    __slots__ = ("node_id", "tier", "region", "held", "platform", "root_version")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
     PLATFORM_FIELD_NUMBER: _ClassVar[int]
+    ROOT_VERSION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     tier: str
     region: str
     held: _containers.RepeatedCompositeFieldContainer[Held]
     platform: Platform
-    def __init__(self, node_id: _Optional[str] = ..., tier: _Optional[str] = ..., region: _Optional[str] = ..., held: _Optional[_Iterable[_Union[Held, _Mapping]]] = ..., platform: _Optional[_Union[Platform, _Mapping]] = ...) -> None: ...
+    root_version: int
+    def __init__(self, node_id: _Optional[str] = ..., tier: _Optional[str] = ..., region: _Optional[str] = ..., held: _Optional[_Iterable[_Union[Held, _Mapping]]] = ..., platform: _Optional[_Union[Platform, _Mapping]] = ..., root_version: _Optional[int] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("model", "version", "state", "reason", "fidelity", "fidelity_rows", "platform", "directive_seq")
@@ -239,14 +241,42 @@ class QualityReport(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., window_s: _Optional[float] = ..., requests: _Optional[int] = ..., rows: _Optional[int] = ..., escalation_rate: _Optional[float] = ..., degraded_rate: _Optional[float] = ..., confidence: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., mean_tokens: _Optional[float] = ..., tokens: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., length_drift: _Optional[float] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., fidelity: _Optional[float] = ..., capacity_rows_s: _Optional[float] = ..., threshold: _Optional[float] = ..., budget_rows_s: _Optional[float] = ..., shed_rate: _Optional[float] = ..., audit_rows: _Optional[int] = ..., audit_agreement: _Optional[float] = ..., audit_expected: _Optional[float] = ..., audit_interval: _Optional[float] = ..., drift: _Optional[bool] = ..., estimated_accuracy: _Optional[float] = ..., accuracy_interval: _Optional[float] = ..., confidence_psi: _Optional[float] = ..., confidence_drift: _Optional[bool] = ...) -> None: ...
 
 class NodeMessage(_message.Message):
-    __slots__ = ("hello", "ack", "report")
+    __slots__ = ("hello", "ack", "report", "trust")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     REPORT_FIELD_NUMBER: _ClassVar[int]
+    TRUST_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     ack: Ack
     report: QualityReport
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., report: _Optional[_Union[QualityReport, _Mapping]] = ...) -> None: ...
+    trust: TrustState
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[Ack, _Mapping]] = ..., report: _Optional[_Union[QualityReport, _Mapping]] = ..., trust: _Optional[_Union[TrustState, _Mapping]] = ...) -> None: ...
+
+class TrustState(_message.Message):
+    __slots__ = ("root_version", "timestamp_version", "expires", "stale", "error")
+    ROOT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_VERSION_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_FIELD_NUMBER: _ClassVar[int]
+    STALE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    root_version: int
+    timestamp_version: int
+    expires: float
+    stale: bool
+    error: str
+    def __init__(self, root_version: _Optional[int] = ..., timestamp_version: _Optional[int] = ..., expires: _Optional[float] = ..., stale: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+
+class Trust(_message.Message):
+    __slots__ = ("roots", "timestamp", "snapshot", "targets")
+    ROOTS_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    roots: _containers.RepeatedScalarFieldContainer[bytes]
+    timestamp: bytes
+    snapshot: bytes
+    targets: bytes
+    def __init__(self, roots: _Optional[_Iterable[bytes]] = ..., timestamp: _Optional[bytes] = ..., snapshot: _Optional[bytes] = ..., targets: _Optional[bytes] = ...) -> None: ...
 
 class Release(_message.Message):
     __slots__ = ("model", "version", "alias", "manifest", "manifest_sha256", "signature", "signing_key_id", "directive", "directive_signature")
@@ -293,14 +323,16 @@ class Budget(_message.Message):
     def __init__(self, model: _Optional[str] = ..., controlled: _Optional[bool] = ..., rows_per_s: _Optional[float] = ..., capacity_rows_s: _Optional[float] = ..., share: _Optional[float] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("welcome", "release", "budget")
+    __slots__ = ("welcome", "release", "budget", "trust")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
+    TRUST_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     release: Release
     budget: Budget
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ...) -> None: ...
+    trust: Trust
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., trust: _Optional[_Union[Trust, _Mapping]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("sha256", "offset")

@@ -101,8 +101,8 @@ def test_unsigned_versions_can_be_signed_once(tmp_path: Path) -> None:
     assert catalog.resolve("m", "1").signature is None
     assert catalog.desired(EU_EDGE)[0].signature == b""
     signer = keys.signer(settings(tmp_path))
-    assert catalog.sign("m", signer) == [1]
-    assert catalog.sign("m", signer) == []
+    assert catalog.sign("m", signer) == ([1], None)
+    assert catalog.sign("m", signer) == ([], None)
     with pytest.raises(RegistryError, match="signed already"):
         catalog.sign("m", signer, 1)
     row = catalog.resolve("m", "1")
