@@ -45,6 +45,7 @@ bench: demo
 	$(BIN)/python -m bench.rollout --markdown docs/bench/rollout.md
 	$(BIN)/python -m bench.fleet --markdown docs/bench/fleet.md
 	$(BIN)/python -m bench.delta --markdown docs/bench/delta.md
+	$(BIN)/python -m bench.tuf --markdown docs/bench/tuf.md
 	$(BIN)/python -m bench.chaos --markdown docs/bench/chaos.md
 	$(BIN)/python -m bench.fuzz --markdown docs/bench/fuzz.md
 	$(BIN)/python -m bench.swaps --markdown docs/bench/swaps.md

@@ -307,7 +307,10 @@ class Catalog:
             waiting = trust.pending(conn) if trust.latest(conn, trust.ROOT) else None
             held = [r for r in (waiting or {}).get("releases", [])
                     if r.split("@")[0] == model and (version is None or r == f"{model}@{version}")]
-            if version is not None and not rows and not held:
+            # a targets version that adds no release (re-signed by a rotation) is approved by
+            # any publisher's sign; one that adds releases, by a sign naming one of them
+            approve = bool(held) or (waiting is not None and not waiting["releases"])
+            if version is not None and not rows and not approve:
                 raise RegistryError(f"{model} version {version} is signed already (and no "
                                     f"targets metadata awaits signatures for it)")
             for number, body, digest in rows:
@@ -318,7 +321,7 @@ class Catalog:
                               encode_signature(signer.sign(body.encode())), now()])
                 trust.add_release(conn, decode(body.encode()), body.encode(), signer)
             verdict = None
-            if held:
+            if approve:
                 verdict = trust.sign_targets(conn, signer)
                 audit.append(conn, actor=self.actor, action="sign-targets", model=model,
                              payload={"key_id": signer.key_id, "targets_version": verdict.version,

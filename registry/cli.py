@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -255,8 +256,9 @@ def key_cmd(click_ctx: click.Context, path_only: bool, root_out: Path | None,
     ctx: Context = click_ctx.obj
     public = keys.public_key(ctx.settings)
     catalog = ctx.catalog
-    trust.ensure(catalog.db, keys.signer(ctx.settings),
-                 keys.online_signer(ctx.settings).key.public_key())
+    with contextlib.suppress(NotPrimary):  # a standby shows what it replicated
+        trust.ensure(catalog.db, keys.signer(ctx.settings),
+                     keys.online_signer(ctx.settings).key.public_key())
     tuf = trust.describe(catalog.db)
     data: dict[str, Any] = {"key_id": public.key_id, "public_key": public.pem,
                             "public_key_path": str(public.public_path),
@@ -264,7 +266,9 @@ def key_cmd(click_ctx: click.Context, path_only: bool, root_out: Path | None,
     if root_out is not None:
         with read(catalog.db) as conn:
             root = trust.latest(conn, trust.ROOT)
-        assert root is not None  # ensure made one
+        if root is None:
+            raise RegistryError("this registry has no TUF root yet (a standby before its "
+                                "primary made one)")
         root_out.write_bytes(root.data)
         data["root_path"] = str(root_out)
     if path_only and not as_json:

@@ -371,6 +371,8 @@ class SyncService(pb_grpc.SyncServicer):
                 elif kind == "report":
                     await self.intake.report(session, message.report)
                 elif kind == "trust":
+                    if message.trust.error:  # it holds less than was sent: all of it next time
+                        session.trust_sent = (0, "", "")
                     self.writes.add(nodes.trust_state(session.node.node_id, message.trust))
         except (grpc.RpcError, asyncio.InvalidStateError, ValueError) as exc:
             log.info("stream from %s ended: %s", session.node.node_id, exc)

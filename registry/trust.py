@@ -63,9 +63,13 @@ KEPT = 2  # snapshot and timestamp versions kept (older ones only grow the datab
 class TrustError(RegistryError):
     """Metadata cannot be made as asked (a key not in its role, a threshold not met)."""
 
+    exit_code = 2
+
 
 class Frozen(TrustError):
     """This registry's online key is not root's: it cannot advance the timestamp."""
+
+    exit_code = 1
 
 
 def tuf_key(public: Ed25519PublicKey) -> SSlibKey:
@@ -217,6 +221,25 @@ def _verdict(root: Root, md: Metadata[Any]) -> Signed:
     return Signed(md.signed.version, result.verified, len(result.signed), result.threshold)
 
 
+def _base(conn: sqlite3.Connection, root: Root, complete: bool = False) -> Stored | None:
+    """The newest targets version to build on: one that at least one of root's targets keys
+    signed (complete or awaiting more signatures). A version no such key signed (written into
+    the database by someone holding a revoked key) is never built on."""
+    for version, data, done in conn.execute(
+            "SELECT version, data, complete FROM trust_metadata WHERE role = 'targets' AND "
+            "complete >= ? ORDER BY version DESC", [int(complete)]):
+        stored = Stored(TARGETS, version, data.encode(), bool(done))
+        md = stored.md
+        if root.get_verification_result(TARGETS, md.signed_bytes, md.signatures).signed:
+            return stored
+    return None
+
+
+def _next_version(conn: sqlite3.Connection) -> int:
+    top = latest(conn, TARGETS, complete=False)
+    return (top.version if top is not None else 0) + 1
+
+
 def add_release(conn: sqlite3.Connection, manifest: Manifest, body: bytes,
                 signer: Signer) -> Signed | None:
     """A new targets version with this release, signed by ``signer`` (a publisher: one of the
@@ -226,9 +249,9 @@ def add_release(conn: sqlite3.Connection, manifest: Manifest, body: bytes,
         return None
     root = root_of(conn)
     _check_member(root, TARGETS, tuf_key(signer.key.public_key()), "the signing")
-    base = latest(conn, TARGETS, complete=False)
+    base = _base(conn, root)
     targets = base.md.signed if base is not None else Targets()
-    targets.version = (base.version if base is not None else 0) + 1
+    targets.version = _next_version(conn)
     targets.expires = expiry(TARGETS_EXPIRY)
     targets.targets.update(release_files(manifest, body))
     md = Metadata(targets)
@@ -244,8 +267,8 @@ def sign_targets(conn: sqlite3.Connection, signer: Signer) -> Signed:
     root = root_of(conn)
     _check_member(root, TARGETS, tuf_key(signer.key.public_key()), "the signing")
     base = latest(conn, TARGETS, complete=False)
-    if base is None:
-        raise TrustError("there is no targets metadata to sign")
+    if base is None or base.complete:
+        raise TrustError("no targets metadata awaits signatures")
     md = base.md
     md.sign(CryptoSigner(signer.key), append=True)
     verdict = _verdict(root, md)
@@ -306,10 +329,9 @@ def rotate(conn: sqlite3.Connection, role: str, keys: list[Ed25519PublicKey], th
                             "keys": [short(tuf_key(k)) for k in keys], "threshold": threshold,
                             "revoked": sorted(set(revoked))}
     if role == TARGETS:
-        base = latest(conn, TARGETS)
+        base = _base(conn, previous, complete=True)
         targets = base.md.signed if base is not None else Targets()
-        top = latest(conn, TARGETS, complete=False)
-        targets.version = (top.version if top is not None else 0) + 1
+        targets.version = _next_version(conn)
         targets.expires = expiry(TARGETS_EXPIRY)
         tmd = Metadata(targets)
         for signer in targets_signers:

@@ -66,6 +66,8 @@ class Subscriber:
         self.connected = Gauge(f"{prefix}_sync_connected", "1 while the Sync stream to the "
                                "registry is open", registry=registry)
         self.releases = Converger(settings, repository, self.downloads, self._send)
+        self._call: grpc.aio.StreamStreamCall | None = None
+        self._send_lock = asyncio.Lock()
         verifier = self.store.verifier
         self.trust = (TrustFollower(verifier, self._send, registry, prefix)
                       if isinstance(verifier, NodeTrust) else None)

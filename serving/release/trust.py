@@ -164,8 +164,9 @@ class NodeTrust:
             except (exceptions.RepositoryError, ValueError, TypeError, KeyError) as exc:
                 raise TrustRefused(f"unreadable root metadata pushed: {exc}") from None
             files[f"{version}.root.json"] = data
-        files.update({"timestamp.json": timestamp, "snapshot.json": snapshot,
-                      "targets.json": targets})
+        files.update({name: data for name, data in (("timestamp.json", timestamp),
+                                                    ("snapshot.json", snapshot),
+                                                    ("targets.json", targets)) if data})
         try:
             bootstrap = None if self.established else self._first(files)
             self.dir.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,8 @@ import msgspec
 import pytest
 
 from harness.processes import BIN, start_registry, start_tier
-from registry import keys
+from registry import keys, trust
+from registry.db import transaction
 from registry.settings import RegistrySettings
 from serving.release.signing import Verifier, load_public_key
 from serving.release.store import ModelStore
@@ -86,21 +87,41 @@ def test_a_release_signed_by_another_key_is_refused_and_the_old_one_keeps_servin
         assert served(edge) == 1
         received = node_metric(edge, "sync_bytes_received")
         other = home.cli("keygen", "--out", home.root / "other-key", "--json").json()
-        home.cli("--signing-key", other["private_key_path"], "publish", tiny_release_b,
-                 "--name", "tiny")  # version 2, signed by a key the edge does not trust
+        # the registry refuses a key its TUF root does not name, before any work
+        result = home.cli("--signing-key", other["private_key_path"], "publish",
+                          tiny_release_b, "--name", "tiny", check=False)
+        assert result.code == 2 and "is not a targets key" in result.stderr, result.stderr
+        assert other["key_id"] in result.stderr
+        assert [m["latest"] for m in home.cli("list", "--json").json()] == [1]
+        # whoever holds the registry's database and that key lists a version anyway (version
+        # 2, in a targets metadata signed by it): the node refuses it, fetching nothing
+        catalog = home.cli.catalog()
+        tiny = catalog.resolve("tiny", "1").manifest
+        catalog.create_version(msgspec.structs.replace(tiny, publisher="mallory"))
+        row = catalog.resolve("tiny", "2")
+        rogue = keys.load_private_key(Path(other["private_key_path"]))
+        with transaction(catalog.db) as conn:
+            stored = trust.latest(conn, trust.TARGETS)
+            assert stored is not None
+            md = stored.md
+            md.signed.version += 1
+            md.signed.targets.update(trust.release_files(row.manifest, row.manifest_bytes))
+            md.sign(trust.CryptoSigner(rogue))
+            trust._put(conn, trust.TARGETS, md, True)
 
         def refused() -> bool:
             row = status(home.cli).get(node_id(edge))
             return row is not None and row["state"] == "FAILED"
 
-        wait_for(refused, 30, "the edge's FAILED ack")
+        wait_for(refused, 30, "the edge's FAILED (refused) ack")
         row = status(home.cli)[node_id(edge)]
-        assert "refused" in row["reason"] and "does not verify" in row["reason"]
-        assert other["key_id"] in row["reason"] and (row["version"], row["desired"]) == (1, 2)
+        assert "refused:" in row["reason"] and \
+            "not in the trusted TUF targets" in row["reason"], row["reason"]
+        assert (row["version"], row["desired"]) == (1, 2)
+        assert row["trust"]["error"] and "targets" in row["trust"]["error"]
         audited = [r for r in home.cli("audit", "--model", "tiny", "--json").json()
                    if r["action"] == "refused"]
         assert [(r["actor"], r["version"]) for r in audited] == [(f"node:{node_id(edge)}", 2)]
-        assert "does not verify" in json.loads(audited[0]["payload"])["reason"]
         home.cli("audit", "--verify")
         answer = httpx.post(f"{edge.url}/v2/models/tiny/infer", content=BODY, timeout=10)
         assert answer.status_code == 200 and answer.json()["model_version"] == "1"

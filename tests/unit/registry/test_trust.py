@@ -22,6 +22,7 @@ from serving.release.manifest import Manifest, decode
 from serving.release.signing import Verifier
 from serving.release.trust import NodeTrust, TrustRefused
 from sync import directive
+from tests.conftest import RegistryCli
 from tests.unit.registry.test_rollout import manifest
 
 
@@ -270,3 +271,51 @@ def test_directives_are_checked_with_roots_online_keys(fleet: Fleet) -> None:
     with pytest.raises(SigningError, match="not signed by a timestamp key"):
         node.check_directive(data, signature)
     node.check_directive(*directive.sign(online, order))
+
+
+def test_a_rotation_that_waits_for_a_second_publisher_is_completed_by_registry_sign(
+        fleet: Fleet) -> None:
+    trust.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
+    fleet.publish()
+    second = new_key()
+    with transaction(fleet.db) as conn:
+        done = trust.rotate(conn, "targets", [fleet.key.key.public_key(),
+                                              second.key.public_key()], 2, [fleet.key],
+                            [fleet.key])
+    assert done["targets"] == {"version": 3, "complete": False, "missing": 1}
+    with transaction(fleet.db) as conn:
+        assert trust.pending(conn) == {"version": 3, "signed": 1, "threshold": 2,
+                                       "releases": []}
+    signed, verdict = fleet.catalog.sign("m", second)
+    assert signed == [] and verdict is not None and verdict.complete
+    fleet.advance()
+    node = fleet.node()
+    send(node, fleet.push())
+    assert node.state().root_version == 2
+    node.check_release(*fleet.release("m", 1))
+
+
+def test_key_rotate_refuses_bad_input_and_records_nothing(registry_cli: RegistryCli,
+                                                          tmp_path: Path) -> None:
+    registry_cli("key")  # the key, and root version 1 made with it
+    other = registry_cli("keygen", "--out", tmp_path / "other", "--json").json()
+    public, private = other["public_key_path"], other["private_key_path"]
+    cases = [
+        (("--role", "targets", "--key", tmp_path / "nope"), "neither an Ed25519"),
+        (("--role", "root", "--key", public), "needs 1 signature(s) of the new root keys"),
+        (("--role", "root", "--key", private, "--key", public, "--threshold", "3"),
+         "threshold 3 needs 1 to 2"),
+        (("--role", "online", "--key", public, "--root-key", public), "takes private keys"),
+        (("--role", "online", "--key", public, "--root-key", private),
+         "signature(s) of the old root keys"),
+    ]
+    for args, said in cases:
+        result = registry_cli("key", "rotate", *args, check=False)
+        assert result.code == 2 and said in result.stderr, (args, result.stderr)
+    assert registry_cli("key", "--json").json()["tuf"]["root_version"] == 1
+    assert "rotate-key" not in [r["action"] for r in registry_cli("audit", "--json").json()]
+    done = registry_cli("key", "rotate", "--role", "online", "--key", public, "--json").json()
+    assert done["root_version"] == 2 and done["keys"] == [other["key_id"]]
+    tuf = registry_cli("key", "--json").json()["tuf"]
+    assert tuf["roles"]["timestamp"]["keys"] == [other["key_id"]]
+    assert [r["action"] for r in registry_cli("audit", "--json").json()] == ["rotate-key"]
