@@ -63,8 +63,8 @@ def manifest(name: str, n: int) -> Manifest:
                     center=artifact("center", "pt", 90_000_000),
                     edge=artifact("edge", "onnx", 6_000_000),
                     tokenizer=artifact("tokenizer", "json", 466_000),
-                    calibration=Calibration("tolerance", 0.71),
-                    fidelity=Fidelity(0.99, 200, 0.97, "probe"), publisher="bench",
+                    calibration=Calibration("labelled", 0.71),
+                    fidelity=Fidelity(0.99, 200, 0.97, "calibration"), publisher="bench",
                     published_at="2026-12-05T00:00:00Z", source_sha256=str(n),
                     probe=artifact("probe", "json", 40_000))
 
