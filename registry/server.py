@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -206,6 +205,8 @@ class SyncService(pb_grpc.SyncServicer):
         self.published: trust.Published | None = None  # TUF metadata as nodes are sent it
         self.director: keys.Signer | None = None  # signs directives: the online key
         self._held_back: set[tuple[str, int]] = set()  # releases awaiting signatures, logged
+        self._trust_for: trust.Published | None = None  # what _trust_messages were made of
+        self._trust_messages: dict[tuple[int, bool, bool], pb.ServerMessage] = {}
 
     async def Sync(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         first = await context.read()
@@ -307,21 +308,27 @@ class SyncService(pb_grpc.SyncServicer):
         published = self.published
         if published is None:
             return
-        snapshot = hashlib.sha256(published.snapshot).hexdigest()
-        targets = hashlib.sha256(published.targets).hexdigest()
+        now = (published.timestamp_version, published.snapshot_sha, published.targets_sha)
         last = session.trust_sent
-        if last == (published.timestamp_version, snapshot, targets):
+        if last == now:
             return
-        message = pb.Trust(roots=published.roots_after(session.root_version),
-                           timestamp=published.timestamp)
-        if last[1] != snapshot:
-            message.snapshot = published.snapshot
-        if last[2] != targets:
-            message.targets = published.targets
-        session.trust_sent = (published.timestamp_version, snapshot, targets)
+        # one message per kind of node, shared by their outboxes (a targets listing every
+        # release is large: not a copy per node)
+        kind = (session.root_version, last[1] != now[1], last[2] != now[2])
+        message = self._trust_messages.get(kind)
+        if message is None or self._trust_for is not published:
+            if self._trust_for is not published:
+                self._trust_messages.clear()
+                self._trust_for = published
+            message = self._trust_messages[kind] = pb.ServerMessage(trust=pb.Trust(
+                roots=published.roots_after(session.root_version),
+                timestamp=published.timestamp,
+                snapshot=published.snapshot if kind[1] else b"",
+                targets=published.targets if kind[2] else b""))
+        session.trust_sent = now
         if published.roots:
             session.root_version = max(session.root_version, published.roots[-1][0])
-        session.outbox.put_nowait(pb.ServerMessage(trust=message))
+        session.outbox.put_nowait(message)
 
     def trust_all(self) -> None:
         for session in list(self.sessions.values()):

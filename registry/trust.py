@@ -412,6 +412,12 @@ class Published:
     timestamp_version: int = 0
     trusted: set[tuple[str, int]] = field(default_factory=set)
     waiting: set[tuple[str, int]] = field(default_factory=set)
+    snapshot_sha: str = ""
+    targets_sha: str = ""
+
+    def __post_init__(self) -> None:
+        self.snapshot_sha = hashlib.sha256(self.snapshot).hexdigest()
+        self.targets_sha = hashlib.sha256(self.targets).hexdigest()
 
     def roots_after(self, version: int) -> list[bytes]:
         return [data for v, data in self.roots if v > version]

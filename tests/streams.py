@@ -28,13 +28,17 @@ class Stream:
     received: queue.Queue[Any] = field(default_factory=queue.Queue)
     messages: list[pb.ServerMessage] = field(default_factory=list)
 
-    def next(self, timeout: float = 10) -> pb.ServerMessage:
-        """The next message the registry sends (a grpc.RpcError if the stream ended so)."""
-        item = self.received.get(timeout=timeout)
-        if isinstance(item, BaseException):
-            raise item
-        self.messages.append(item)
-        return item
+    def next(self, timeout: float = 10, trust: bool = False) -> pb.ServerMessage:
+        """The next message the registry sends (a grpc.RpcError if the stream ended so).
+        TUF metadata (``trust`` messages, sent on every stream and whenever it changes) is
+        kept in ``messages`` but skipped unless ``trust``."""
+        while True:
+            item = self.received.get(timeout=timeout)
+            if isinstance(item, BaseException):
+                raise item
+            self.messages.append(item)
+            if trust or item.WhichOneof("kind") != "trust":
+                return item
 
     def releases(self) -> dict[str, int]:
         return {m.release.model: m.release.version for m in self.messages

@@ -20,8 +20,7 @@ import msgspec
 import pytest
 
 from harness.processes import BIN, start_registry, start_tier
-from registry import keys, trust
-from registry.db import transaction
+from registry import keys
 from registry.settings import RegistrySettings
 from serving.release.signing import Verifier, load_public_key
 from serving.release.store import ModelStore
@@ -36,6 +35,7 @@ from tests.integration.test_sync import (
     status,
     wait_for,
 )
+from tests.integration.test_trust import list_behind_the_registry
 from tests.servers import start
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -95,19 +95,7 @@ def test_a_release_signed_by_another_key_is_refused_and_the_old_one_keeps_servin
         assert [m["latest"] for m in home.cli("list", "--json").json()] == [1]
         # whoever holds the registry's database and that key lists a version anyway (version
         # 2, in a targets metadata signed by it): the node refuses it, fetching nothing
-        catalog = home.cli.catalog()
-        tiny = catalog.resolve("tiny", "1").manifest
-        catalog.create_version(msgspec.structs.replace(tiny, publisher="mallory"))
-        row = catalog.resolve("tiny", "2")
-        rogue = keys.load_private_key(Path(other["private_key_path"]))
-        with transaction(catalog.db) as conn:
-            stored = trust.latest(conn, trust.TARGETS)
-            assert stored is not None
-            md = stored.md
-            md.signed.version += 1
-            md.signed.targets.update(trust.release_files(row.manifest, row.manifest_bytes))
-            md.sign(trust.CryptoSigner(rogue))
-            trust._put(conn, trust.TARGETS, md, True)
+        assert list_behind_the_registry(home.cli, "tiny", 1, Path(other["private_key_path"])) == 2
 
         def refused() -> bool:
             row = status(home.cli).get(node_id(edge))
