@@ -37,6 +37,7 @@ from serving.fleet import discovery
 
 log = logging.getLogger(__name__)
 LOCK_SERVICE = "tiered-registry-lock"  # one per registry of a group: its lock check
+JOINING = "(joining)"  # deferred_to while REGISTRY_JOIN waits for a history to copy
 ERRORS = (consul.ConsulException, OSError, asyncio.TimeoutError, ValueError)
 
 
@@ -183,6 +184,13 @@ class Leadership:
         if holder is None:
             if time.monotonic() < self.started + self.settings.lock_ttl_s:
                 await asyncio.sleep(0.25)  # let the peers say how far they are first
+                return
+            if self.settings.join and rank[0] == 0:
+                if self.deferred_to != JOINING:
+                    log.info("not taking the lock: joining (REGISTRY_JOIN), this registry "
+                             "has not copied a primary's database yet")
+                    self.deferred_to = JOINING
+                await self.consul.kv.get(self.key, index=index, wait="1s")
                 return
             better = await self._better(rank)
             if better is not None:

@@ -129,6 +129,14 @@ class RegistrySettings(ConsulSettings):
     every registry of the group runs with this; the one holding the lock is the primary, the
     others are standbys that follow it and take over when it is gone."""
 
+    join: bool = False
+    """With ``ha``: this registry joins a group that has (or will have) a primary holding the
+    fleet's history, so it never takes the lock before it has copied a primary's database
+    once (its audit chain names no promotion yet). For a standby whose home starts empty (a
+    new host, a Swarm or Kubernetes volume): started at the same time as the primary, it could
+    otherwise win the first election with an empty database and have the primary's history
+    replaced by it."""
+
     follow: str | None = None
     """``host:port`` of a primary to follow as a standby without Consul (no automatic
     failover; ``registry serve --follow``)."""
