@@ -4,7 +4,7 @@ BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO  := var/demo/release
 
-.PHONY: up sites demo serve bench test compose-test sites-test demo-test test-fast lint typecheck check clean docs
+.PHONY: up sites demo serve bench test compose-test sites-test swarm-test demo-test test-fast lint typecheck check clean docs
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh scripts/install_tools.sh
 	bash scripts/bootstrap.sh
@@ -68,6 +68,12 @@ compose-test: demo
 ## (root, ~6 min; builds its own tiny releases); not part of `make test`
 sites-test: $(STAMP)
 	$(BIN)/python -m pytest tests/sites --sites -s -p no:cacheprovider
+
+## swarm-test: deploy/swarm/stack.yml on five dockerd nodes (network namespaces, one swarm):
+## deployed, a publish, a rolling edge update, an edge host lost and a node drained under load
+## (root; ~10 min warm, the images' build first when cold); not part of `make test`
+swarm-test: $(STAMP)
+	$(BIN)/python -m pytest tests/swarm --swarm -s -p no:cacheprovider
 
 ## demo-test: make up on a fresh registry, end to end with the real demo release: the quick
 ## release answers first, the full one is trained behind (~12 min), published and rolled out

@@ -1,8 +1,8 @@
 #!/bin/sh
 # Consul ACLs for Tiered: a policy per role (consul/policies/<role>.hcl) and a token per role
-# with the secret given in CONSUL_<ROLE>_TOKEN; run with CONSUL_HTTP_ADDR and the management
-# token in CONSUL_HTTP_TOKEN (or in the file CONSUL_HTTP_TOKEN_FILE names). Idempotent: policies
-# are updated, existing tokens kept.
+# with the secret given in CONSUL_<ROLE>_TOKEN (or in the file CONSUL_<ROLE>_TOKEN_FILE
+# names); run with CONSUL_HTTP_ADDR and the management token in CONSUL_HTTP_TOKEN (or in the
+# file CONSUL_HTTP_TOKEN_FILE names). Idempotent: policies are updated, existing tokens kept.
 # docker-compose.yml runs it once Consul is up (service consul-acl); `tiered up` does the same
 # through the ACL API (tiered/stack.py). Works with Consul 1.8 and later.
 #
@@ -40,8 +40,16 @@ if [ -n "${CONSUL_HTTP_TOKEN_FILE:-}" ]; then
         || code_on_fail=2 fail "cannot read CONSUL_HTTP_TOKEN_FILE $CONSUL_HTTP_TOKEN_FILE"
 fi
 check_secret CONSUL_HTTP_TOKEN "$management"
+# Each role's token: CONSUL_<ROLE>_TOKEN, or the file CONSUL_<ROLE>_TOKEN_FILE names (Docker
+# secrets, deploy/swarm/stack.yml); read once, kept in the shell's own variables.
 for role in agent registry center edge reader; do
     var=CONSUL_$(echo "$role" | tr a-z A-Z)_TOKEN
+    eval "file=\${${var}_FILE:-}"
+    if [ -n "$file" ]; then
+        IFS= read -r secret <"$file" || [ -n "$secret" ] \
+            || code_on_fail=2 fail "cannot read ${var}_FILE $file"
+        eval "$var=\$secret"
+    fi
     eval "secret=\${$var:-}"
     check_secret "$var" "$secret"
 done

@@ -28,6 +28,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--sites", action="store_true", default=False,
                      help="run the sites test (three sites as network namespaces, partitions "
                           "1-5 under load; root, ~4 min): make sites-test")
+    parser.addoption("--swarm", action="store_true", default=False,
+                     help="run the swarm test (five dockerd nodes as network namespaces, the "
+                          "stack deployed, a node lost and drained under load; root, ~10 "
+                          "min): make swarm-test")
 
 
 OPT_IN = {"containers": "builds every image and runs the compose stack on a private dockerd "
@@ -35,7 +39,9 @@ OPT_IN = {"containers": "builds every image and runs the compose stack on a priv
           "demo": "trains the full demo release behind the quick one and rolls it out under "
                   "load (~20 min): make demo-test",
           "sites": "three sites as network namespaces, partitions 1-5 and the registry "
-                   "faults 6a-6c under load (root, ~8 min): make sites-test"}
+                   "faults 6a-6c under load (root, ~8 min): make sites-test",
+          "swarm": "five dockerd nodes as network namespaces, deploy/swarm/stack.yml deployed, "
+                   "a node lost and one drained under load (root, ~10 min): make swarm-test"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -271,6 +272,35 @@ def sites_summary(sites: Sites, s: TieredSettings, seconds: float) -> None:
               f"\"BYTES\", \"data\": [\"A tedious slog.\"]}}]}}'")
     out.print(f"then: tiered status --sites   |   tiered demo --url {sites.entry(first)}   |   "
               f"Ctrl-C stops everything")
+
+
+@cli.group("swarm")
+def swarm_group() -> None:
+    """Tiered on Docker Swarm (deploy/swarm/stack.yml, docs/scaling.md)."""
+
+
+@swarm_group.command("provision")
+@click.option("--home", type=click.Path(path_type=Path, file_okay=False), required=True,
+              help="The registry's home on the node labelled registry=primary (the stack's "
+                   "TIERED_REGISTRY_HOME): its database records every node provisioned.")
+@click.option("--out", "folder", type=click.Path(path_type=Path, file_okay=False),
+              required=True, help="A new folder (made 0700) for the stack's secrets: keep it "
+                                  "offline, it holds the fleet CA's key and the registry's "
+                                  "secret.")
+def swarm_provision_cmd(home: Path, folder: Path) -> None:
+    """Every secret the stack mounts: the registry's secret, signing key and TLS certificate,
+    a provisioning bundle per node of the stack, Consul's tokens and gossip key. Prints the
+    variables `docker stack deploy` reads (no secret is printed)."""
+    from tiered.swarm import NODES, SwarmError, provision, stack_env
+
+    try:
+        made = provision(folder, home)
+    except (SwarmError, OSError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    err.print(f"wrote {len(made)} files into {escape(str(folder))} (0700) and provisioned "
+              f"{', '.join(NODES)} in {escape(str(home))}")
+    for key, value in stack_env(folder, home).items():
+        click.echo(f"export {key}={shlex.quote(value)}")
 
 
 @cli.command("demo")
