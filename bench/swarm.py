@@ -194,9 +194,24 @@ class SwarmRun:
         self.figures["registry_primary_s"] = round(time.monotonic() - started, 1)
         self.publish(self.release)
         wait_for(lambda: set(self.healthy().values()) == {"1/1"}, 300, "every service healthy")
-        wait_for(lambda: all(self.answers_from(s, EDGES[s]) for s in EDGES), 120,
-             "both entries answering from their own edges")
+        try:
+            wait_for(lambda: all(self.answers_from(s, EDGES[s]) for s in EDGES), 120,
+                     "both entries answering from their own edges")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}: {self.probe()}") from None
         return time.monotonic() - started
+
+    def probe(self) -> dict[str, str]:
+        """What one request through each entry gets now (for a failure's message)."""
+        seen = {}
+        for site in EDGES:
+            try:
+                r = httpx.post(f"{self.entry(site)}/v2/models/{MODEL}/infer", content=body(0),
+                               timeout=5)
+                seen[site] = f"{r.status_code} {r.text[:200]}"
+            except httpx.HTTPError as exc:
+                seen[site] = repr(exc)
+        return seen
 
     def _primary(self) -> bool:
         state = json.loads(self.registry("replication", "--json", timeout=30))

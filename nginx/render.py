@@ -43,6 +43,7 @@ skipped = discovery.Throttled(log)
 # root) must not hold the renderer's Consul token in /proc/<pid>/environ or their memory
 NGINX_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 RESOLVE_TIMEOUT_S = 1.0  # a host name in the catalog: resolved by the renderer, or dropped
+RERESOLVE_S = 5.0  # host names in the catalog are resolved again this often (renders if moved)
 MAX_CHECKS = 64  # nginx -t runs spent looking for the entries a failing candidate owes to
 UNMAPPED_TLS_NAME = "unmapped.tiered.invalid"  # no certificate names it: the handshake fails
 
@@ -70,6 +71,10 @@ class Fleet:
     region: str | None = None  # the site this nginx is the entry of: its edges by default
     fallback: tuple[str, ...] = ()  # other regions, nearest first (then the rest, by name)
     edge_tls: bool = False  # nginx reaches edges over TLS, checking each node's own name
+
+    def names_hosts(self) -> bool:
+        """Some entry's address is a host name (resolved by the renderer), not an IP."""
+        return any(not _is_ip(i.address) for role in ROLES for i in getattr(self, role))
 
     def without(self, gone: set[tuple[str, str]]) -> Fleet:
         """This fleet less the (role, service id) pairs in ``gone``."""
@@ -648,6 +653,7 @@ async def serve(renderer: Renderer, consul_addr: str | None, token: str | None,
             watch = discovery.Watch(client, discovery.SERVICES[service], renderer.follow(role),
                                     passing_only=False)
             tasks.append(asyncio.create_task(watch.run()))
+        tasks.append(asyncio.create_task(reresolve(renderer)))
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -660,6 +666,21 @@ async def serve(renderer: Renderer, consul_addr: str | None, token: str | None,
     await asyncio.gather(*tasks, return_exceptions=True)
     if client is not None:
         await client.close()
+
+
+async def reresolve(renderer: Renderer, every: float = RERESOLVE_S) -> None:
+    """Render again every ``every`` seconds while the catalog names hosts: a name can move or
+    appear without the catalog changing (a Swarm task rescheduled to another node keeps its
+    service name; a task's name resolves only once Docker finds it healthy, which may be after
+    Consul's check passed), and nginx holds only the addresses. Nothing is reloaded when the
+    answers are the same."""
+    while True:
+        await asyncio.sleep(every)
+        if renderer.fleet.names_hosts():
+            try:
+                await renderer.render()
+            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+                log.warning("re-rendering after resolving the names again failed: %s", exc)
 
 
 async def _exit_with(child: subprocess.Popen[bytes], stopping: asyncio.Event) -> None:

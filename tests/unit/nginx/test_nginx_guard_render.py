@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import nginx.render as render_module
 from nginx.render import (
     DROPPED,
     UNMAPPED_TLS_NAME,
@@ -19,6 +20,7 @@ from nginx.render import (
     Renderer,
     config,
     edge_tls_name,
+    reresolve,
     resolved,
     upstreams,
 )
@@ -193,3 +195,43 @@ def test_a_candidate_that_fails_nginx_t_never_replaces_the_working_file(
     assert "nx-host" not in renderer.upstreams_conf.read_text()
     assert renderer.test_config() is None
     assert DROPPED.labels("edges", "unresolvable")._value.get() == 1
+
+
+@pytest.mark.skipif(NGINX is None, reason="needs the nginx binary (nginx -t)")
+def test_a_name_that_resolves_later_or_moves_is_rendered_without_a_catalog_change(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On Docker Swarm an edge is listed as its service name, which resolves only once its
+    task is healthy (possibly after Consul's check passed and the catalog settled) and to a
+    new address when the task moves to another node: the renderer resolves the names again
+    on its own and renders what they now answer, with no change in the catalog."""
+    assert NGINX is not None
+    (tmp_path / "tmp").mkdir()
+    renderer = Renderer(tmp_path, NGINX, run_nginx=False)
+    renderer.conf.write_text(config(tmp_path, "127.0.0.1:1", 10, 10, "1m", tmp_path))
+    renderer.fleet = Fleet(edges=[edge("edge-eu-1", "edge-eu-1", 8200)])
+    answers: dict[str, str | Exception] = {"edge-eu-1": OSError("Name or service not known")}
+
+    async def dns(name: str) -> str | Exception:  # Docker's DNS, as the task comes and moves
+        return answers[name]
+
+    monkeypatch.setattr(render_module, "_resolve", dns)
+
+    async def scenario() -> list[str]:
+        seen = []
+        await renderer.render()  # the catalog's one change: the edge passing, not resolvable
+        seen.append(renderer.upstreams_conf.read_text())
+        task = asyncio.create_task(reresolve(renderer, every=0.05))
+        answers["edge-eu-1"] = "10.210.0.7"  # healthy: in Docker's DNS now
+        await asyncio.sleep(0.3)
+        seen.append(renderer.upstreams_conf.read_text())
+        answers["edge-eu-1"] = "10.210.0.19"  # rescheduled on another node
+        await asyncio.sleep(0.3)
+        seen.append(renderer.upstreams_conf.read_text())
+        task.cancel()
+        return seen
+
+    before, healthy, moved = asyncio.run(scenario())
+    assert "10.210.0." not in before
+    assert "server 10.210.0.7:8200" in healthy
+    assert "server 10.210.0.19:8200" in moved and "10.210.0.7:" not in moved
+    assert renderer.dropped == {}
