@@ -286,10 +286,20 @@ class SwarmRun:
                              "answered_by_during": sorted({
                                  a.node for a in self.traffic.between(start, end, site)
                                  if a.node in others})})
+        event.facts["entry_dropped"] = self.renderer_drops(GATEWAYS[site])
         self.events.append(event)
         self.cluster.engines[node].start()  # the host back: it rejoins and idles
         wait_for(lambda: self.cluster.nodes()[node].startswith("Ready"), 120, f"{node} Ready")
         return event
+
+    def renderer_drops(self, gateway: str, since: str = "3m") -> list[str]:
+        """What the site's entry left out of nginx lately and why (its renderer's log)."""
+        site = next(s for s, g in GATEWAYS.items() if g == gateway)
+        logs = subprocess.run(self.cluster.manager.argv(
+            "service", "logs", "--raw", "--since", since, self.service(f"entry-{site}")),
+            capture_output=True, text=True, timeout=60)
+        return [line[-300:] for line in (logs.stdout + logs.stderr).splitlines()
+                if "not rendering" in line][:5]
 
     def drain(self, node: str = "center-2") -> Event:
         """``node`` drained: the center moves to the other center node (labelled for it

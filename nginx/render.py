@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,7 @@ skipped = discovery.Throttled(log)
 NGINX_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 RESOLVE_TIMEOUT_S = 1.0  # a host name in the catalog: resolved by the renderer, or dropped
 RERESOLVE_S = 5.0  # host names in the catalog are resolved again this often (renders if moved)
+KEEP_RESOLVED_S = 30.0  # a name that fails to resolve keeps its last answer this long
 MAX_CHECKS = 64  # nginx -t runs spent looking for the entries a failing candidate owes to
 UNMAPPED_TLS_NAME = "unmapped.tiered.invalid"  # no certificate names it: the handshake fails
 
@@ -455,6 +457,7 @@ class Renderer:
         self.child: subprocess.Popen[bytes] | None = None
         self.reloads = 0
         self.dropped: dict[tuple[str, str], Dropped] = {}
+        self.known: dict[str, tuple[str, float]] = {}  # host name -> last address, when
         self._rendering = asyncio.Lock()
 
     @property
@@ -469,7 +472,7 @@ class Renderer:
         """Resolve the fleet's host names, render, check with ``nginx -t``, swap, reload: one
         render at a time (three watches call this)."""
         async with self._rendering:
-            fleet, unresolved = await resolved(self.fleet)
+            fleet, unresolved = await resolved(self.fleet, self.known)
             text, failing = await asyncio.to_thread(self.checked, fleet)
             self._note_dropped([*unresolved, *failing, *self._tls_dropped(fleet)])
             if text is None or not write_atomically(self.upstreams_conf, text):
@@ -587,14 +590,26 @@ class Renderer:
         return changed
 
 
-async def resolved(fleet: Fleet) -> tuple[Fleet, list[Dropped]]:
+async def resolved(fleet: Fleet, known: dict[str, tuple[str, float]] | None = None,
+                   ) -> tuple[Fleet, list[Dropped]]:
     """``fleet`` with every host name replaced by the first address it resolves to (off the
     event loop, each within RESOLVE_TIMEOUT_S), and the entries whose name did not resolve
     (left out). nginx is only ever given IP literals: a name it cannot resolve would fail
-    ``nginx -t`` and freeze every later reload."""
+    ``nginx -t`` and freeze every later reload. ``known``: each name's last answer and when
+    (updated here); a name that fails to resolve within KEEP_RESOLVED_S of its last answer
+    keeps that address (a resolver too slow for a moment on a busy host must not take a
+    passing edge out of every pool; a stale address only costs nginx's next try)."""
     names = {i.address for role in ROLES for i in getattr(fleet, role) if not _is_ip(i.address)}
     answers = await asyncio.gather(*(_resolve(n) for n in names))
     found = dict(zip(names, answers, strict=True))
+    now = time.monotonic()
+    for name, answer in found.items():
+        if known is None:
+            continue
+        if isinstance(answer, str):
+            known[name] = (answer, now)
+        elif name in known and now - known[name][1] < KEEP_RESOLVED_S:
+            found[name] = known[name][0]
     dropped: list[Dropped] = []
     fields: dict[str, list[Instance]] = {}
     for role in ROLES:

@@ -14,6 +14,7 @@ import pytest
 import nginx.render as render_module
 from nginx.render import (
     DROPPED,
+    KEEP_RESOLVED_S,
     UNMAPPED_TLS_NAME,
     Entry,
     Fleet,
@@ -235,3 +236,31 @@ def test_a_name_that_resolves_later_or_moves_is_rendered_without_a_catalog_chang
     assert "server 10.210.0.7:8200" in healthy
     assert "server 10.210.0.19:8200" in moved and "10.210.0.7:" not in moved
     assert renderer.dropped == {}
+
+
+def test_a_name_failing_to_resolve_for_a_moment_keeps_its_last_address_for_a_while(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resolver too slow once on a busy host must not take a passing edge out of every
+    pool (the swarm test saw a site's entry with no server left); past KEEP_RESOLVED_S the
+    name is dropped as before."""
+    answers: dict[str, str | Exception] = {"edge-us-1": "10.210.0.9"}
+
+    async def dns(name: str) -> str | Exception:
+        return answers[name]
+
+    monkeypatch.setattr(render_module, "_resolve", dns)
+    fleet = Fleet(edges=[edge("edge-us-1", "edge-us-1", 8200)])
+    known: dict[str, tuple[str, float]] = {}
+    found, dropped = asyncio.run(resolved(fleet, known))
+    assert [i.address for i in found.edges] == ["10.210.0.9"] and not dropped
+    answers["edge-us-1"] = TimeoutError("no answer within 1.0 s")
+    found, dropped = asyncio.run(resolved(fleet, known))
+    assert [i.address for i in found.edges] == ["10.210.0.9"] and not dropped
+    known["edge-us-1"] = ("10.210.0.9", known["edge-us-1"][1] - KEEP_RESOLVED_S - 1)
+    found, dropped = asyncio.run(resolved(fleet, known))
+    assert found.edges == [] and [d.reason for d in dropped] == ["unresolvable"]
+    # without a memory of answers (the function alone), a failure drops the entry at once
+    answers["edge-us-1"] = "10.210.0.9"
+    asyncio.run(resolved(fleet, {}))
+    answers["edge-us-1"] = TimeoutError("no answer within 1.0 s")
+    assert asyncio.run(resolved(fleet))[0].edges == []
