@@ -50,6 +50,7 @@ bench: demo
 	$(BIN)/python -m bench.fuzz --markdown docs/bench/fuzz.md
 	$(BIN)/python -m bench.swaps --markdown docs/bench/swaps.md
 	$(BIN)/python -m bench.sites --markdown docs/bench/sites.md
+	$(BIN)/python -m bench.swarm --markdown docs/bench/swarm.md
 	$(BIN)/python -m bench.soak --minutes 10 --markdown docs/bench/soak.md
 	$(BIN)/python -m bench.registry_backup --markdown docs/bench/registry_backup.md
 	$(BIN)/python -m bench.failover --markdown docs/bench/registry_failover.md

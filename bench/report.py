@@ -14,8 +14,8 @@ from bench.kit import machine_line
 
 DOCS = Path("docs")
 ORDER = ["tiers", "profile", "quantization", "peers", "protocols", "cascade", "control",
-         "rollout", "fleet", "delta", "tuf", "chaos", "fuzz", "swaps", "sites", "soak",
-         "registry_backup", "registry_failover", "gpu"]
+         "rollout", "fleet", "delta", "tuf", "chaos", "fuzz", "swaps", "sites", "swarm",
+         "soak", "registry_backup", "registry_failover", "gpu"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
