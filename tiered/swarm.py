@@ -159,9 +159,11 @@ class Engine:
 
     def start(self) -> None:
         self.state.mkdir(parents=True, exist_ok=True)
-        # a killed daemon leaves its pidfile, naming PID 1 of its namespace: in the new
-        # namespace that PID is the new daemon itself, which would refuse to start
+        # a killed daemon leaves its pidfile and its runtime folder (containerd's pidfile and
+        # sockets among them), naming PIDs of its old namespace that a new one may reuse: a
+        # host's /run is empty after a reboot, and so is this node's
         (self.state / "dockerd.pid").unlink(missing_ok=True)
+        shutil.rmtree(self.exec_root, ignore_errors=True)
         daemon = (f"hostname {self.name} && exec dockerd --data-root {self.state / 'data'} "
                   f"--exec-root {self.exec_root} --pidfile {self.state / 'dockerd.pid'} "
                   f"-H unix://{self.sock} --iptables=false --ip-masq=false --bridge=none")
