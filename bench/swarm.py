@@ -201,17 +201,31 @@ class SwarmRun:
             raise TimeoutError(f"{exc}: {self.probe()}") from None
         return time.monotonic() - started
 
-    def probe(self) -> dict[str, str]:
-        """What one request through each entry gets now (for a failure's message)."""
-        seen = {}
+    def probe(self) -> dict[str, Any]:
+        """What requests through each entry get now, and what each entry's renderer last
+        wrote and left out (for a failure's message)."""
+        seen: dict[str, Any] = {}
         for site in EDGES:
-            try:
-                r = httpx.post(f"{self.entry(site)}/v2/models/{MODEL}/infer", content=body(0),
-                               timeout=5)
-                seen[site] = f"{r.status_code} {r.text[:200]}"
-            except httpx.HTTPError as exc:
-                seen[site] = repr(exc)
+            answers = []
+            for n in range(4):
+                try:
+                    r = httpx.post(f"{self.entry(site)}/v2/models/{MODEL}/infer",
+                                   content=body(n), timeout=5)
+                    answers.append(f"{r.status_code} {r.json()['parameters']['node_id']}"
+                                   if r.status_code == 200 else f"{r.status_code} {r.text[:80]}")
+                except (httpx.HTTPError, ValueError, KeyError) as exc:
+                    answers.append(repr(exc)[:120])
+            seen[site] = {"answers": answers, "renderer": self.renderer_log(site)}
         return seen
+
+    def renderer_log(self, site: str, since: str = "5m") -> list[str]:
+        """The site's entry's last upstreams and what it left out (its renderer's log)."""
+        logs = subprocess.run(self.cluster.manager.argv(
+            "service", "logs", "--raw", "--since", since, self.service(f"entry-{site}")),
+            capture_output=True, text=True, timeout=60)
+        lines = (logs.stdout + logs.stderr).splitlines()
+        written = [line for line in lines if '"upstreams: ' in line][-2:]
+        return [line[-400:] for line in [*written, *[x for x in lines if "rendering" in x][-4:]]]
 
     def _primary(self) -> bool:
         state = json.loads(self.registry("replication", "--json", timeout=30))
@@ -275,7 +289,11 @@ class SwarmRun:
         wait_for(lambda: all(self.cluster.node_of(self.service(e)) == GATEWAYS[site]
                          for e in EDGES[site]), 300, f"{site}'s edges running again")
         rescheduled = time.monotonic() - start
-        wait_for(lambda: self.answers_from(site, EDGES[site]), 180, f"{site} served by its edges")
+        try:
+            wait_for(lambda: self.answers_from(site, EDGES[site]), 180,
+                     f"{site} served by its edges")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}: {self.probe()}") from None
         end = time.monotonic()
         failover = self.traffic.first_after(
             start, site, lambda a: a.status == 200 and a.node in others)
@@ -286,20 +304,11 @@ class SwarmRun:
                              "answered_by_during": sorted({
                                  a.node for a in self.traffic.between(start, end, site)
                                  if a.node in others})})
-        event.facts["entry_dropped"] = self.renderer_drops(GATEWAYS[site])
+        event.facts["entry_log"] = self.renderer_log(site, since="2m")
         self.events.append(event)
         self.cluster.engines[node].start()  # the host back: it rejoins and idles
         wait_for(lambda: self.cluster.nodes()[node].startswith("Ready"), 120, f"{node} Ready")
         return event
-
-    def renderer_drops(self, gateway: str, since: str = "3m") -> list[str]:
-        """What the site's entry left out of nginx lately and why (its renderer's log)."""
-        site = next(s for s, g in GATEWAYS.items() if g == gateway)
-        logs = subprocess.run(self.cluster.manager.argv(
-            "service", "logs", "--raw", "--since", since, self.service(f"entry-{site}")),
-            capture_output=True, text=True, timeout=60)
-        return [line[-300:] for line in (logs.stdout + logs.stderr).splitlines()
-                if "not rendering" in line][:5]
 
     def drain(self, node: str = "center-2") -> Event:
         """``node`` drained: the center moves to the other center node (labelled for it
