@@ -194,6 +194,7 @@ class SwarmRun:
         self.figures["registry_primary_s"] = round(time.monotonic() - started, 1)
         self.publish(self.release)
         wait_for(lambda: set(self.healthy().values()) == {"1/1"}, 300, "every service healthy")
+        self.figures["healthy_s"] = round(time.monotonic() - started, 1)
         try:
             wait_for(lambda: all(self.answers_from(s, EDGES[s]) for s in EDGES), 120,
                      "both entries answering from their own edges")
@@ -400,6 +401,8 @@ def setup_table(run: SwarmRun) -> Table:
                         "images_center_s"),
                        ("images into the three edge-site nodes", "images_edge_s"),
                        ("docker stack deploy -> registry primary", "registry_primary_s"),
+                       ("docker stack deploy -> every service healthy (Docker's checks)",
+                        "healthy_s"),
                        ("docker stack deploy -> every service healthy, both entries "
                         "answering (first release published on the way)", "deploy_s")):
         out.add_row(label, str(f.get(key, "-")))
