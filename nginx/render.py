@@ -585,7 +585,12 @@ class Renderer:
     def follow(self, role: str) -> discovery.OnChange:
         async def changed(instances: list[Instance]) -> None:
             setattr(self.fleet, role, instances)
-            await self.render()
+            try:
+                await self.render()
+            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+                # the watch goes on (an exception here would end it, and the entry would keep
+                # this role's list for good); the next change or re-resolve renders again
+                log.error("rendering after a change of %s failed: %s", role, exc)
 
         return changed
 
@@ -598,7 +603,9 @@ async def resolved(fleet: Fleet, known: dict[str, tuple[str, float]] | None = No
     ``nginx -t`` and freeze every later reload. ``known``: each name's last answer and when
     (updated here); a name that fails to resolve within KEEP_RESOLVED_S of its last answer
     keeps that address (a resolver too slow for a moment on a busy host must not take a
-    passing edge out of every pool; a stale address only costs nginx's next try)."""
+    passing edge out of every pool; a stale address only costs nginx's next try). The lists
+    are read once, before the first await: a watch may put new ones in while names resolve."""
+    fleet = dataclasses.replace(fleet)  # the lists as they are now (a watch replaces, never edits)
     names = {i.address for role in ROLES for i in getattr(fleet, role) if not _is_ip(i.address)}
     answers = await asyncio.gather(*(_resolve(n) for n in names))
     found = dict(zip(names, answers, strict=True))
@@ -675,12 +682,26 @@ async def serve(renderer: Renderer, consul_addr: str | None, token: str | None,
         loop.add_signal_handler(sig, stopping.set)
     if renderer.child is not None:
         tasks.append(asyncio.create_task(_exit_with(renderer.child, stopping)))
+    ended: list[BaseException] = []
+
+    def check(task: asyncio.Task[None]) -> None:
+        # a watch that ends leaves nginx on that role's last list for good: stop instead, and
+        # exit non-zero, so that the supervisor (Swarm, systemd, `tiered up`) restarts it
+        if not task.cancelled() and task.exception() is not None:
+            ended.append(task.exception() or RuntimeError("ended"))
+            log.error("a watch of the fleet ended: %r; stopping", task.exception())
+            stopping.set()
+
+    for task in tasks:
+        task.add_done_callback(check)
     await stopping.wait()
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     if client is not None:
         await client.close()
+    if ended:
+        raise click.ClickException(f"a watch of the fleet ended: {ended[0]!r}")
 
 
 async def reresolve(renderer: Renderer, every: float = RERESOLVE_S) -> None:

@@ -9,6 +9,7 @@ import re
 import shutil
 from pathlib import Path
 
+import click
 import pytest
 
 import nginx.render as render_module
@@ -264,3 +265,60 @@ def test_a_name_failing_to_resolve_for_a_moment_keeps_its_last_address_for_a_whi
     asyncio.run(resolved(fleet, {}))
     answers["edge-us-1"] = TimeoutError("no answer within 1.0 s")
     assert asyncio.run(resolved(fleet))[0].edges == []
+
+
+@pytest.mark.skipif(NGINX is None, reason="needs the nginx binary (nginx -t)")
+def test_a_catalog_change_while_names_resolve_is_rendered_not_lost(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three watches share one fleet. When the centers' list changes (a new name) while the
+    edges' render is still resolving names, that render must finish with the fleet it started
+    from, and the next one render the change. (Before, the edges' render met a name it had
+    not resolved, raised KeyError and ended the edges' watch: the entry kept a stale edge list
+    for good, and a site's clients were answered by another site's edges, as the swarm test
+    saw.)"""
+    assert NGINX is not None
+    (tmp_path / "tmp").mkdir()
+    renderer = Renderer(tmp_path, NGINX, run_nginx=False)
+    renderer.conf.write_text(config(tmp_path, "127.0.0.1:1", 10, 10, "1m", tmp_path))
+    slow = asyncio.Event()
+
+    async def dns(name: str) -> str | Exception:  # Docker's DNS, slow for the edge's name
+        if name == "edge-eu-1":
+            await slow.wait()
+        return {"edge-eu-1": "10.210.0.7", "center-1": "10.210.0.14"}[name]
+
+    monkeypatch.setattr(render_module, "_resolve", dns)
+    center = Instance("center-1", "center-1", 8100, ("center",), {"region": "center"}, True)
+
+    async def change(role: str, instances: list[Instance]) -> None:  # as a Watch calls it
+        result = renderer.follow(role)(instances)
+        if result is not None:
+            await result
+
+    async def scenario() -> None:
+        edges = asyncio.create_task(change("edges", [edge("edge-eu-1", "edge-eu-1", 8200,
+                                                          region="eu")]))
+        await asyncio.sleep(0.05)  # the edges' render is waiting on the resolver
+        centers = asyncio.create_task(change("centers", [center]))
+        await asyncio.sleep(0.05)
+        slow.set()
+        await asyncio.gather(edges, centers)
+
+    asyncio.run(scenario())
+    text = renderer.upstreams_conf.read_text()
+    assert "server 10.210.0.7:8200" in text
+    assert "server 10.210.0.14:8100" in text
+    assert renderer.dropped == {}
+
+
+def test_a_watch_that_ends_stops_the_renderer_with_an_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A renderer whose watch died would leave nginx on a stale list for good while looking
+    alive: it exits non-zero instead, so that Swarm (or systemd, or `tiered up`) restarts it."""
+    async def broken(renderer: Renderer, every: float = 0.0) -> None:
+        raise KeyError("center-1")
+
+    monkeypatch.setattr(render_module, "reresolve", broken)
+    renderer = Renderer(tmp_path, "nginx", run_nginx=False)
+    with pytest.raises(click.ClickException, match="a watch of the fleet ended: KeyError"):
+        asyncio.run(asyncio.wait_for(render_module.serve(renderer, "127.0.0.1:1", None), 10))
