@@ -109,6 +109,8 @@ stop() {
     kill "$pid"
     for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
     if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid"; fi
+    # dockerd bind-mounts its data root onto itself (overlay2) and leaves that mount behind
+    if mountpoint -q "$STATE/data"; then umount "$STATE/data" || true; fi
     log "dockerd (pid $pid) stopped"
 }
 
