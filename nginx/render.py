@@ -585,14 +585,18 @@ class Renderer:
     def follow(self, role: str) -> discovery.OnChange:
         async def changed(instances: list[Instance]) -> None:
             setattr(self.fleet, role, instances)
-            try:
-                await self.render()
-            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-                # the watch goes on (an exception here would end it, and the entry would keep
-                # this role's list for good); the next change or re-resolve renders again
-                log.error("rendering after a change of %s failed: %s", role, exc)
+            # the watch goes on after a failed render (an exception here would end it, and the
+            # entry would keep this role's list for good)
+            await self.render_or_log(f"a change of {role}")
 
         return changed
+
+    async def render_or_log(self, after: str) -> None:
+        """``render``, a failure logged: the next change or re-resolve renders again."""
+        try:
+            await self.render()
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            log.error("rendering after %s failed: %s", after, exc)
 
 
 async def resolved(fleet: Fleet, known: dict[str, tuple[str, float]] | None = None,
@@ -609,10 +613,8 @@ async def resolved(fleet: Fleet, known: dict[str, tuple[str, float]] | None = No
     names = {i.address for role in ROLES for i in getattr(fleet, role) if not _is_ip(i.address)}
     answers = await asyncio.gather(*(_resolve(n) for n in names))
     found = dict(zip(names, answers, strict=True))
-    now = time.monotonic()
+    now, known = time.monotonic(), {} if known is None else known  # {}: no memory kept
     for name, answer in found.items():
-        if known is None:
-            continue
         if isinstance(answer, str):
             known[name] = (answer, now)
         elif name in known and now - known[name][1] < KEEP_RESOLVED_S:
@@ -682,19 +684,18 @@ async def serve(renderer: Renderer, consul_addr: str | None, token: str | None,
         loop.add_signal_handler(sig, stopping.set)
     if renderer.child is not None:
         tasks.append(asyncio.create_task(_exit_with(renderer.child, stopping)))
-    ended: list[BaseException] = []
 
     def check(task: asyncio.Task[None]) -> None:
         # a watch that ends leaves nginx on that role's last list for good: stop instead, and
         # exit non-zero, so that the supervisor (Swarm, systemd, `tiered up`) restarts it
         if not task.cancelled() and task.exception() is not None:
-            ended.append(task.exception() or RuntimeError("ended"))
             log.error("a watch of the fleet ended: %r; stopping", task.exception())
             stopping.set()
 
     for task in tasks:
         task.add_done_callback(check)
     await stopping.wait()
+    ended = [t.exception() for t in tasks if t.done() and not t.cancelled() and t.exception()]
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -713,10 +714,7 @@ async def reresolve(renderer: Renderer, every: float = RERESOLVE_S) -> None:
     while True:
         await asyncio.sleep(every)
         if renderer.fleet.names_hosts():
-            try:
-                await renderer.render()
-            except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-                log.warning("re-rendering after resolving the names again failed: %s", exc)
+            await renderer.render_or_log("resolving the names again")
 
 
 async def _exit_with(child: subprocess.Popen[bytes], stopping: asyncio.Event) -> None:
