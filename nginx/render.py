@@ -596,7 +596,7 @@ class Renderer:
         try:
             await self.render()
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-            log.error("rendering after %s failed: %s", after, exc)
+            log.warning("rendering after %s failed: %s", after, exc)
 
 
 async def resolved(fleet: Fleet, known: dict[str, tuple[str, float]] | None = None,
