@@ -195,12 +195,16 @@ class SwarmRun:
         self.publish(self.release)
         wait_for(lambda: set(self.healthy().values()) == {"1/1"}, 300, "every service healthy")
         self.figures["healthy_s"] = round(time.monotonic() - started, 1)
+        self.wait_served(list(EDGES), 120, "both entries answering from their own edges")
+        return time.monotonic() - started
+
+    def wait_served(self, sites: list[str], timeout: float, what: str) -> None:
+        """Until each of ``sites``' entries answers from its own edges; on a timeout, say what
+        the entries answered and what their renderers last wrote (``probe``)."""
         try:
-            wait_for(lambda: all(self.answers_from(s, EDGES[s]) for s in EDGES), 120,
-                     "both entries answering from their own edges")
+            wait_for(lambda: all(self.answers_from(s, EDGES[s]) for s in sites), timeout, what)
         except TimeoutError as exc:
             raise TimeoutError(f"{exc}: {self.probe()}") from None
-        return time.monotonic() - started
 
     def probe(self) -> dict[str, Any]:
         """What requests through each entry get now, and what each entry's renderer last
@@ -290,11 +294,7 @@ class SwarmRun:
         wait_for(lambda: all(self.cluster.node_of(self.service(e)) == GATEWAYS[site]
                          for e in EDGES[site]), 300, f"{site}'s edges running again")
         rescheduled = time.monotonic() - start
-        try:
-            wait_for(lambda: self.answers_from(site, EDGES[site]), 180,
-                     f"{site} served by its edges")
-        except TimeoutError as exc:
-            raise TimeoutError(f"{exc}: {self.probe()}") from None
+        self.wait_served([site], 180, f"{site} served by its edges")
         end = time.monotonic()
         failover = self.traffic.first_after(
             start, site, lambda a: a.status == 200 and a.node in others)
