@@ -54,6 +54,10 @@ def leading(home: Path) -> bool:
     if not (home / "registry.sqlite3").exists():
         return False
     with sqlite3.connect(f"file:{home / 'registry.sqlite3'}?mode=ro", uri=True) as conn:
+        # a registry starting up has created its file but not yet its schema: not leading
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'replication_state'"
+                        ).fetchone() is None:
+            return False
         row = conn.execute("SELECT role, lease_until FROM replication_state").fetchone()
     return bool(row[0] == "primary" and row[1] > time.time())
 
