@@ -163,16 +163,22 @@ NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").i
                                   else None)
 
 
+def checking_renderer(tmp_path: Path) -> Renderer:
+    """A renderer (nginx not run) whose nginx.conf passes ``nginx -t`` with this nginx."""
+    assert NGINX is not None
+    (tmp_path / "tmp").mkdir()
+    renderer = Renderer(tmp_path, NGINX, run_nginx=False)
+    renderer.conf.write_text(config(tmp_path, "127.0.0.1:1", 10, 10, "1m", tmp_path))
+    return renderer
+
+
 @pytest.mark.skipif(NGINX is None, reason="needs the nginx binary (nginx -t)")
 def test_a_candidate_that_fails_nginx_t_never_replaces_the_working_file(
         tmp_path: Path) -> None:
     """Whatever the reason a candidate fails nginx -t (here: a rendering that writes a host
     name for one entry, as the renderer did before), the entries it fails by are left out,
     said in the log and the metric, and the file nginx runs with always passes nginx -t."""
-    assert NGINX is not None
-    (tmp_path / "tmp").mkdir()
-    renderer = Renderer(tmp_path, NGINX, run_nginx=False)
-    renderer.conf.write_text(config(tmp_path, "127.0.0.1:1", 10, 10, "1m", tmp_path))
+    renderer = checking_renderer(tmp_path)
     good = Fleet(edges=[edge("edge-us-1", "127.0.0.1", 1001)])
     renderer.upstreams_conf.write_text(upstreams(good))
 
@@ -206,10 +212,7 @@ def test_a_name_that_resolves_later_or_moves_is_rendered_without_a_catalog_chang
     task is healthy (possibly after Consul's check passed and the catalog settled) and to a
     new address when the task moves to another node: the renderer resolves the names again
     on its own and renders what they now answer, with no change in the catalog."""
-    assert NGINX is not None
-    (tmp_path / "tmp").mkdir()
-    renderer = Renderer(tmp_path, NGINX, run_nginx=False)
-    renderer.conf.write_text(config(tmp_path, "127.0.0.1:1", 10, 10, "1m", tmp_path))
+    renderer = checking_renderer(tmp_path)
     renderer.fleet = Fleet(edges=[edge("edge-eu-1", "edge-eu-1", 8200)])
     answers: dict[str, str | Exception] = {"edge-eu-1": OSError("Name or service not known")}
 
@@ -276,10 +279,7 @@ def test_a_catalog_change_while_names_resolve_is_rendered_not_lost(
     not resolved, raised KeyError and ended the edges' watch: the entry kept a stale edge list
     for good, and a site's clients were answered by another site's edges, as the swarm test
     saw.)"""
-    assert NGINX is not None
-    (tmp_path / "tmp").mkdir()
-    renderer = Renderer(tmp_path, NGINX, run_nginx=False)
-    renderer.conf.write_text(config(tmp_path, "127.0.0.1:1", 10, 10, "1m", tmp_path))
+    renderer = checking_renderer(tmp_path)
     slow = asyncio.Event()
 
     async def dns(name: str) -> str | Exception:  # Docker's DNS, slow for the edge's name
