@@ -78,7 +78,7 @@ def up_cmd(http_port: int | None, grpc_port: int | None, consul_port: int | None
         stack.up(timeout)
         summary(stack, s, time.monotonic() - started)
         if choice.train_behind:
-            releases.Behind(stack, s).start()
+            releases.Behind(stack, s, publish_env=publish_settings(os.environ)).start()
 
     run_until_stopped(stack, start, "the stack")
 
@@ -145,13 +145,21 @@ def ensure_tools() -> None:
     subprocess.run(["bash", str(script)], check=True)
 
 
+def publish_settings(base: Mapping[str, str]) -> dict[str, str]:
+    """The ``REGISTRY_*`` settings tiered runs with (e.g. ``REGISTRY_MIN_FIDELITY``), for the
+    releases it publishes: all but the home (the stack's) and the secrets (a publish needs
+    none)."""
+    return {k: v for k, v in base.items() if k.startswith("REGISTRY_")
+            and k not in ("REGISTRY_HOME", "REGISTRY_TOKEN", "REGISTRY_TOKEN_FILE")}
+
+
 def ensure_release(s: TieredSettings) -> releases.Choice:
     """Publish the demo release the stack starts on, unless the registry has it already: the
     full release when it is built, else the quick one (built in under a minute) when nothing
     is published. Says whether to train the full one behind."""
     choice = releases.choose(s)
-    env = {"PATH": f"{BIN}:/usr/bin:/bin", "REGISTRY_HOME": str(s.registry_home),
-           "HOME": str(Path.home())}
+    env = {"PATH": f"{BIN}:/usr/bin:/bin", **publish_settings(os.environ),
+           "REGISTRY_HOME": str(s.registry_home), "HOME": str(Path.home())}
     if choice.start is releases.Start.PUBLISHED:
         # a registry from before signing: the stack's nodes refuse unsigned releases
         subprocess.run(registry_cli(s.registry_home, "sign", s.model), check=True, env=env,
@@ -169,7 +177,8 @@ def ensure_release(s: TieredSettings) -> releases.Choice:
                   f"(under a minute) and publishing it"
                   + ("; the full one trains behind once the stack is up"
                      if choice.train_behind else ""))
-    subprocess.run(releases.build_argv(choice.start.value, folder), check=True, env=env)
+    builder = s.trainer if choice.start is releases.Start.FULL else releases.QUICK_BUILDER
+    subprocess.run(releases.build_argv(builder, folder), check=True, env=env)
     subprocess.run(releases.publish_argv(s, folder), check=True, env=env)
     return choice
 

@@ -114,8 +114,11 @@ def kinds(s: TieredSettings, versions: list[int]) -> dict[int, str]:
     return found
 
 
-def build_argv(kind: str, out: Path) -> list[str]:
-    module = "examples.sentiment.quick" if kind == QUICK else "examples.sentiment.build"
+QUICK_BUILDER = "examples.sentiment.quick"
+
+
+def build_argv(module: str, out: Path) -> list[str]:
+    """``python -m MODULE --out OUT``: a release builder (``QUICK_BUILDER``, ``s.trainer``)."""
     return [str(BIN / "python"), "-m", module, "--out", str(out)]
 
 
@@ -133,11 +136,11 @@ class Behind(threading.Thread):
     def __init__(self, stack: Stack, s: TieredSettings, build: list[str] | None = None,
                  publish_env: dict[str, str] | None = None) -> None:
         """``build``: the command that writes the full release into ``s.release`` (default:
-        ``examples.sentiment.build``), run at the lowest CPU priority; ``publish_env``: extra
-        REGISTRY_* settings for its publish."""
+        ``s.trainer``), run at the lowest CPU priority; ``publish_env``: extra REGISTRY_*
+        settings for its publish."""
         super().__init__(name="train-behind", daemon=True)
         self.stack, self.s = stack, s
-        self.build = build or build_argv(FULL, s.release)
+        self.build = build or build_argv(s.trainer, s.release)
         self.publish_env = publish_env or {}
 
     def run(self) -> None:

@@ -6,12 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import AliasChoices, Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from serving.config.settings import RegistrySecret
+from serving.config.settings import AbsolutePaths, RegistrySecret
 
 
-class TieredSettings(BaseSettings):
+class TieredSettings(AbsolutePaths):
     model_config = SettingsConfigDict(env_prefix="TIERED_", extra="forbid", frozen=True,
                                       use_attribute_docstrings=True, hide_input_in_errors=True)
 
@@ -40,6 +40,12 @@ class TieredSettings(BaseSettings):
     quick_release: Path = Path("./var/demo/quick")
     """Where the quick demo release folder is built (pretrained MiniLM, logistic heads; under a
     minute): what a machine without the full release starts on."""
+
+    trainer: str = Field(default="examples.sentiment.build",
+                         pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+    """The Python module that builds the full release into ``release`` (run as ``python -m
+    MODULE --out RELEASE`` at the lowest CPU priority): the demo's fine-tuning by default,
+    your own training script to serve your model first and train it behind."""
 
     train_behind: bool = True
     """Started on the quick release, train the full one at low priority and roll it out when it

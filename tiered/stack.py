@@ -7,6 +7,7 @@ it. Every child is started on loopback, its output goes to ``<root>/logs/<name>.
 from __future__ import annotations
 
 import json
+import os
 import ssl
 import subprocess
 import threading
@@ -405,7 +406,10 @@ class Stack:
 
     def save(self) -> None:
         with self._saving:  # the supervisor and the release trained behind both save
-            (self.root / STATE).write_text(json.dumps(self.state(), indent=2))
+            # whole or not at all: `tiered status` may read it at any moment
+            temporary = self.root / f".{STATE}.tmp"
+            temporary.write_text(json.dumps(self.state(), indent=2))
+            os.replace(temporary, self.root / STATE)
 
     def stop(self) -> None:
         """Newest first: nginx (its renderer stops nginx), edges, centers, registry, Consul."""

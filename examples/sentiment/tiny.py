@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import click
 import torch
 
 from examples.sentiment import data, encoder
@@ -43,3 +44,17 @@ def build_tiny_release(out: Path, seed: int = 0, train_rows: int = 4000,
                               for label in dataset.val.labels[:calibration_rows]])
     return write_release(out, models[0], models[1], encoder.tokenizer_path(), calibration,
                          MAX_LENGTH)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="Release folder to write.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Training seed.")
+def main(out: Path, seed: int) -> None:
+    """Build the tiny release (seconds): a stand-in for the full demo release in tests, e.g.
+    ``TIERED_TRAINER=examples.sentiment.tiny tiered up``."""
+    build_tiny_release(out, seed=seed)
+
+
+if __name__ == "__main__":
+    main()

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import atexit
-import shutil
+import os
 import socket
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Self
 
@@ -26,7 +24,23 @@ RegistrySecret = Annotated[SecretStr, AfterValidator(_long_enough)]
 """The registry's secret (``REGISTRY_TOKEN``): refused when empty or under 16 characters."""
 
 
-class ConsulSettings(BaseSettings):
+class AbsolutePaths(BaseSettings):
+    """Settings whose paths are made absolute once, against the folder the command was
+    started in, when the object is built: a child process spawned in another working folder
+    (``tiered up`` runs its children in ``<root>``) is handed the same files, never a second
+    registry or release folder that the relative path names there."""
+
+    @model_validator(mode="after")
+    def _absolute_paths(self) -> Self:
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, Path) and not value.is_absolute():
+                # abspath, not resolve(): '..' is folded, a symlinked folder is kept as named
+                object.__setattr__(self, name, Path(os.path.abspath(value)))
+        return self
+
+
+class ConsulSettings(AbsolutePaths):
     """Consul's own variables, for every process that registers or discovers through it.
     Errors never echo the value they refuse (an almost-right secret is still a secret)."""
 
@@ -277,15 +291,15 @@ class ServingSettings(ConsulSettings):
             if data.get(key) is not None:
                 raise ValueError(f"{key} is set, but the bundle {path} holds this node's "
                                  f"certificate and key: unset tls_cert and tls_key")
-        folder = _private_folder()
-        (folder / "ca.pem").write_text(b.ca)
+        folder = _bundle_folder(Path(data.get("store") or cls.model_fields["store"].default))
+        _replace(folder / "ca.pem", b.ca.encode())
         data.setdefault("registry_ca", None)
         data["registry_ca"] = data["registry_ca"] or folder / "ca.pem"
         if "center_ca" in cls.model_fields:
             data["center_ca"] = data.get("center_ca") or folder / "ca.pem"
         if str(data.get("serve_tls", True)).lower() not in ("false", "0", "no", "off"):
-            write_secret(folder / "cert.pem", b.cert.encode())
-            write_secret(folder / "key.pem", b.key.encode())
+            _replace(folder / "cert.pem", b.cert.encode())
+            _replace(folder / "key.pem", b.key.encode())
             data["tls_cert"], data["tls_key"] = folder / "cert.pem", folder / "key.pem"
         data["directive_floor"] = max(int(data.get("directive_floor") or 0), b.directive_floor)
         return data
@@ -316,10 +330,23 @@ class ServingSettings(ConsulSettings):
         return socket.gethostname() if self.host in ("0.0.0.0", "::", "") else self.host
 
 
-def _private_folder() -> Path:
-    """A folder only this user can read (0700), removed when the process exits: where a
-    bundle's certificate, key and CA are put for the servers that read them from files
-    (uvicorn, the gRPC server)."""
-    folder = Path(tempfile.mkdtemp(prefix="tiered-bundle-"))
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+BUNDLE_FOLDER = ".bundle"  # in the node's store: never a model name (those start with [a-z0-9])
+
+
+def _bundle_folder(store: Path) -> Path:
+    """``<store>/.bundle``, only this user's (0700): where a bundle's certificate, key and CA
+    are put for the servers that read them from files (uvicorn, the gRPC server). One folder
+    per node, its files replaced at each start, not a new temporary folder per start that a
+    killed process leaves behind with its key in it."""
+    folder = Path(os.path.abspath(store)) / BUNDLE_FOLDER
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)  # an older folder keeps its mode through mkdir
     return folder
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """``path`` holding ``data`` (0600), swapped in whole: workers of one node starting at
+    once each write the same bytes, and none reads a half-written file."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    write_secret(temporary, data)
+    os.replace(temporary, path)

@@ -12,7 +12,7 @@ def test_defaults_env_and_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("REGISTRY_HOME", "REGISTRY_GRPC_PORT", "REGISTRY_TOKEN", "REGISTRY_ACTOR"):
         monkeypatch.delenv(name, raising=False)
     defaults = RegistrySettings()
-    assert defaults.home == Path("./var/registry") and defaults.grpc_port == 50051
+    assert defaults.home == Path("./var/registry").absolute() and defaults.grpc_port == 50051
     assert defaults.token is None and "@" in defaults.actor
     monkeypatch.setenv("REGISTRY_HOME", "/srv/registry")
     monkeypatch.setenv("REGISTRY_TOKEN", "s3cret-0123456789abcdef")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,12 @@ def tls(tmp_path: Path) -> Path:
     return tmp_path / "tls"
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings without a store use the default ./var/edge: here, not in the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 def edge_bundle(tmp_path: Path, tls: Path, floor: int = 0) -> Path:
     return bundles.write(tmp_path / "bundles", tls, SECRET, "edge-eu-1", "edge", "eu",
                          ("127.0.0.1",), directive_floor=floor)
@@ -48,6 +55,7 @@ def test_a_node_takes_its_identity_token_certificate_and_ca_from_its_bundle(
     assert s.registry_token is not None and s.registry_token.get_secret_value() == b.token
     assert s.tls_cert is not None and s.tls_key is not None and s.scheme == "https"
     assert s.tls_cert.read_text() == b.cert and s.tls_key.read_text() == b.key
+    assert s.tls_key.parent == tmp_path / "var" / "edge" / ".bundle"  # the node's own store
     assert stat.S_IMODE(s.tls_key.parent.stat().st_mode) == 0o700  # a private folder
     assert stat.S_IMODE(s.tls_key.stat().st_mode) == 0o600
     assert s.registry_ca == s.center_ca and s.center_ca is not None
@@ -113,3 +121,28 @@ def test_a_wiped_store_refuses_a_replayed_old_directive(tmp_path: Path, tls: Pat
         node.check(*old, "tiny", 1, sha)
     new = directive.sign(signer, Directive("edge-eu-1", "tiny", 2, sha, 43, head))
     node.accept(node.check(*new, "tiny", 2, sha))  # what the registry pushes now is taken
+
+
+def test_the_key_is_kept_in_the_nodes_store_and_replaced_at_each_start(
+        tmp_path: Path, tls: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a new temporary folder per start (a killed node left one behind, key and all,
+    every time): one 0700 folder in the store, its files replaced, nothing else written."""
+    path = edge_bundle(tmp_path, tls)
+    store = tmp_path / "store"
+    (store / ".bundle").mkdir(parents=True, mode=0o755)
+    (store / ".bundle" / "key.pem").write_text("a stale key")
+    (store / ".bundle" / "key.pem").chmod(0o644)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    first = EdgeSettings(bundle=path, store=store)
+    second = EdgeSettings(bundle=path, store=store)
+    assert first.tls_key == second.tls_key == store / ".bundle" / "key.pem"
+    assert second.tls_key.read_text() == bundle.load(path).key
+    assert stat.S_IMODE((store / ".bundle").stat().st_mode) == 0o700
+    assert stat.S_IMODE(second.tls_key.stat().st_mode) == 0o600
+    assert sorted(p.name for p in (store / ".bundle").iterdir()) == [
+        "ca.pem", "cert.pem", "key.pem"]
+    assert list(temp.iterdir()) == []
+    # the store still lists no model: the folder is not a model name
+    assert [p.name for p in store.iterdir()] == [".bundle"]
