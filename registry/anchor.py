@@ -195,8 +195,9 @@ def check(db: sqlite_utils.Database, path: Path, public: Ed25519PublicKey | None
                       f"chain cannot be told from a whole one. If this registry predates signed "
                       f"heads, check the records and run `registry audit --anchor`")
     if public is None:
-        return kept, (f"no signing key at {key_path} to check the signed head with (signed by "
-                      f"key {kept.key_id})")
+        return kept, (f"no key at {key_path} to check the signed head with (signed by key "
+                      f"{kept.key_id}): the public key is enough, e.g. the backup's "
+                      f"keys/signing.pub")
     try:
         public.verify(kept.signature, body(kept.head))
     except InvalidSignature:

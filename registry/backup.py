@@ -510,6 +510,10 @@ def restore(settings: RegistrySettings, src: Path, home: Path, force: bool = Fal
                 if (home / name).is_dir():
                     shutil.copytree(home / name, tmp / name)
                     result.carried.append(name)
+        if "keys" not in result.carried and (src / PUBLIC_KEY).is_file():
+            # public material only: enough for `audit --verify` and for the nodes' release key
+            (tmp / PUBLIC_KEY).parent.mkdir(mode=0o700, exist_ok=True)
+            shutil.copyfile(src / PUBLIC_KEY, tmp / PUBLIC_KEY)
         key = manifest.get("key_id")
         if key and "keys" not in result.carried and settings.signing_key is None:
             result.warnings.append(f"the signing key is not in a backup: put the private key "

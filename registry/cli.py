@@ -446,7 +446,8 @@ def audit_cmd(ctx: Context, verify: bool, anchor_head: bool, model: str | None,
         checked, finding = audit.verify(db)
         settings = ctx.settings
         head, problem = anchor.check(db, settings.home / anchor.FILE,
-                                     keys.existing_public(settings), settings.signing_key_path)
+                                     keys.verifying_key(settings),
+                                     keys.public_path(settings.signing_key_path))
         if anchor_head and finding is None and head is None and problem is not None:
             # the only problem is the missing head: sign the chain as it is now (an AnchorError
             # is a RegistryError: main() prints it and exits 1)

@@ -94,6 +94,11 @@ def signer(settings: RegistrySettings) -> Signer:
                     f"no signing key at {path}, and this registry is one of a replicated group: "
                     f"every registry of a group signs with the one key nodes pin, so it is "
                     f"provisioned (REGISTRY_SIGNING_KEY), never made here")
+            if public_path(path).is_file():
+                raise SigningKeyError(
+                    f"no signing key at {path}, only its public half {public_path(path).name} "
+                    f"(a restored home?): put the private key back there or set "
+                    f"REGISTRY_SIGNING_KEY; a new key would sign releases no node accepts")
             try:
                 key = generate_key_pair(path, public_path(path))
             except SigningError:
@@ -124,6 +129,22 @@ def _replicated(settings: RegistrySettings) -> bool:
     """Whether the registry at ``settings.home`` is a primary or standby of a group."""
     state = read_state(settings.database)
     return state is not None and state.role != "standalone"
+
+
+def verifying_key(settings: RegistrySettings) -> Ed25519PublicKey | None:
+    """The key that checks what this registry signed, from public material first: the
+    ``signing.pub`` beside the signing key (a restored home has it, and no private key), else
+    the private key's public half; None when neither exists (nothing is created here)."""
+    public = public_path(settings.signing_key_path)
+    if public.is_file():
+        try:
+            key = serialization.load_pem_public_key(public.read_bytes())
+        except ValueError as exc:
+            raise SigningKeyError(f"cannot read the public key {public}: {exc}") from exc
+        if not isinstance(key, Ed25519PublicKey):
+            raise SigningKeyError(f"{public} is not an Ed25519 public key")
+        return key
+    return existing_public(settings)
 
 
 def existing_public(settings: RegistrySettings) -> Ed25519PublicKey | None:

@@ -31,8 +31,8 @@ def populated(registry_cli: RegistryCli, tiny_release: Path) -> RegistryCli:
     return registry_cli
 
 
-def test_backup_then_restore_gives_the_same_registry(populated: RegistryCli,
-                                                     tmp_path: Path) -> None:
+def test_backup_then_restore_gives_the_same_registry(populated: RegistryCli, tmp_path: Path,
+                                                     tiny_release: Path) -> None:
     dest = tmp_path / "backup"
     made = populated("backup", dest, "--json").json()
     assert made["counts"] == {"models": 1, "versions": 2, "audit": 4}
@@ -46,7 +46,16 @@ def test_backup_then_restore_gives_the_same_registry(populated: RegistryCli,
     assert (result["head_seq"], result["checked"], result["blobs"]) == (4, 4, 4)
     assert result["replaced"] is None and "signing key" in result["warnings"][0]
     assert any("ends at seq 4" in n and "keep refusing" in n for n in result["notes"])
-    # the private key is never in a backup: the operator puts it back, as the warning says
+    # the private key is never in a backup, its public half is: the restored chain and its
+    # signed head check out with public material alone
+    assert sorted(p.name for p in (restored.home / "keys").iterdir()) == ["signing.pub"]
+    verdict = restored("audit", "--verify", "--json").json()
+    assert verdict["ok"] and verdict["head"]["seq"] == 4
+    # ... and nothing mints a new key in its place: the operator puts it back, as warned
+    refused = restored("publish", tiny_release, "--name", "sentiment", check=False)
+    assert refused.code == 2 and "only its public half" in refused.stderr
+    assert not (restored.home / "keys" / "signing.key").exists()
+    shutil.rmtree(restored.home / "keys")
     shutil.copytree(populated.home / "keys", restored.home / "keys")
     verdict = restored("audit", "--verify", "--json").json()
     assert verdict["ok"] and verdict["checked"] == 4 and verdict["head"]["seq"] == 4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import threading
 import time
@@ -15,7 +16,7 @@ from registry import anchor, audit, backup, replication
 from registry.audit import Record
 from registry.blobs import BlobStore
 from registry.db import connect, now, transaction
-from registry.errors import BackupRefused, IntegrityError, NotFound
+from registry.errors import BackupRefused, IntegrityError, NotFound, SigningKeyError
 from registry.settings import RegistrySettings
 
 
@@ -310,7 +311,10 @@ def test_a_backup_of_a_group_s_primary_restores_as_a_standalone_registry_that_ta
     state = replication.state(restored.conn)
     assert (state.role, state.leader, state.lease_until) == ("standalone", None, 0.0)
     assert restored.conn.execute("SELECT count(*) FROM replicas").fetchone()[0] == 0
-    append(restored, settings_for(tmp_path / "r"))  # writes are accepted
+    with pytest.raises(SigningKeyError, match="only its public half"):  # no new key minted
+        append(restored, settings_for(tmp_path / "r"))
+    shutil.copy(home / "keys" / "signing.key", tmp_path / "r" / "keys" / "signing.key")
+    append(restored, settings_for(tmp_path / "r"))  # the key back: writes are accepted
 
 
 # -- concurrency -------------------------------------------------------------------------------
