@@ -43,6 +43,9 @@ class Metrics:
                                        "answered", MV, registry=r)
         self.request_failure = Counter(f"{prefix}_request_failure", "Inference requests "
                                        "failed, by reason", [*MV, "reason"], registry=r)
+        self.probes = Counter(f"{prefix}_probe_requests", "Health checks and scrapes "
+                              "(/v2/health/*, /metrics), counted here and logged at debug "
+                              "level only", ["path", "status"], registry=r)
         self.request_duration = Histogram(f"{prefix}_request_duration_seconds",
                                           "End-to-end inference request time", MV,
                                           buckets=LATENCY, registry=r)

@@ -61,3 +61,26 @@ def test_a_route_and_the_infer_handler_answer_an_error_alike() -> None:
     assert route.status_code == handler.status_code == 404
     assert route.headers["content-type"] == handler.headers["content-type"] == "application/json"
     assert route.json() == handler.json() == {"error": "model 'nope' has no version None"}
+
+
+def test_probes_are_counted_not_logged_and_requests_are_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Consul's checks and nginx's probes every few seconds would bury the lifecycle: a
+    passing probe is a debug line and a count in /metrics; a failing probe, an inference and
+    a 404 stay in the log."""
+    p, _ = plane()
+    with caplog.at_level(logging.INFO, logger="serving.access"), \
+            TestClient(create_app(p)) as client:
+        for _ in range(3):
+            assert client.get("/v2/health/live").status_code == 200
+        assert client.post("/v2/models/sentiment/infer", content=BODY).status_code == 200
+        assert client.get("/v2/models/nope").status_code == 404
+        scraped = client.get("/metrics").text
+        with TestClient(create_app(plane(loaded=False)[0])) as empty:
+            assert empty.get("/v2/health/ready").status_code == 503
+    logged = [r.getMessage() for r in caplog.records if r.name == "serving.access"]
+    assert not any("/v2/health/live" in line or "/metrics" in line for line in logged), logged
+    assert any("POST /v2/models/sentiment/infer 200" in line for line in logged), logged
+    assert any("GET /v2/models/nope 404" in line for line in logged), logged
+    assert any("GET /v2/health/ready 503" in line for line in logged), logged  # news
+    assert 'test_probe_requests_total{path="/v2/health/live",status="200"} 3.0' in scraped
