@@ -5,7 +5,7 @@ its node name, session reuse, keep-alive), the same bounded wrk load on 127.0.0.
     .venv/bin/python -m bench.edge_tls [--seconds 5] [--concurrency 8]
 
 Prints req/s, p50 and p99 for both and the TLS/plain ratios. The edge keeps every row
-(``threshold`` 0: no center). nginx's config is the renderer's own (``nginx.render.config``
+(``threshold`` 0: no center). nginx's config is the renderer's own (``nginx.entry.config``
 and ``upstreams``), written for a fleet of this one edge; Consul is not needed for this.
 """
 
@@ -24,7 +24,10 @@ from bench.kit import cpu, machine_line, write_bodies
 from bench.loadgen import Run, run_wrk
 from harness.processes import BIN, TierProcess, free_port, start_tier
 from harness.stores import fill_stores
-from nginx.render import Entry, Renderer, config, upstreams, write_atomically
+from nginx.entry import Entry, config
+from nginx.fleet import Fleet
+from nginx.process import Nginx, write_atomically
+from nginx.upstreams import upstreams
 from registry import pki
 from serving.fleet.discovery import Instance
 
@@ -54,13 +57,13 @@ def entry(work: Path, port: int, edge_ca: Path | None) -> Iterator[str]:
     prefix = work / ("nginx-tls" if edge_ca else "nginx-plain")
     (prefix / "tmp").mkdir(parents=True, exist_ok=True)
     listen = f"127.0.0.1:{free_port()}"
-    renderer = Renderer(prefix, shutil.which("nginx") or "/usr/sbin/nginx", True,
-                        edge_tls=edge_ca is not None)
-    write_atomically(renderer.conf, config(prefix, listen, 100000, 100000, "1m", None,
-                                           Entry(edge_ca=edge_ca)))
-    renderer.fleet.edges = [Instance(NODE, "127.0.0.1", port, ("edge",), {"region": "bench"})]
-    write_atomically(renderer.upstreams_conf, upstreams(renderer.fleet))
-    renderer.start_nginx()
+    nginx = Nginx("entry", prefix, shutil.which("nginx") or "/usr/sbin/nginx")
+    write_atomically(nginx.conf, config(prefix, listen, 100000, 100000, "1m", None,
+                                        Entry(edge_ca=edge_ca)))
+    fleet = Fleet(edges=[Instance(NODE, "127.0.0.1", port, ("edge",), {"region": "bench"})],
+                  edge_tls=edge_ca is not None)
+    write_atomically(nginx.upstreams_conf, upstreams(fleet))
+    nginx.start()
     try:
         url = f"http://{listen}"
         for _ in range(100):
@@ -73,7 +76,7 @@ def entry(work: Path, port: int, edge_ca: Path | None) -> Iterator[str]:
             raise RuntimeError("nginx never routed to the edge")
         yield url
     finally:
-        renderer.stop_nginx()
+        nginx.stop()
 
 
 def measure(work: Path, tls: Path | None, bodies: Path, concurrency: int,

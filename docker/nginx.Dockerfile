@@ -19,11 +19,12 @@ RUN apt-get update \
 COPY docker/nginx-requirements.txt /tmp/nginx-requirements.txt
 RUN pip install -r /tmp/nginx-requirements.txt && rm /tmp/nginx-requirements.txt
 
-# nginx.conf.template ships as package data (pyproject.toml); the checks fail the build without it.
+# The entry's and the side's *.conf.template ship as package data (pyproject.toml); the checks
+# fail the build without them.
 COPY . /src
 RUN pip install --no-deps /src \
     && rm -rf /src \
-    && python -c "import nginx.render as r; assert r.TEMPLATE.is_file(), r.TEMPLATE" \
+    && python -c "import nginx.entry as e, nginx.side as s; assert e.TEMPLATE.is_file() and s.TEMPLATE.is_file()" \
     && python -m nginx.render --help >/dev/null
 
 # nginx runs unprivileged (-p PREFIX, temp paths under it); the two folders below are where it

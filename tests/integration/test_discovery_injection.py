@@ -57,23 +57,31 @@ def test_an_injected_region_never_reaches_nginx(stack: Stack, edge: int) -> None
     upstreams = stack.root / "nginx" / "upstreams.conf"
     wait_for(upstreams.is_file, 30, "upstreams.conf")
     nginx_conf = (stack.root / "nginx" / "nginx.conf").read_text()
+    side_conf = (stack.root / "nginx" / "side" / "nginx.conf").read_text()
     injection = (f'eu" tiered_edges;\n}}\nserver {{\n    listen 127.0.0.1:{stack.http_port} '
                  f'default_server;\n    location /leak/ {{ alias /etc/; }}\n}}\n'
                  f'map $uri $tiered_leak {{\n    "x')
     register(stack, "tiered-edge", "edge-evil-1", edge, region=injection)
     register(stack, "tiered-registry", "registry-evil-1", edge,
              metrics_port=f"9300;\n}}\nserver {{ listen 127.0.0.1:{stack.http_port}; }}")
-    # then a harmless change: once nginx routes to it, the renderer has seen the hostile ones
+    # then harmless changes: once nginx routes to them, the renderer has seen the hostile ones
+    # (the registries are the side nginx's, which serves /registry/metrics)
     register(stack, "tiered-edge", "edge-eu-1", edge, region="eu", tier="edge")
+    register(stack, "tiered-registry", "registry-1", edge, metrics_port=str(edge))
+    side = stack.root / "nginx" / "side" / "upstreams.conf"
     wait_for(lambda: f"server 127.0.0.1:{edge} max_fails=0;" in upstreams.read_text(), 30,
              "the harmless edge in upstreams.conf")
+    wait_for(lambda: f"server 127.0.0.1:{edge};" in side.read_text(), 30,
+             "the harmless registry in the side's upstreams.conf")
     wait_for(lambda: _ready(stack).status_code == 200, 30, "nginx routing to the fake edge")
 
+    for text in (upstreams.read_text(), side.read_text()):
+        for trace in ("leak", "alias", "/etc/", "default_server", "evil", "9300", "listen"):
+            assert trace not in text, trace
     text = upstreams.read_text()
-    for trace in ("leak", "alias", "/etc/", "default_server", "evil", "9300", "listen"):
-        assert trace not in text, trace
     assert '"eu" tiered_edges_eu;' in text
     assert (stack.root / "nginx" / "nginx.conf").read_text() == nginx_conf
+    assert (stack.root / "nginx" / "side" / "nginx.conf").read_text() == side_conf
     leak = httpx.get(f"{stack.url}/leak/passwd", timeout=5)
     assert leak.status_code == 404 and "root:" not in leak.text
     # /v2/ still goes to the edge (retried: the fake edge is a small HTTP/1.0 server, and a

@@ -288,10 +288,12 @@ def test_an_unresolvable_edge_host_name_freezes_no_routing(guarded: Guarded) -> 
         log = guarded.entry.children["nginx"].log.read_text()
         assert "edge-us-9" in log and "unresolvable" in log
         # the running entry still follows the catalog: a change is rendered and reloaded
-        reloads = renderer_metric(guarded.metrics_port, "tiered_nginx_render_reloads_total")
+        reloads = renderer_metric(guarded.metrics_port, "tiered_nginx_render_reloads_total",
+                                  nginx="entry")
         register(guarded.consul, "edge-eu-5", "127.0.0.1", free_port(), region="eu")
         wait_for(lambda: renderer_metric(guarded.metrics_port,
-                                         "tiered_nginx_render_reloads_total") > reloads, 30,
+                                         "tiered_nginx_render_reloads_total",
+                                         nginx="entry") > reloads, 30,
                  "a reload after the next change")
         deregister(guarded.consul, "edge-eu-5")
         # an entry started while the bad entry is listed routes from its first render

@@ -12,20 +12,16 @@ from pathlib import Path
 import click
 import pytest
 
+import nginx.fleet as fleet_module
 import nginx.render as render_module
-from nginx.render import (
-    DROPPED,
-    KEEP_RESOLVED_S,
-    UNMAPPED_TLS_NAME,
-    Entry,
-    Fleet,
-    Renderer,
-    config,
-    edge_tls_name,
-    reresolve,
-    resolved,
-    upstreams,
-)
+from nginx import side
+from nginx.entry import Entry, config
+from nginx.fleet import KEEP_RESOLVED_S, Fleet, resolved
+from nginx.metrics import DROPPED
+from nginx.process import Nginx
+from nginx.render import reresolve
+from nginx.renderer import Renderer, checked
+from nginx.upstreams import UNMAPPED_TLS_NAME, edge_tls_name, upstreams
 from registry.pki import node_name
 from serving.fleet.discovery import Instance
 
@@ -53,11 +49,11 @@ def test_only_ip_literals_are_written_host_names_never() -> None:
                          edge("edge-us-9", "nx-host.tiered.invalid", 1009),
                          edge("edge-us-8", "localhost", 1008)],
                   centers=[Instance("center-1", "center.example", 8100)])
-    conf = upstreams(fleet)
+    conf, side_conf = upstreams(fleet), side.upstreams(fleet)
     assert block(conf, "tiered_edges_us") == ["server 127.0.0.1:1001 max_fails=0;"]
-    assert block(conf, "tiered_centers") == ["server 127.0.0.1:9 down;  # none passing"]
+    assert block(side_conf, "tiered_centers") == ["server 127.0.0.1:9 down;  # none passing"]
     for name in ("nx-host", "localhost", "center.example"):
-        assert name not in conf
+        assert name not in conf and name not in side_conf
 
 
 def test_the_renderer_resolves_host_names_itself_and_drops_those_that_do_not() -> None:
@@ -116,15 +112,17 @@ def test_the_center_and_the_registry_metrics_are_off_unless_asked_for(tmp_path: 
     default = config(tmp_path, "127.0.0.1:8080", 10, 10, "1m", tmp_path)
     assert "location /center/v2/" not in default and "/registry/metrics" not in default
     assert "the center under" not in default
-    on = config(tmp_path, "127.0.0.1:8080", 10, 10, "1m", tmp_path,
-                Entry(expose_center=True, expose_registry_metrics=True, center_rate=7,
-                      center_burst=14))
+    exposed = Entry(expose_center=True, expose_registry_metrics=True, center_rate=7,
+                    center_burst=14, side_socket=tmp_path / "side.sock")
+    on = config(tmp_path, "127.0.0.1:8080", 10, 10, "1m", tmp_path, exposed)
     center = on[on.index("location /center/v2/"):]
-    assert "limit_req zone=center_per_client burst=14 nodelay;" in center
+    assert "limit_req zone=center_per_client burst=14 nodelay;" in center.split("}")[0]
     assert "zone=center_per_client:10m rate=7r/s;" in on
     metrics = on[on.index("location = /registry/metrics"):]
     assert "limit_req zone=metrics_per_client burst=2 nodelay;" in metrics.split("}")[0]
     assert "limit_req zone=metrics_all burst=4 nodelay;" in metrics.split("}")[0]
+    # the limits are the entry's: the side behind it (a unix socket) sees no client address
+    assert "limit_req" not in side.config(tmp_path, tmp_path, "1m", exposed)
 
 
 def test_over_tls_the_entry_checks_each_edges_own_name(tmp_path: Path) -> None:
@@ -163,13 +161,20 @@ NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").i
                                   else None)
 
 
-def checking_renderer(tmp_path: Path) -> Renderer:
-    """A renderer (nginx not run) whose nginx.conf passes ``nginx -t`` with this nginx."""
+def checking_renderer(tmp_path: Path, with_side: bool = False) -> Renderer:
+    """A renderer (nginx not run) whose nginx.conf files pass ``nginx -t`` with this nginx:
+    the entry's, and with ``with_side`` the side's (the center and the metrics exposed)."""
     assert NGINX is not None
     (tmp_path / "tmp").mkdir()
-    renderer = Renderer(tmp_path, NGINX, run_nginx=False)
-    renderer.conf.write_text(config(tmp_path, "127.0.0.1:1", 10, 10, "1m", tmp_path))
-    return renderer
+    entry, side_nginx = Nginx("entry", tmp_path, NGINX), None
+    exposed = Entry(expose_center=with_side, expose_registry_metrics=with_side,
+                    side_socket=tmp_path / "side.sock")
+    entry.conf.write_text(config(tmp_path, "127.0.0.1:1", 10, 10, "1m", tmp_path, exposed))
+    if with_side:
+        side_nginx = Nginx("side", tmp_path / "side", NGINX)
+        side_nginx.prefix.mkdir()
+        side_nginx.conf.write_text(side.config(side_nginx.prefix, tmp_path, "1m", exposed))
+    return Renderer(entry, side_nginx, exposed.side_roles)
 
 
 @pytest.mark.skipif(NGINX is None, reason="needs the nginx binary (nginx -t)")
@@ -179,8 +184,9 @@ def test_a_candidate_that_fails_nginx_t_never_replaces_the_working_file(
     name for one entry, as the renderer did before), the entries it fails by are left out,
     said in the log and the metric, and the file nginx runs with always passes nginx -t."""
     renderer = checking_renderer(tmp_path)
+    entry = renderer.entry
     good = Fleet(edges=[edge("edge-us-1", "127.0.0.1", 1001)])
-    renderer.upstreams_conf.write_text(upstreams(good))
+    entry.upstreams_conf.write_text(upstreams(good))
 
     def naive(fleet: Fleet) -> str:  # host names pasted in, as before this change
         text = upstreams(fleet)
@@ -190,9 +196,9 @@ def test_a_candidate_that_fails_nginx_t_never_replaces_the_working_file(
 
     bad = Fleet(edges=[*good.edges, edge("edge-us-9", "127.0.0.1", 1009),
                        edge("edge-us-2", "127.0.0.1", 1002)])
-    assert renderer.nginx_check(naive(bad)) is not None  # the candidate does fail
-    text, dropped = renderer.checked(bad, render=naive)
-    assert text is not None and renderer.nginx_check(text) is None
+    assert entry.nginx_check(naive(bad)) is not None  # the candidate does fail
+    text, dropped = checked(entry, bad, naive)
+    assert text is not None and entry.nginx_check(text) is None
     assert [(d.service_id, d.reason) for d in dropped] == [("edge-us-9", "fails_nginx_check")]
     assert "127.0.0.1:1002" in text and "nx-host" not in text
 
@@ -200,8 +206,8 @@ def test_a_candidate_that_fails_nginx_t_never_replaces_the_working_file(
     renderer.fleet = Fleet(edges=[*good.edges, edge("edge-us-9", "nx-host.tiered.invalid",
                                                       1009)])
     asyncio.run(renderer.render())
-    assert "nx-host" not in renderer.upstreams_conf.read_text()
-    assert renderer.test_config() is None
+    assert "nx-host" not in entry.upstreams_conf.read_text()
+    assert entry.test_config() is None
     assert DROPPED.labels("edges", "unresolvable")._value.get() == 1
 
 
@@ -219,19 +225,20 @@ def test_a_name_that_resolves_later_or_moves_is_rendered_without_a_catalog_chang
     async def dns(name: str) -> str | Exception:  # Docker's DNS, as the task comes and moves
         return answers[name]
 
-    monkeypatch.setattr(render_module, "_resolve", dns)
+    monkeypatch.setattr(fleet_module, "_resolve", dns)
+    upstreams_conf = renderer.entry.upstreams_conf
 
     async def scenario() -> list[str]:
         seen = []
         await renderer.render()  # the catalog's one change: the edge passing, not resolvable
-        seen.append(renderer.upstreams_conf.read_text())
+        seen.append(upstreams_conf.read_text())
         task = asyncio.create_task(reresolve(renderer, every=0.05))
         answers["edge-eu-1"] = "10.210.0.7"  # healthy: in Docker's DNS now
         await asyncio.sleep(0.3)
-        seen.append(renderer.upstreams_conf.read_text())
+        seen.append(upstreams_conf.read_text())
         answers["edge-eu-1"] = "10.210.0.19"  # rescheduled on another node
         await asyncio.sleep(0.3)
-        seen.append(renderer.upstreams_conf.read_text())
+        seen.append(upstreams_conf.read_text())
         task.cancel()
         return seen
 
@@ -252,7 +259,7 @@ def test_a_name_failing_to_resolve_for_a_moment_keeps_its_last_address_for_a_whi
     async def dns(name: str) -> str | Exception:
         return answers[name]
 
-    monkeypatch.setattr(render_module, "_resolve", dns)
+    monkeypatch.setattr(fleet_module, "_resolve", dns)
     fleet = Fleet(edges=[edge("edge-us-1", "edge-us-1", 8200)])
     known: dict[str, tuple[str, float]] = {}
     found, dropped = asyncio.run(resolved(fleet, known))
@@ -275,11 +282,11 @@ def test_a_catalog_change_while_names_resolve_is_rendered_not_lost(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Three watches share one fleet. When the centers' list changes (a new name) while the
     edges' render is still resolving names, that render must finish with the fleet it started
-    from, and the next one render the change. (Before, the edges' render met a name it had
+    from, and the side's render the change. (Before, the edges' render met a name it had
     not resolved, raised KeyError and ended the edges' watch: the entry kept a stale edge list
     for good, and a site's clients were answered by another site's edges, as the swarm test
     saw.)"""
-    renderer = checking_renderer(tmp_path)
+    renderer = checking_renderer(tmp_path, with_side=True)
     slow = asyncio.Event()
 
     async def dns(name: str) -> str | Exception:  # Docker's DNS, slow for the edge's name
@@ -287,7 +294,7 @@ def test_a_catalog_change_while_names_resolve_is_rendered_not_lost(
             await slow.wait()
         return {"edge-eu-1": "10.210.0.7", "center-1": "10.210.0.14"}[name]
 
-    monkeypatch.setattr(render_module, "_resolve", dns)
+    monkeypatch.setattr(fleet_module, "_resolve", dns)
     center = Instance("center-1", "center-1", 8100, ("center",), {"region": "center"}, True)
 
     async def change(role: str, instances: list[Instance]) -> None:  # as a Watch calls it
@@ -305,9 +312,9 @@ def test_a_catalog_change_while_names_resolve_is_rendered_not_lost(
         await asyncio.gather(edges, centers)
 
     asyncio.run(scenario())
-    text = renderer.upstreams_conf.read_text()
-    assert "server 10.210.0.7:8200" in text
-    assert "server 10.210.0.14:8100" in text
+    assert renderer.side is not None
+    assert "server 10.210.0.7:8200" in renderer.entry.upstreams_conf.read_text()
+    assert "server 10.210.0.14:8100" in renderer.side.upstreams_conf.read_text()
     assert renderer.dropped == {}
 
 
@@ -319,6 +326,6 @@ def test_a_watch_that_ends_stops_the_renderer_with_an_error(
         raise KeyError("center-1")
 
     monkeypatch.setattr(render_module, "reresolve", broken)
-    renderer = Renderer(tmp_path, "nginx", run_nginx=False)
+    renderer = Renderer(Nginx("entry", tmp_path, "nginx"))
     with pytest.raises(click.ClickException, match="a watch of the fleet ended: KeyError"):
         asyncio.run(asyncio.wait_for(render_module.serve(renderer, "127.0.0.1:1", None), 10))

@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from nginx.render import Entry, Fleet, config, upstreams
+from nginx import side
+from nginx.entry import Entry, config
+from nginx.fleet import Fleet
+from nginx.upstreams import upstreams
 from serving.fleet.discovery import Instance
 
 
@@ -38,14 +41,16 @@ def test_failing_instances_are_a_last_resort_and_nginx_marks_nothing_down() -> N
 
 
 def test_an_empty_fleet_renders_a_server_that_is_down() -> None:
-    conf = upstreams(Fleet())
-    assert block(conf, "tiered_edges") == ["server 127.0.0.1:9 down;  # none passing"]
-    assert block(conf, "tiered_registry_metrics") == ["server 127.0.0.1:9 down;  # none passing"]
+    assert block(upstreams(Fleet()), "tiered_edges") == [
+        "server 127.0.0.1:9 down;  # none passing"]
+    for name in ("tiered_centers", "tiered_registry_metrics"):  # the side nginx's
+        assert block(side.upstreams(Fleet()), name) == [
+            "server 127.0.0.1:9 down;  # none passing"]
 
 
 def test_a_failing_registry_is_not_scraped() -> None:
     registry = Instance("registry-1", "127.0.0.1", 50051, (), {"metrics_port": "9300"}, False)
-    assert block(upstreams(Fleet(registries=[registry])), "tiered_registry_metrics") == [
+    assert block(side.upstreams(Fleet(registries=[registry])), "tiered_registry_metrics") == [
         "server 127.0.0.1:9 down;  # none passing"]
 
 
@@ -79,13 +84,14 @@ def test_hostile_instances_are_not_rendered_and_change_nothing() -> None:
     hostile = Fleet(edges=[*good.edges, *hostile_instances()],
                     centers=[*hostile_instances(), *good.centers],
                     registries=[*good.registries, *hostile_instances(), *metrics])
-    conf = upstreams(hostile)
-    assert conf == upstreams(good)
-    assert block(conf, "tiered_centers") == ["server 10.1.2.3:8100 max_fails=0;"]
-    assert block(conf, "tiered_registry_metrics") == ["server [::1]:9300;"]
+    conf, side_conf = upstreams(hostile), side.upstreams(hostile)
+    assert conf == upstreams(good) and side_conf == side.upstreams(good)
+    assert block(side_conf, "tiered_centers") == ["server 10.1.2.3:8100 max_fails=0;"]
+    assert block(side_conf, "tiered_registry_metrics") == ["server [::1]:9300;"]
     for trace in ("leak", "alias", "default_server", "$", "'", "bad-", "10.0.0.1"):
         assert trace not in conf.replace("$http_x_tiered_region $tiered_edge_pool", "").replace(
                 "$http_x_tiered_region $tiered_edge_grpc_pool", ""), trace
+        assert trace not in side_conf, trace
     assert re.findall(r'"([^"]*)" tiered_edges_(?!grpc_)', conf) == ["eu", "us"]
 
 
@@ -153,19 +159,21 @@ def test_a_sites_entry_with_no_edges_yet_still_renders_its_pool() -> None:
 
 
 def test_the_center_route_checks_the_center_certificate_when_given_a_ca(tmp_path: Path) -> None:
+    """The side nginx reaches the centers, so it is the one that checks them; the entry
+    only passes /center/v2/ to the side."""
     from registry.pki import role_name
 
     ca = tmp_path / "ca.pem"
     ca.write_text("-")
-    plain = config(tmp_path, "127.0.0.1:8080", 10, 10, "1m", tmp_path,
-                   Entry(expose_center=True))
+    plain = side.config(tmp_path, tmp_path, "1m", Entry(expose_center=True))
     assert "proxy_pass http://tiered_centers/v2/;" in plain and "proxy_ssl" not in plain
-    tls = config(tmp_path, "127.0.0.1:8080", 10, 10, "1m", tmp_path,
-                 Entry(center_ca=ca, expose_center=True))
+    exposed = Entry(center_ca=ca, expose_center=True, side_socket=tmp_path / "side.sock")
+    tls = side.config(tmp_path, tmp_path, "1m", exposed)
     assert "proxy_pass https://tiered_centers/v2/;" in tls
     assert f"proxy_ssl_trusted_certificate {ca.resolve()};" in tls
     assert "proxy_ssl_verify on;" in tls and f"proxy_ssl_name {role_name('center')};" in tls
+    entry = config(tmp_path, "127.0.0.1:8080", 10, 10, "1m", tmp_path, exposed)
+    assert "proxy_ssl" not in entry and "tiered_centers" not in entry
     odd = tmp_path / "ca; include x.pem"
     with pytest.raises(ValueError, match="only letters"):
-        config(tmp_path, "127.0.0.1:8080", 10, 10, "1m", tmp_path,
-               Entry(center_ca=odd, expose_center=True))
+        side.config(tmp_path, tmp_path, "1m", Entry(center_ca=odd, expose_center=True))
