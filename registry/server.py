@@ -275,6 +275,7 @@ class SyncService(pb_grpc.SyncServicer):
                         session.peer, superseded.peer)
             superseded.close()
         self.sessions[session.node.node_id] = session
+        self.metrics.connections.inc()
         self.metrics.connected.set(len(self.sessions))
         self.writes.add(nodes.hello(session.node, session.peer, held, platform(hello.platform)))
         log.info("node %s (%s, %s) connected from %s holding %s", session.node.node_id,
@@ -286,6 +287,7 @@ class SyncService(pb_grpc.SyncServicer):
         if self.sessions.get(node_id) is session:
             del self.sessions[node_id]
             self.writes.add(nodes.goodbye(node_id))
+            self.metrics.disconnections.inc()
             log.info("node %s disconnected", node_id)
             self.intake.gone(node_id)
         self.metrics.connected.set(len(self.sessions))

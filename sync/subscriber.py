@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 
 import grpc
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry
 
 from serving.config.settings import ServingSettings
 from serving.fleet.node import Node
@@ -33,6 +33,7 @@ from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 from sync.rate import rate
 from sync.reports import send_reports
+from sync.stream import StreamSeries
 from sync.trusted import TrustFollower
 
 log = logging.getLogger(__name__)
@@ -63,8 +64,7 @@ class Subscriber:
         self._channel_target: str | None = None
         self.downloads = Downloader(self._stub, self.metadata, self.store,
                                     DownloadMetrics(prefix, registry), rate(settings.sync_mbit_s))
-        self.connected = Gauge(f"{prefix}_sync_connected", "1 while the Sync stream to the "
-                               "registry is open", registry=registry)
+        self.stream = StreamSeries(registry, prefix)
         self.releases = Converger(settings, repository, self.downloads, self._send)
         self._call: grpc.aio.StreamStreamCall | None = None
         self._send_lock = asyncio.Lock()
@@ -92,13 +92,12 @@ class Subscriber:
             try:
                 await self._session(backoff)
             except (grpc.aio.AioRpcError, grpc.aio.UsageError, OSError) as exc:
-                detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-                log.warning("registry %s: %s", target, detail)
+                self.stream.ended(target, exc, opened=self._call is not None)
             except Exception:  # never stop syncing for good: log it and reconnect
                 log.exception("sync session with %s failed", target)
             finally:
                 self._call = None
-                self.connected.set(0)
+                self.stream.connected.set(0)
             await asyncio.sleep(backoff.next())
 
     def _stub(self) -> pb_grpc.SyncStub:
@@ -124,7 +123,7 @@ class Subscriber:
         if welcome is grpc.aio.EOF:
             return
         self._call = call
-        self.connected.set(1)
+        self.stream.connected.set(1)
         backoff.reset()
         log.info("subscribed to registry %s", self._channel_target)
         reporter = asyncio.create_task(send_reports(
