@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from serving.config.settings import ServingSettings
 from serving.fleet.node import Node
 from serving.protocol.budget import Budget
+from serving.protocol.keepalive import KEEPALIVE, Keepalive
 from serving.release.manifest import is_valid_name
 from serving.release.trust import NodeTrust
 from serving.runtime.repository import Repository
@@ -37,10 +38,13 @@ from sync.stream import StreamSeries
 from sync.trusted import TrustFollower
 
 log = logging.getLogger(__name__)
-CLIENT_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
-                  ("grpc.keepalive_permit_without_calls", 1),
-                  # TUF targets list every release: up to trust.CONFIG's 8 MiB, and the rest
-                  ("grpc.max_receive_message_length", 12 << 20)]
+# TUF targets list every release: up to trust.CONFIG's 8 MiB, and the rest
+MAX_RECEIVE = ("grpc.max_receive_message_length", 12 << 20)
+
+
+def client_options(keepalive: Keepalive = KEEPALIVE) -> list[tuple[str, int]]:
+    """A node's channel to the registry: the fleet's keepalive, room for the TUF targets."""
+    return [*keepalive.client(), MAX_RECEIVE]
 
 
 class Subscriber:
@@ -50,11 +54,12 @@ class Subscriber:
     def __init__(self, settings: ServingSettings, repository: Repository,
                  quality: QualityWindow, registry: CollectorRegistry, prefix: str,
                  target: Callable[[], str | None],
-                 on_budget: Callable[[str, Budget], None] | None = None) -> None:
+                 on_budget: Callable[[str, Budget], None] | None = None,
+                 keepalive: Keepalive = KEEPALIVE) -> None:
         """``target`` names the registry (host:port) to use now: the static setting, or what
         Consul lists; None while there is none. ``on_budget``: where escalation budgets go
-        (the edge's controller)."""
-        self.on_budget = on_budget
+        (the edge's controller). ``keepalive``: the channel's pings (tests shorten them)."""
+        self.on_budget, self.options = on_budget, client_options(keepalive)
         self.settings, self.repository, self.quality = settings, repository, quality
         self.store, self.tier, self.target = repository.store, repository.tier, target
         token = settings.registry_token.get_secret_value() if settings.registry_token else None
@@ -110,7 +115,7 @@ class Subscriber:
         if target == self._channel_target:
             return
         previous = self.channel
-        self.channel = auth.channel(target, self.settings.registry_ca, CLIENT_OPTIONS)
+        self.channel = auth.channel(target, self.settings.registry_ca, self.options)
         self.stub, self._channel_target = pb_grpc.SyncStub(self.channel), target
         if previous is not None:
             await previous.close()
