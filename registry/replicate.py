@@ -39,6 +39,7 @@ from registry.fetch import SHA256
 from registry.replication import Change
 from registry.settings import RegistrySettings
 from serving.config.tokens import node_token
+from serving.protocol.keepalive import KEEPALIVE
 from sync import auth
 from sync.download import misfit
 from sync.gen import sync_pb2 as pb
@@ -58,10 +59,9 @@ POLL_S = 0.02  # how often a Follow stream looks for new changes
 HEARTBEAT_S = 1.0
 SILENCE_S = 5 * HEARTBEAT_S  # a standby reconnects after this long without a message
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 8 << 20),
-                   # pings find a dead link under a long snapshot or blob transfer too
-                   ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
-                   ("grpc.keepalive_permit_without_calls", 1),
-                   ("grpc.http2.max_pings_without_data", 0)]
+                   # pings find a dead link under a long snapshot or blob transfer too; the
+                   # primary's registry server permits them (the same policy)
+                   *KEEPALIVE.client()]
 
 
 def default_id(settings: RegistrySettings, port: int) -> str:

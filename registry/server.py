@@ -34,6 +34,7 @@ from registry.replicate import ReplicationService
 from registry.settings import RegistrySettings
 from serving.config.tokens import NODE_ID, Verifier
 from serving.protocol.budget import Budget
+from serving.protocol.keepalive import KEEPALIVE, Keepalive
 from serving.protocol.wire import Malformed, ParseInterceptor
 from serving.release.manifest import is_valid_name
 from sync import auth, directive
@@ -54,9 +55,6 @@ MAX_PENDING_CALLS = 20_000  # calls gRPC holds until the event loop takes them: 
 # once (bench.fleet), and each came back with its backoff: a connect storm of minutes
 MAX_UNTAKEN_S = 120  # ... and for this long (default 30 s: a storm of 10,000 is longer here)
 MAX_MESSAGE = 1 << 20  # nodes send small messages only: hello, acks, reports
-KEEPALIVE = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
-             ("grpc.keepalive_permit_without_calls", 1),
-             ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000)]
 
 
 class Database:
@@ -275,6 +273,7 @@ class SyncService(pb_grpc.SyncServicer):
                         session.peer, superseded.peer)
             superseded.close()
         self.sessions[session.node.node_id] = session
+        self.metrics.connections.inc()
         self.metrics.connected.set(len(self.sessions))
         self.writes.add(nodes.hello(session.node, session.peer, held, platform(hello.platform)))
         log.info("node %s (%s, %s) connected from %s holding %s", session.node.node_id,
@@ -286,6 +285,7 @@ class SyncService(pb_grpc.SyncServicer):
         if self.sessions.get(node_id) is session:
             del self.sessions[node_id]
             self.writes.add(nodes.goodbye(node_id))
+            self.metrics.disconnections.inc()
             log.info("node %s disconnected", node_id)
             self.intake.gone(node_id)
         self.metrics.connected.set(len(self.sessions))
@@ -413,11 +413,14 @@ class SyncServer:
     database, stepping rollouts, keeping the TUF timestamp fresh, flushing refusals), which
     share the service's sessions and stop in one order."""
 
-    def __init__(self, settings: RegistrySettings, metrics: SyncMetrics | None = None) -> None:
+    def __init__(self, settings: RegistrySettings, metrics: SyncMetrics | None = None,
+                 keepalive: Keepalive = KEEPALIVE) -> None:
+        """``keepalive``: the pings nodes and standbys send that it permits, and its own to
+        them (tests shorten them)."""
         if settings.token is None:
             raise ValueError("registry serve needs its secret: set REGISTRY_TOKEN (or "
                              "REGISTRY_TOKEN_FILE)")
-        self.settings = settings
+        self.settings, self.keepalive = settings, keepalive
         self.generations: dict[str, int] = {}  # node id -> token generation, if not 1
         self.verifier = Verifier(settings.token.get_secret_value(),
                                  lambda node_id: self.generations.get(node_id, 1))
@@ -447,7 +450,8 @@ class SyncServer:
             # the token is checked first; both see the tolerant deserializer (wire.py)
             interceptors=[auth.TokenInterceptor(self.verifier, self._denied),
                           ParseInterceptor(f"/{SERVICE}/")],
-            options=[("grpc.max_receive_message_length", MAX_MESSAGE), *KEEPALIVE,
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE),
+                     *self.keepalive.pinging_server(),
                      ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
                      ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
                      ("grpc.server_max_unrequested_time_in_server", MAX_UNTAKEN_S),

@@ -56,6 +56,11 @@ class SyncMetrics:
         self.registry = r = registry or CollectorRegistry()
         self.connected = Gauge("registry_sync_nodes_connected", "Nodes with an open Sync "
                                "stream", registry=r)
+        self.connections = Counter("registry_sync_connections", "Sync streams opened (hellos "
+                                   "accepted): rising faster than nodes join, nodes reconnect",
+                                   registry=r)
+        self.disconnections = Counter("registry_sync_disconnections", "Sync streams of "
+                                      "connected nodes that ended", registry=r)
         self.pushes = Counter("registry_sync_releases_pushed", "Releases pushed to nodes",
                               registry=r)
         self.acks = Counter("registry_sync_acks", "Acknowledgements received", ["state"],

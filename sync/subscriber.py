@@ -15,11 +15,12 @@ import logging
 from collections.abc import Callable
 
 import grpc
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry
 
 from serving.config.settings import ServingSettings
 from serving.fleet.node import Node
 from serving.protocol.budget import Budget
+from serving.protocol.keepalive import KEEPALIVE, Keepalive
 from serving.release.manifest import is_valid_name
 from serving.release.trust import NodeTrust
 from serving.runtime.repository import Repository
@@ -33,13 +34,17 @@ from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 from sync.rate import rate
 from sync.reports import send_reports
+from sync.stream import StreamSeries
 from sync.trusted import TrustFollower
 
 log = logging.getLogger(__name__)
-CLIENT_OPTIONS = [("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
-                  ("grpc.keepalive_permit_without_calls", 1),
-                  # TUF targets list every release: up to trust.CONFIG's 8 MiB, and the rest
-                  ("grpc.max_receive_message_length", 12 << 20)]
+# TUF targets list every release: up to trust.CONFIG's 8 MiB, and the rest
+MAX_RECEIVE = ("grpc.max_receive_message_length", 12 << 20)
+
+
+def client_options(keepalive: Keepalive = KEEPALIVE) -> list[tuple[str, int]]:
+    """A node's channel to the registry: the fleet's keepalive, room for the TUF targets."""
+    return [*keepalive.client(), MAX_RECEIVE]
 
 
 class Subscriber:
@@ -49,11 +54,12 @@ class Subscriber:
     def __init__(self, settings: ServingSettings, repository: Repository,
                  quality: QualityWindow, registry: CollectorRegistry, prefix: str,
                  target: Callable[[], str | None],
-                 on_budget: Callable[[str, Budget], None] | None = None) -> None:
+                 on_budget: Callable[[str, Budget], None] | None = None,
+                 keepalive: Keepalive = KEEPALIVE) -> None:
         """``target`` names the registry (host:port) to use now: the static setting, or what
         Consul lists; None while there is none. ``on_budget``: where escalation budgets go
-        (the edge's controller)."""
-        self.on_budget = on_budget
+        (the edge's controller). ``keepalive``: the channel's pings (tests shorten them)."""
+        self.on_budget, self.options = on_budget, client_options(keepalive)
         self.settings, self.repository, self.quality = settings, repository, quality
         self.store, self.tier, self.target = repository.store, repository.tier, target
         token = settings.registry_token.get_secret_value() if settings.registry_token else None
@@ -63,8 +69,7 @@ class Subscriber:
         self._channel_target: str | None = None
         self.downloads = Downloader(self._stub, self.metadata, self.store,
                                     DownloadMetrics(prefix, registry), rate(settings.sync_mbit_s))
-        self.connected = Gauge(f"{prefix}_sync_connected", "1 while the Sync stream to the "
-                               "registry is open", registry=registry)
+        self.stream = StreamSeries(registry, prefix)
         self.releases = Converger(settings, repository, self.downloads, self._send)
         self._call: grpc.aio.StreamStreamCall | None = None
         self._send_lock = asyncio.Lock()
@@ -92,13 +97,12 @@ class Subscriber:
             try:
                 await self._session(backoff)
             except (grpc.aio.AioRpcError, grpc.aio.UsageError, OSError) as exc:
-                detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-                log.warning("registry %s: %s", target, detail)
+                self.stream.ended(target, exc, opened=self._call is not None)
             except Exception:  # never stop syncing for good: log it and reconnect
                 log.exception("sync session with %s failed", target)
             finally:
                 self._call = None
-                self.connected.set(0)
+                self.stream.connected.set(0)
             await asyncio.sleep(backoff.next())
 
     def _stub(self) -> pb_grpc.SyncStub:
@@ -111,7 +115,7 @@ class Subscriber:
         if target == self._channel_target:
             return
         previous = self.channel
-        self.channel = auth.channel(target, self.settings.registry_ca, CLIENT_OPTIONS)
+        self.channel = auth.channel(target, self.settings.registry_ca, self.options)
         self.stub, self._channel_target = pb_grpc.SyncStub(self.channel), target
         if previous is not None:
             await previous.close()
@@ -124,7 +128,7 @@ class Subscriber:
         if welcome is grpc.aio.EOF:
             return
         self._call = call
-        self.connected.set(1)
+        self.stream.connected.set(1)
         backoff.reset()
         log.info("subscribed to registry %s", self._channel_target)
         reporter = asyncio.create_task(send_reports(

@@ -36,9 +36,9 @@ from sync.download import Downloader, DownloadMetrics
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 from sync.reports import report_message
-from sync.subscriber import CLIENT_OPTIONS
+from sync.subscriber import client_options
 
-OPTIONS = [*CLIENT_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+OPTIONS = [*client_options(), ("grpc.use_local_subchannel_pool", 1)]
 """A real node's channel options; the local pool keeps one connection per simulated node."""
 RUNTIME = "simulated (no model run)"
 BACKOFF_MAX_S = 30.0  # a node's default (``sync_backoff_max_s``)

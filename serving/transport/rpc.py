@@ -39,6 +39,7 @@ from serving.errors import BadRequest, NotReady
 from serving.gen import grpc_predict_v2_pb2 as pb
 from serving.gen import grpc_predict_v2_pb2_grpc as pb_grpc
 from serving.protocol import v2
+from serving.protocol.keepalive import KEEPALIVE
 from serving.protocol.wire import Malformed, ParseInterceptor
 from serving.telemetry import tracing
 from serving.telemetry.logs import request_id
@@ -267,9 +268,11 @@ class ReadinessHealth(health.aio.HealthServicer):
 
 
 def options(s: ServingSettings, max_connections: int) -> list[tuple[str, int]]:
-    """The server's channel arguments: message sizes, and the bounds on what a client may hold
-    (streams per connection, connections, their idle time and age; docs/security.md)."""
-    bounds = [("grpc.max_receive_message_length", s.max_body_bytes),
+    """The server's channel arguments: message sizes, the bounds on what a client may hold
+    (streams per connection, connections, their idle time and age; docs/security.md), and the
+    keepalive pings it permits (the fleet's policy, ``serving.protocol.keepalive``)."""
+    bounds = [*KEEPALIVE.server(),
+              ("grpc.max_receive_message_length", s.max_body_bytes),
               ("grpc.max_send_message_length", 4 * s.max_body_bytes),
               ("grpc.max_concurrent_streams", s.grpc_max_streams),
               ("grpc.max_connection_idle_ms", int(s.grpc_max_connection_idle_s * 1000)),
