@@ -11,6 +11,7 @@ from rich.console import Console
 from bench.chaos.replay import Plan
 from bench.chaos.run import session, tables
 from bench.markdown import Shown
+from tiered.cli import LOOPBACK_ENTRY
 
 
 def main() -> None:
@@ -31,8 +32,9 @@ def main() -> None:
     args.root.mkdir(parents=True)
     show = Shown(Console())
     plan = Plan(concurrency=args.concurrency)
+    # nginx as `tiered up` runs it: the center and the registry's metrics behind the entry too
     outcome = session(args.root.resolve(), args.release.resolve(), args.release.resolve(),
-                      args.model, args.requests, plan)
+                      args.model, args.requests, plan, nginx_flags=LOOPBACK_ENTRY)
     for table in tables(outcome):
         show(table)
     show(f"Faults: {plan.drop_rate:.0%} of connections dropped mid-request (half after part of "
@@ -41,7 +43,8 @@ def main() -> None:
          f"datatype, a 512 KiB string), an edge SIGKILLed every {plan.edge_kill_every} requests "
          f"(in turn, once the previous one is back), the center at {plan.center_kill_at:.0%} of "
          f"the run, registry serve twice during a publish of the same release at "
-         f"{plan.publish_at:.0%}. `tiered up`'s supervisor restarts what was killed.")
+         f"{plan.publish_at:.0%}. `tiered up`'s supervisor restarts what was killed; nginx "
+         f"runs as `tiered up` runs it ({' '.join(LOOPBACK_ENTRY)}).")
     if args.markdown:
         show.write(args.markdown, "Chaos replay")
 
