@@ -352,6 +352,45 @@ def test_every_built_image_has_its_dockerfile(services: dict[str, Any]) -> None:
     assert (ROOT / ".dockerignore").is_file()
 
 
+def _made_for_user(dockerfile: Path) -> tuple[str, set[str], set[str]]:
+    """A Dockerfile's final ``USER``, the folders its RUN lines make (``mkdir -p``) and those
+    they hand to that user (``chown -R USER``)."""
+    text = dockerfile.read_text().replace("\\\n", " ")
+    users = re.findall(r"^USER\s+(\S+)", text, re.M)
+    assert users, f"{dockerfile.name} runs as root"
+    made: set[str] = set()
+    owned: set[str] = set()
+    for run in re.findall(r"^RUN\s+(.*)$", text, re.M):
+        for step in re.split(r"&&|;", run):
+            words = step.split()
+            if words[:2] == ["mkdir", "-p"]:
+                made.update(words[2:])
+            if words[:3] == ["chown", "-R", users[-1]]:
+                owned.update(words[3:])
+    return users[-1], made, owned
+
+
+def test_every_writable_volume_is_a_folder_of_the_image_owned_by_its_user(
+        services: dict[str, Any]) -> None:
+    """A named volume mounted for writing must land on a folder the image already has, owned by
+    the (non-root) user it runs as: an empty volume takes that folder's owner on first use,
+    while a folder the image lacks is created root-owned and the service cannot write into
+    it. Found missing once: the one-shot ``signing-key`` service's /var/lib/tiered/keys
+    (``registry keygen`` exited 2, permission denied, and no registry started)."""
+    for name, service in services.items():
+        if "build" not in service:
+            continue
+        dockerfile = Path(service["build"]["context"]) / service["build"]["dockerfile"]
+        user, made, owned = _made_for_user(dockerfile)
+        for mount in service.get("volumes", []):
+            if mount["type"] != "volume" or mount.get("read_only"):
+                continue
+            target = mount["target"]
+            assert target in made, f"{name}: {dockerfile.name} does not make {target}"
+            assert any(target == path or target.startswith(f"{path.rstrip('/')}/")
+                       for path in owned), f"{name}: {target} is not {user}'s in the image"
+
+
 def _name(requirement: str) -> str:
     return re.split(r"[\[<>=!~; ]", requirement.strip(), maxsplit=1)[0].lower()
 
