@@ -33,6 +33,7 @@ RUN pip install /src && rm -rf /src \
 # is created root-owned, and the non-root service cannot write into it.
 RUN useradd --system --create-home --uid 10001 tiered \
     && mkdir -p /var/lib/tiered/registry /var/lib/tiered/release-key /var/lib/tiered/keys \
+       /var/lib/tiered/fleet-ca \
     && chown -R tiered /var/lib/tiered
 USER tiered
 WORKDIR /home/tiered

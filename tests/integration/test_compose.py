@@ -319,8 +319,41 @@ def test_each_tier_is_reachable_and_registers_in_consul(services: dict[str, Any]
     assert env[f"{prefix}_HOST"] == "0.0.0.0"
     assert env[f"{prefix}_ADVERTISE"] == name  # the DNS name other containers reach it by
     assert env["CONSUL_HTTP_ADDR"] == "consul:8500"
-    if prefix != "REGISTRY":
-        assert env[f"{prefix}_REGISTRY"] == "registry:50051"
+
+
+@pytest.mark.parametrize("name", sorted(set(TIERS) - {"registry", "registry-standby"}))
+def test_each_node_follows_the_primary_registry_through_consul_over_tls(
+        services: dict[str, Any], name: str) -> None:
+    """No registry is named (``registry:50051`` would leave the nodes unsynced while
+    ``registry-standby`` is primary): each node finds the primary in Consul and, since anyone
+    who can register there could name a registry, sends its token only to one whose certificate
+    chains to the fleet CA, which it mounts read-only from the volume the one-shot
+    ``signing-key`` service copies it into."""
+    env, prefix = services[name]["environment"], TIERS[name]
+    assert f"{prefix}_REGISTRY" not in env
+    ca = Path(env[f"{prefix}_REGISTRY_CA"])
+    mount = {m["target"]: m for m in services[name]["volumes"]}[str(ca.parent)]
+    assert mount["read_only"]
+    made = {m["target"]: m["source"] for m in services["signing-key"]["volumes"]}
+    assert made[str(ca.parent)] == mount["source"]
+    assert f"{ca.parent}/ca.pem" in " ".join(services["signing-key"]["command"])
+
+
+def test_both_registries_serve_tls_with_a_certificate_naming_each(
+        services: dict[str, Any]) -> None:
+    """Each registry serves gRPC with the certificate the one-shot makes, whose names include
+    the address each registers in Consul (what nodes, and a standby following its primary,
+    dial and check)."""
+    keygen = " ".join(services["signing-key"]["command"])
+    made = {m["target"]: m["source"] for m in services["signing-key"]["volumes"]}
+    for name in ("registry", "registry-standby"):
+        env = services[name]["environment"]
+        assert f"--host {env['REGISTRY_ADVERTISE']}" in keygen
+        tls = Path(env["REGISTRY_TLS_CERT"]).parent
+        assert Path(env["REGISTRY_TLS_KEY"]).parent == Path(env["REGISTRY_CA_DIR"]) == tls
+        assert f"registry tls --out {tls}" in keygen
+        mounts = {m["target"]: m for m in services[name]["volumes"]}
+        assert made[str(tls.parent)] == mounts[str(tls.parent)]["source"]
 
 
 @pytest.mark.parametrize("name", sorted(STORES))
