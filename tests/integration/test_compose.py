@@ -598,3 +598,15 @@ def test_compose_env_writes_every_secret_privately(compose: Any, tmp_path: Path)
     assert env_file.stat().st_mode & 0o777 == 0o600
     proc = compose("config", "-q", env_file=env_file)
     assert (proc.returncode, proc.stderr) == (0, "")
+
+
+def test_both_registries_mount_the_release_folder_tiered_release_names(
+        compose: Any, services: dict[str, Any]) -> None:
+    """``/release`` (what ``registry publish /release`` reads) is the demo release unless
+    TIERED_RELEASE names another folder (make compose-test: its own tiny release)."""
+    for config, source in ((services, ROOT / "var/demo/release"),
+                           (_config(compose, TIERED_RELEASE="/srv/release"), Path("/srv/release"))):
+        for name in ("registry", "registry-standby"):
+            mount = {m["target"]: m for m in config[name]["volumes"]}["/release"]
+            assert (mount["type"], Path(mount["source"]), mount["read_only"]) == (
+                "bind", source, True)
