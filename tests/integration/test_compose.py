@@ -128,9 +128,12 @@ def test_a_registry_standby_shares_the_one_signing_key_and_elects_through_consul
     release key is that key's public half (``registry key`` with REGISTRY_SIGNING_KEY)."""
     primary, standby = services["registry"], services["registry-standby"]
     assert primary["image"] == standby["image"] == services["signing-key"]["image"]
-    differ = {"REGISTRY_ADVERTISE"}
+    differ = {"REGISTRY_ADVERTISE", "REGISTRY_JOIN"}
     assert {k: v for k, v in primary["environment"].items() if k not in differ} == \
         {k: v for k, v in standby["environment"].items() if k not in differ}
+    # the standby never leads before it has copied the primary's history: `registry` leads first
+    assert "REGISTRY_JOIN" not in primary["environment"]
+    assert standby["environment"]["REGISTRY_JOIN"] == "true"
     env = primary["environment"]
     assert (env["REGISTRY_HA"], env["REGISTRY_SYNC_STANDBYS"]) == ("true", "1")
     assert standby["environment"]["REGISTRY_ADVERTISE"] == "registry-standby"
