@@ -62,7 +62,8 @@ test: $(STAMP)
 
 ## compose-test: build every image and run the compose stack end to end on a private dockerd:
 ## publish, an edge killed under load, the primary registry killed and a publish through the
-## standby (root; scripts/docker_here.sh; builds its own tiny release); not part of `make test`
+## standby (root; scripts/docker_here.sh; builds its own tiny release; ~2 min warm, ~7 cold);
+## not part of `make test`
 compose-test: $(STAMP)
 	$(BIN)/python -m pytest tests/containers --containers -s -p no:cacheprovider
 
