@@ -60,9 +60,11 @@ bench: demo
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
-## compose-test: build every image and run the compose stack end to end on a private dockerd
-## (root; scripts/docker_here.sh; ~3 min warm, ~4.5 cold); not part of `make test`
-compose-test: demo
+## compose-test: build every image and run the compose stack end to end on a private dockerd:
+## publish, an edge killed under load, the primary registry killed and a publish through the
+## standby (root; scripts/docker_here.sh; builds its own tiny release; ~2 min warm, ~7 cold);
+## not part of `make test`
+compose-test: $(STAMP)
 	$(BIN)/python -m pytest tests/containers --containers -s -p no:cacheprovider
 
 ## sites-test: the three sites through partitions 1-5 and the registry faults 6a-6c under load

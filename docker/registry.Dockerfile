@@ -28,8 +28,12 @@ COPY . /src
 RUN pip install /src && rm -rf /src \
     && python -c "import registry.cli, registry.serve, registry.server" && registry --help >/dev/null
 
+# Every folder a volume is mounted on for writing, made here and owned by `tiered`: an empty named
+# volume takes the image's folder (owner included) on first use, while a folder the image lacks
+# is created root-owned, and the non-root service cannot write into it.
 RUN useradd --system --create-home --uid 10001 tiered \
-    && mkdir -p /var/lib/tiered/registry /var/lib/tiered/release-key \
+    && mkdir -p /var/lib/tiered/registry /var/lib/tiered/release-key /var/lib/tiered/keys \
+       /var/lib/tiered/fleet-ca \
     && chown -R tiered /var/lib/tiered
 USER tiered
 WORKDIR /home/tiered

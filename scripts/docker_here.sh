@@ -99,8 +99,22 @@ start() {
     exit 1
 }
 
+# What dockerd leaves mounted once it is gone: its data root bind-mounted onto itself (overlay2)
+# and, under the exec root, the host's network namespace (netns/default) and any a container
+# still held. Unmounted deepest first; run after every stop, so a daemon that died also leaves
+# nothing behind.
+unmount_leftovers() {
+    local target
+    findmnt -rn -o TARGET | sort -r | while read -r target; do
+        case $target in
+            "$STATE/data" | "$STATE/data"/* | "$EXEC_ROOT" | "$EXEC_ROOT"/*)
+                umount "$target" 2>/dev/null || umount -l "$target" || true ;;
+        esac
+    done
+}
+
 stop() {
-    if ! running; then log "no dockerd running"; return; fi
+    if ! running; then log "no dockerd running"; unmount_leftovers; return; fi
     export_env
     local pid
     pid=$(cat "$PIDFILE")
@@ -109,8 +123,7 @@ stop() {
     kill "$pid"
     for _ in $(seq 1 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
     if kill -0 "$pid" 2>/dev/null; then kill -9 "$pid"; fi
-    # dockerd bind-mounts its data root onto itself (overlay2) and leaves that mount behind
-    if mountpoint -q "$STATE/data"; then umount "$STATE/data" || true; fi
+    unmount_leftovers
     log "dockerd (pid $pid) stopped"
 }
 

@@ -20,7 +20,7 @@ TEST_FLOOR = 0.9
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--containers", action="store_true", default=False,
                      help="run the container tests (build every image, run the compose stack "
-                          "on a private dockerd; root, 3-5 min): make compose-test")
+                          "on a private dockerd; root, 2-7 min): make compose-test")
     parser.addoption("--demo", action="store_true", default=False,
                      help="run the full demo release end to end (make up on a fresh registry: "
                           "the quick release first, the full one trained behind and rolled "
@@ -35,7 +35,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 OPT_IN = {"containers": "builds every image and runs the compose stack on a private dockerd "
-                        "(3-5 min): make compose-test",
+                        "(2-7 min): make compose-test",
           "demo": "trains the full demo release behind the quick one and rolls it out under "
                   "load (~20 min): make demo-test",
           "sites": "three sites as network namespaces, partitions 1-5 and the registry "

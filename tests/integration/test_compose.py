@@ -128,9 +128,12 @@ def test_a_registry_standby_shares_the_one_signing_key_and_elects_through_consul
     release key is that key's public half (``registry key`` with REGISTRY_SIGNING_KEY)."""
     primary, standby = services["registry"], services["registry-standby"]
     assert primary["image"] == standby["image"] == services["signing-key"]["image"]
-    differ = {"REGISTRY_ADVERTISE"}
+    differ = {"REGISTRY_ADVERTISE", "REGISTRY_JOIN"}
     assert {k: v for k, v in primary["environment"].items() if k not in differ} == \
         {k: v for k, v in standby["environment"].items() if k not in differ}
+    # the standby never leads before it has copied the primary's history: `registry` leads first
+    assert "REGISTRY_JOIN" not in primary["environment"]
+    assert standby["environment"]["REGISTRY_JOIN"] == "true"
     env = primary["environment"]
     assert (env["REGISTRY_HA"], env["REGISTRY_SYNC_STANDBYS"]) == ("true", "1")
     assert standby["environment"]["REGISTRY_ADVERTISE"] == "registry-standby"
@@ -319,8 +322,41 @@ def test_each_tier_is_reachable_and_registers_in_consul(services: dict[str, Any]
     assert env[f"{prefix}_HOST"] == "0.0.0.0"
     assert env[f"{prefix}_ADVERTISE"] == name  # the DNS name other containers reach it by
     assert env["CONSUL_HTTP_ADDR"] == "consul:8500"
-    if prefix != "REGISTRY":
-        assert env[f"{prefix}_REGISTRY"] == "registry:50051"
+
+
+@pytest.mark.parametrize("name", sorted(set(TIERS) - {"registry", "registry-standby"}))
+def test_each_node_follows_the_primary_registry_through_consul_over_tls(
+        services: dict[str, Any], name: str) -> None:
+    """No registry is named (``registry:50051`` would leave the nodes unsynced while
+    ``registry-standby`` is primary): each node finds the primary in Consul and, since anyone
+    who can register there could name a registry, sends its token only to one whose certificate
+    chains to the fleet CA, which it mounts read-only from the volume the one-shot
+    ``signing-key`` service copies it into."""
+    env, prefix = services[name]["environment"], TIERS[name]
+    assert f"{prefix}_REGISTRY" not in env
+    ca = Path(env[f"{prefix}_REGISTRY_CA"])
+    mount = {m["target"]: m for m in services[name]["volumes"]}[str(ca.parent)]
+    assert mount["read_only"]
+    made = {m["target"]: m["source"] for m in services["signing-key"]["volumes"]}
+    assert made[str(ca.parent)] == mount["source"]
+    assert f"{ca.parent}/ca.pem" in " ".join(services["signing-key"]["command"])
+
+
+def test_both_registries_serve_tls_with_a_certificate_naming_each(
+        services: dict[str, Any]) -> None:
+    """Each registry serves gRPC with the certificate the one-shot makes, whose names include
+    the address each registers in Consul (what nodes, and a standby following its primary,
+    dial and check)."""
+    keygen = " ".join(services["signing-key"]["command"])
+    made = {m["target"]: m["source"] for m in services["signing-key"]["volumes"]}
+    for name in ("registry", "registry-standby"):
+        env = services[name]["environment"]
+        assert f"--host {env['REGISTRY_ADVERTISE']}" in keygen
+        tls = Path(env["REGISTRY_TLS_CERT"]).parent
+        assert Path(env["REGISTRY_TLS_KEY"]).parent == Path(env["REGISTRY_CA_DIR"]) == tls
+        assert f"registry tls --out {tls}" in keygen
+        mounts = {m["target"]: m for m in services[name]["volumes"]}
+        assert made[str(tls.parent)] == mounts[str(tls.parent)]["source"]
 
 
 @pytest.mark.parametrize("name", sorted(STORES))
@@ -350,6 +386,45 @@ def test_every_built_image_has_its_dockerfile(services: dict[str, Any]) -> None:
     for build in built.values():
         assert (Path(build["context"]) / build["dockerfile"]).is_file()
     assert (ROOT / ".dockerignore").is_file()
+
+
+def _made_for_user(dockerfile: Path) -> tuple[str, set[str], set[str]]:
+    """A Dockerfile's final ``USER``, the folders its RUN lines make (``mkdir -p``) and those
+    they hand to that user (``chown -R USER``)."""
+    text = dockerfile.read_text().replace("\\\n", " ")
+    users = re.findall(r"^USER\s+(\S+)", text, re.M)
+    assert users, f"{dockerfile.name} runs as root"
+    made: set[str] = set()
+    owned: set[str] = set()
+    for run in re.findall(r"^RUN\s+(.*)$", text, re.M):
+        for step in re.split(r"&&|;", run):
+            words = step.split()
+            if words[:2] == ["mkdir", "-p"]:
+                made.update(words[2:])
+            if words[:3] == ["chown", "-R", users[-1]]:
+                owned.update(words[3:])
+    return users[-1], made, owned
+
+
+def test_every_writable_volume_is_a_folder_of_the_image_owned_by_its_user(
+        services: dict[str, Any]) -> None:
+    """A named volume mounted for writing must land on a folder the image already has, owned by
+    the (non-root) user it runs as: an empty volume takes that folder's owner on first use,
+    while a folder the image lacks is created root-owned and the service cannot write into
+    it. Found missing once: the one-shot ``signing-key`` service's /var/lib/tiered/keys
+    (``registry keygen`` exited 2, permission denied, and no registry started)."""
+    for name, service in services.items():
+        if "build" not in service:
+            continue
+        dockerfile = Path(service["build"]["context"]) / service["build"]["dockerfile"]
+        user, made, owned = _made_for_user(dockerfile)
+        for mount in service.get("volumes", []):
+            if mount["type"] != "volume" or mount.get("read_only"):
+                continue
+            target = mount["target"]
+            assert target in made, f"{name}: {dockerfile.name} does not make {target}"
+            assert any(target == path or target.startswith(f"{path.rstrip('/')}/")
+                       for path in owned), f"{name}: {target} is not {user}'s in the image"
 
 
 def _name(requirement: str) -> str:
@@ -526,3 +601,15 @@ def test_compose_env_writes_every_secret_privately(compose: Any, tmp_path: Path)
     assert env_file.stat().st_mode & 0o777 == 0o600
     proc = compose("config", "-q", env_file=env_file)
     assert (proc.returncode, proc.stderr) == (0, "")
+
+
+def test_both_registries_mount_the_release_folder_tiered_release_names(
+        compose: Any, services: dict[str, Any]) -> None:
+    """``/release`` (what ``registry publish /release`` reads) is the demo release unless
+    TIERED_RELEASE names another folder (make compose-test: its own tiny release)."""
+    for config, source in ((services, ROOT / "var/demo/release"),
+                           (_config(compose, TIERED_RELEASE="/srv/release"), Path("/srv/release"))):
+        for name in ("registry", "registry-standby"):
+            mount = {m["target"]: m for m in config[name]["volumes"]}["/release"]
+            assert (mount["type"], Path(mount["source"]), mount["read_only"]) == (
+                "bind", source, True)
