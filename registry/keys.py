@@ -19,7 +19,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from registry.errors import SigningKeyError
 from registry.replication import read_state
 from registry.settings import RegistrySettings
-from serving.release.signing import SigningError, key_id, public_pem, read_key_file
+from serving.release.signing import (
+    SigningError,
+    key_id,
+    load_public_key,
+    public_pem,
+    read_key_file,
+)
 
 PRIVATE, PUBLIC = "signing.key", "signing.pub"
 
@@ -138,12 +144,9 @@ def verifying_key(settings: RegistrySettings) -> Ed25519PublicKey | None:
     public = public_path(settings.signing_key_path)
     if public.is_file():
         try:
-            key = serialization.load_pem_public_key(public.read_bytes())
-        except ValueError as exc:
-            raise SigningKeyError(f"cannot read the public key {public}: {exc}") from exc
-        if not isinstance(key, Ed25519PublicKey):
-            raise SigningKeyError(f"{public} is not an Ed25519 public key")
-        return key
+            return load_public_key(public)
+        except SigningError as exc:
+            raise SigningKeyError(str(exc)) from exc
     return existing_public(settings)
 
 

@@ -7,7 +7,6 @@ it. Every child is started on loopback, its output goes to ``<root>/logs/<name>.
 from __future__ import annotations
 
 import json
-import os
 import ssl
 import subprocess
 import threading
@@ -21,6 +20,7 @@ import httpx
 
 from registry import pki
 from serving.fleet.discovery import SERVICES
+from serving.release.store import write_durably
 from tiered import bundles
 from tiered.commands import (
     BIN,
@@ -407,9 +407,7 @@ class Stack:
     def save(self) -> None:
         with self._saving:  # the supervisor and the release trained behind both save
             # whole or not at all: `tiered status` may read it at any moment
-            temporary = self.root / f".{STATE}.tmp"
-            temporary.write_text(json.dumps(self.state(), indent=2))
-            os.replace(temporary, self.root / STATE)
+            write_durably(self.root / STATE, json.dumps(self.state(), indent=2).encode())
 
     def stop(self) -> None:
         """Newest first: nginx (its renderer stops nginx), edges, centers, registry, Consul."""
