@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from harness.processes import BIN, free_port
+from tests.conftest import TEST_FLOOR
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 BODY = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
@@ -56,8 +57,10 @@ def test_tiered_up_from_the_clone_root_serves_quick_then_full_live(tmp_path: Pat
     clone = tmp_path / "clone"
     clone.mkdir()
     http_port, grpc_port, consul_port = free_port(), free_port(), free_port()
+    # the tiny release's INT8 agreement depends on the CPU: the floor every tiny-release test
+    # publishes with (REGISTRY_* settings tiered runs with apply to its publishes)
     env = {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/bin", "HOME": str(tmp_path), "COLUMNS": "200",
-           "TIERED_TRAINER": "examples.sentiment.tiny"}
+           "TIERED_TRAINER": "examples.sentiment.tiny", "REGISTRY_MIN_FIDELITY": str(TEST_FLOOR)}
     with (tmp_path / "up.log").open("w") as log:
         up = subprocess.Popen([str(BIN / "tiered"), "up", "--http-port", str(http_port),
                                "--grpc-port", str(grpc_port), "--consul-port",
