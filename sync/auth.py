@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 
 from serving.config.tokens import NodeToken, TokenError, Verifier, parse
+from serving.fleet.discovery import REGISTRY_TLS_NAME
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
 OnDenied = Callable[[str, str], Awaitable[None]]  # (method, peer)
@@ -85,10 +86,15 @@ def server_credentials(cert: Path, key: Path) -> grpc.ServerCredentials:
 
 def channel(target: str, ca: Path | None, options: list[tuple[str, Any]] | None = None
             ) -> grpc.aio.Channel:
-    """A channel to ``host:port``: TLS against ``ca`` when given, else plaintext."""
+    """A channel to the registry at ``host:port``: TLS against ``ca`` when given, else
+    plaintext. Over TLS the certificate must carry the registry's role name
+    (``registry.tiered.invalid``), whatever address was dialled: every node's certificate
+    comes from the same CA and lists the node's own addresses, so checking the address alone
+    let a stolen edge's certificate pass for the registry's."""
     opts = options or []
     if ca is not None:
-        return grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(ca.read_bytes()),
-                                       options=opts)
+        return grpc.aio.secure_channel(
+            target, grpc.ssl_channel_credentials(ca.read_bytes()),
+            options=[*opts, ("grpc.ssl_target_name_override", REGISTRY_TLS_NAME)])
     return grpc.aio.insecure_channel(target, options=opts)
 

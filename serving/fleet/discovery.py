@@ -40,6 +40,10 @@ SERVICES = {"edge": "tiered-edge", "center": "tiered-center", "registry": "tiere
 # Consul checks, for the node id the entry claims, whatever address the catalog gave.
 TLS_DOMAIN = "tiered.invalid"
 CENTER_TLS_NAME = f"center.{TLS_DOMAIN}"
+# The registry's role name (registry.pki.role_name("registry")): what every node and standby
+# checks the registry's certificate against, so a node's certificate from the same CA (which
+# lists its own addresses) cannot stand in for the registry.
+REGISTRY_TLS_NAME = f"registry.{TLS_DOMAIN}"
 TIERS = ("edge", "center")
 NODE_LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")  # a node id that can be a DNS label
 CHECK_INTERVAL = "1s"

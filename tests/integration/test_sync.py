@@ -406,7 +406,8 @@ def test_fetch_rejects_bad_requests_cleanly(fleet: Fleet) -> None:
 
 
 def self_signed(folder: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and its key, PEM files."""
+    """A certificate for 127.0.0.1 and the registry's name (which nodes check), and its key,
+    PEM files."""
     import datetime
     import ipaddress
 
@@ -423,7 +424,8 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=1))
             .add_extension(x509.SubjectAlternativeName(
-                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                 x509.DNSName("registry.tiered.invalid")]), critical=False)
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .sign(key, hashes.SHA256()))
     cert_path, key_path = folder / "registry.crt", folder / "registry.key"
