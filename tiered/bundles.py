@@ -4,11 +4,29 @@ as ``registry node provision`` makes them on a registry host."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
-from registry import pki
+from registry import audit, pki
 from serving.config import bundle
 from serving.config.tokens import node_token
+
+
+def floor(database: Path) -> int:
+    """The audit chain's head seq in the registry ``database`` (0 when it has none yet): a
+    bundle's ``directive_floor``, as ``registry node provision`` sets it, so a node whose store
+    is wiped refuses a replayed directive older than its provisioning. Read-only: the registry
+    may be running."""
+    if not database.is_file():
+        return 0
+    conn = sqlite3.connect(f"{database.resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        head = audit.head(conn)
+    except sqlite3.OperationalError:  # no audit table yet: nothing was ever recorded
+        return 0
+    finally:
+        conn.close()
+    return head.seq if head else 0
 
 
 def token(secret: str, node_id: str, tier: str, region: str) -> str:

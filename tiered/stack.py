@@ -32,6 +32,7 @@ from tiered.commands import (
 )
 from tiered.consul_acl import ConsulAcl
 from tiered.processes import Process, free_port
+from tiered.views import registry_database
 
 Echo = Callable[[str, str], None]  # (child name, output line)
 CONSUL_CONFIG = Path(__file__).resolve().parent.parent / "consul" / "dev.hcl"
@@ -126,9 +127,10 @@ class Stack:
     def provision_node(self, name: str, tier: str, region: str,
                        hosts: tuple[str, ...] = LOOPBACK_NAMES) -> Path:
         """Node ``name``'s bundle, made with the stack's CA and the registry's secret (as
-        ``registry node provision`` does on a registry host): 0600 in ``<root>/bundles``."""
+        ``registry node provision`` does on a registry host, with the chain's seq as its
+        directive floor): 0600 in ``<root>/bundles``."""
         return bundles.write(self.root / "bundles", self.tls, self.token, name, tier, region,
-                             hosts)
+                             hosts, bundles.floor(registry_database(self.registry_home)))
 
     def tls_serving(self, role: str) -> bool:
         """Whether a ``role`` child serves HTTPS (and gRPC over TLS)."""

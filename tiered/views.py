@@ -17,9 +17,11 @@ from rich.text import Text
 from registry.render import table_or_blocks
 from registry.settings import RegistrySettings
 from serving.config.settings import REGION
+from serving.protocol.visible import visible
 
 STATUS_COLUMNS = ("service", "node", "address", "site", "region", "health", "version",
                   "desired", "sync", "escalation", "p99")
+SHOWN = 256  # characters of a catalog value shown at most (a node id is at most 63)
 
 
 def registry_database(home: Path) -> Path:
@@ -37,18 +39,26 @@ def status_rows(health: Mapping[str, Sequence[Mapping[str, Any]]],
     for service, entries in health.items():
         for entry in entries:
             sid = entry["Service"]["ID"]
-            checks = [c["Status"] for c in entry["Checks"] if c.get("ServiceID")]
+            checks = [shown(c["Status"]) for c in entry["Checks"] if c.get("ServiceID")]
             sync = rollout.get((sid, model), {})
-            rows.append({"service": service, "node": sid, "address":
-                         f"{entry['Service']['Address']}:{entry['Service']['Port']}",
+            rows.append({"service": service, "node": shown(sid), "address":
+                         shown(f"{entry['Service']['Address']}:{entry['Service']['Port']}"),
                          "site": site_of(entry),
-                         "region": (entry["Service"].get("Meta") or {}).get("region", "-"),
+                         "region": shown((entry["Service"].get("Meta") or {}).get("region",
+                                                                                 "-")),
                          "health": "passing" if checks and all(c == "passing" for c in checks)
                          else ",".join(checks) or "-",
                          "version": sync.get("version"), "desired": sync.get("desired"),
                          "state": sync.get("state"), "escalation_rate":
                          sync.get("escalation_rate"), "p99_ms": sync.get("p99_ms")})
     return rows
+
+
+def shown(value: object) -> str:
+    """A value from the Consul catalog as it may reach a terminal: anyone holding a role's
+    token writes these, so control characters (a terminal's escape sequences) are shown
+    escaped and the text is cut to ``SHOWN`` characters."""
+    return visible(str(value), SHOWN)
 
 
 def site_of(entry: Mapping[str, Any]) -> str:

@@ -14,7 +14,14 @@ from rich.console import Console
 
 from serving.fleet.discovery import SERVICES
 from tiered import cli
-from tiered.views import demo_view, registry_database, status_rows, status_view, summary_view
+from tiered.views import (
+    SHOWN,
+    demo_view,
+    registry_database,
+    status_rows,
+    status_view,
+    summary_view,
+)
 
 STATES = ["DOWNLOADING", "ACTIVE", "FAILED", "REFUSED", "ACK_STATE_UNSPECIFIED"]
 NODES = [f"edge-eu-west-1-store-{i:04d}" for i in range(42, 42 + len(STATES))]
@@ -149,3 +156,32 @@ def test_summary_and_demo_fold_long_values() -> None:
             "errors": {}}
     text = render(demo_view(data))
     assert "…" not in text and NODES[0] in text
+
+
+def test_escape_sequences_in_the_catalog_never_reach_the_terminal() -> None:
+    """Anyone holding a role's Consul token writes an entry's id, address and region: a
+    terminal's escape sequences there (clear screen, set the title) are shown escaped."""
+    clear, title = "\x1b[2J", "\x1b]0;pwned\x07"
+    found = health()
+    found[SERVICES["edge"]] = [{
+        "Service": {"ID": f"edge-{clear}", "Address": f"10.0.0.1{title}", "Port": 8200,
+                    "Meta": {"region": f"eu{clear}"}},
+        "Checks": [{"ServiceID": "x", "Status": f"passing{title}"}]}]
+    rows = status_rows(found, {}, MODEL)
+    console = Console(width=200, file=None, force_terminal=True, color_system=None,
+                      record=True, highlight=False)
+    with console.capture() as captured:
+        console.print(status_view(rows, "127.0.0.1:8500", 200))
+    shown = captured.get()
+    assert "\x1b" not in shown and "\x07" not in shown
+    assert "edge-\\x1b[2J" in shown and "\\x1b]0;pwned\\x07" in shown  # visible, escaped
+    (edge,) = [r for r in rows if r["service"] == SERVICES["edge"]]
+    assert edge["health"] != "passing"  # a status that only starts with "passing" is not it
+
+
+def test_a_catalog_value_is_cut_to_a_bound() -> None:
+    found = {SERVICES["edge"]: [entry("e" * 5000, 8200, "r" * 5000)]}
+    (row,) = status_rows(found, {}, MODEL)
+    assert len(row["node"]) == SHOWN and len(row["region"]) == SHOWN
+    found = {SERVICES["edge"]: [entry("e" * SHOWN, 8200, "eu")]}
+    assert status_rows(found, {}, MODEL)[0]["node"] == "e" * SHOWN  # just inside: whole
