@@ -220,6 +220,15 @@ def test_a_truncated_blob_is_refused_naming_it(made: Path, tmp_path: Path) -> No
     refused(made, tmp_path, IntegrityError, f"blob {big.name} .*1000 bytes")
 
 
+def test_a_same_size_corrupted_blob_is_refused_naming_it(made: Path, tmp_path: Path) -> None:
+    """One flipped bit, the size unchanged: only the content's sha256 tells."""
+    big = max((made / "blobs" / "sha256").rglob("*"), key=lambda p: p.stat().st_size)
+    data = bytearray(big.read_bytes())
+    data[len(data) // 2] ^= 1
+    big.write_bytes(bytes(data))
+    refused(made, tmp_path, IntegrityError, f"blob {big.name} .*corrupt")
+
+
 def test_a_rewritten_chain_with_a_matching_manifest_is_refused(made: Path,
                                                                tmp_path: Path) -> None:
     """Someone who rewrites the database and its manifest entry still meets the chain."""

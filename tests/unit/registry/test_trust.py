@@ -194,6 +194,10 @@ def test_a_frozen_registry_is_flagged_stale_and_installs_nothing(fleet: Fleet) -
     stale = node.state()
     assert stale.stale and stale.as_dict()["stale_since"] == \
         datetime.fromtimestamp(state.expires, UTC).isoformat()
+    # expired while the stream was quiet, no refresh tried (let alone failed): installs nothing
+    assert not stale.error
+    with pytest.raises(SigningError, match="stale"):
+        node.check_release(*fleet.release("m", 1))
     with pytest.raises(TrustRefused, match="xpired"):  # the frozen registry replays it
         send(node, frozen)
     assert node.state().stale

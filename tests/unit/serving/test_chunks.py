@@ -55,6 +55,8 @@ def test_an_index_is_refused_unless_it_is_the_one_the_manifest_names(
         chunks.decode_index(index[:-1] + b"\0", chunking, len(data))
     with pytest.raises(ChunkError, match="covers"):  # the digest is right, the size is not
         chunks.decode_index(index, chunking, len(data) + 1)
+    with pytest.raises(ChunkError, match="covers"):  # nor an index covering *more* bytes than
+        chunks.decode_index(index, chunking, len(data) - 1)  # the artifact the node accepted
     # an index listing a chunk longer than the chunking allows, even with a matching digest
     long = chunks.encode_index([chunks.Chunk(b"\0" * 32, 0, chunks.MAX_SIZE + 1)])
     with pytest.raises(ChunkError, match="the most is"):
