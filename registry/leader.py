@@ -14,6 +14,24 @@ one second less than the lock-delay past the moment it last *asked* Consul and s
 session still holding the key. Whatever invalidated the session happened after that question
 was asked, so the next primary can take the lock only after the old lease has run out: at no
 moment do two registries accept writes.
+
+Restarts: a supervisor (compose ``restart: unless-stopped``, systemd, Swarm) restarts a killed
+registry within a fraction of a second, with the same home, port and id. Each process therefore
+has a lock check of its own (``<registry_id>-lock-<random>``): one that kept its predecessor's
+check id would pass the dead process's check, keep its session valid and the lock held, and
+follow its own address as the primary's, while no live process led (every write refused). And
+before its first session, a process ends what its predecessors left (``clear_predecessors``):
+it deregisters their lock checks on its agent and destroys every session in its registry's
+name, which frees the lock and their candidate entries at once rather than a TTL later.
+
+Why destroying a predecessor's session is safe: it is one more way a session ends, and the
+fencing above holds for every way. The predecessor (dead, paused, or a live process given the
+same id by mistake on another host) saw its session holding the key last at some moment before
+the destroy; its lease runs out less than ``lock_ttl_s`` after that, and Consul's lock-delay
+keeps the key from anyone for ``lock_ttl_s`` after the destroy. A paused predecessor on the same
+home shares the database file with its successor, which sets the role to standby when it starts:
+that file refuses writes at once, sooner than the lease would (two live ``registry serve`` on
+one home are not supported: each demotion writes the shared role).
 """
 
 from __future__ import annotations
@@ -23,6 +41,8 @@ import contextlib
 import json
 import logging
 import math
+import re
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -94,10 +114,14 @@ class Leadership:
         self.promote, self.demote = promote, demote
         self.key = settings.lock_key
         self.candidates = f"{settings.lock_key.rsplit('/', 1)[0]}/candidates/"
-        self.candidate_key = f"{self.candidates}{registry_id}"
+        # this process's own: a predecessor's check or entry is never this one's (see above)
+        incarnation = secrets.token_hex(4)
+        self.candidate_key = f"{self.candidates}{registry_id}/{incarnation}"
         self.started = time.monotonic()
         self.deferred_to: str | None = None
-        self.check_id = f"{registry_id}-lock"
+        self.check_id = f"{registry_id}-lock-{incarnation}"
+        self.session_name = f"tiered registry {registry_id}"
+        self.cleared = False  # what predecessors left in Consul is ended (once, at start)
         self.session: str | None = None
         self.primary = False
         self.leader: str | None = None  # the address of the registry holding the lock
@@ -148,7 +172,7 @@ class Leadership:
     async def _session(self) -> str:
         if self.session is None:
             self.session = await self.consul.session.create(
-                name=f"tiered registry {self.registry_id}",
+                name=self.session_name,
                 checks=["serfHealth", self.check_id], lock_delay=self.lock_delay,
                 behavior="release")
         return self.session
@@ -165,6 +189,13 @@ class Leadership:
             self.primary, self.session = False, None
             await self.demote(None)
             return
+        if not self.cleared:
+            try:
+                await self.clear_predecessors()
+            except ERRORS as exc:  # best effort: a predecessor's check, not passed by anyone
+                # now, still ends its session within lock_ttl_s
+                log.warning("consul: cannot end an earlier process's session: %s", exc)
+            self.cleared = True
         index, entry = await self.consul.kv.get(self.key, consistency="consistent")
         holder = entry.get("Session") if entry else None
         value = leader_value(entry.get("Value")) if entry else None
@@ -222,6 +253,29 @@ class Leadership:
         # entry above says how far this standby is
         await self.consul.kv.get(self.key, index=index, wait="1s")
 
+    async def clear_predecessors(self) -> None:
+        """End what earlier processes of this registry left in Consul (a restart: the same
+        id): their lock checks on this agent (those of a process before per-process check ids
+        too), every session in this registry's name (their check may be on another agent), and
+        their candidate entries. Called before this process has a session of its own."""
+        theirs = re.compile(rf"{re.escape(self.registry_id)}-lock(-[0-9a-f]{{8}})?")
+        for service_id, service in (await self.consul.agent.services()).items():
+            if service.get("Service") == LOCK_SERVICE and service_id != self.check_id and \
+                    theirs.fullmatch(service_id):
+                log.info("deregistering the lock check %s of an earlier process of this "
+                         "registry: a restart must not keep its session, nor the lock it "
+                         "holds", service_id)
+                await self.consul.agent.service.deregister(service_id)
+        _, sessions = await self.consul.session.list(consistency="consistent")
+        for session in sessions or []:
+            if session.get("Name") == self.session_name and session.get("ID") != self.session:
+                log.info("destroying session %s of an earlier process of this registry",
+                         session.get("ID"))
+                await self.consul.session.destroy(session["ID"])
+        mine = f"{self.candidates}{self.registry_id}"
+        await self.consul.kv.delete(f"{mine}/", recurse=True)
+        await self.consul.kv.delete(mine)  # where a process before per-process entries put it
+
     def _rank(self) -> tuple[int, int]:
         """How recent and how long this registry's history is: (the term of its newest
         promotion, its newest change)."""
@@ -238,7 +292,7 @@ class Leadership:
             if not entry.get("Session") or entry.get("Key") == self.candidate_key:
                 continue
             peer = candidate(entry.get("Value"))
-            if peer is None:
+            if peer is None or peer[0] == self.registry_id:  # ours, or a predecessor's
                 continue
             registry_id, term, position = peer
             if (term, position, self.registry_id) > (rank[0], rank[1], registry_id):

@@ -81,6 +81,23 @@ def test_a_primary_writes_only_while_its_lease_lasts(tmp_path: Path) -> None:
     assert replication.position(db.conn) == 1
 
 
+@pytest.mark.parametrize(("lease_in_s", "writable"), [(2.0, True), (-2.0, False)])
+def test_what_the_registry_says_of_its_lease_is_what_the_database_does(
+        tmp_path: Path, lease_in_s: float, writable: bool) -> None:
+    """The lease is wall time (a primary's lease is compared with the database's clock, and
+    may be read by another process): ``registry replication`` says "accepting writes" exactly
+    when a write is accepted, a lease just ahead of now or just behind it."""
+    db = db_at(tmp_path)
+    set_role(db, "primary", lease_until=time.time() + lease_in_s)
+    assert replication.state(db.conn).writable is writable
+    if writable:
+        write(db)
+    else:
+        with pytest.raises(NotPrimary, match="lease ran out"):
+            write(db)
+    assert replication.position(db.conn) == int(writable)
+
+
 def test_applied_changes_make_the_same_state_and_the_same_positions(tmp_path: Path) -> None:
     primary, standby = db_at(tmp_path / "a"), db_at(tmp_path / "b")
     write(primary)
