@@ -132,8 +132,9 @@ class ServingSettings(ConsulSettings):
     registry_ca: Path | None = None
     """PEM CA certificate (the fleet CA) that the registry's TLS certificate must chain to, and
     carry the registry's name ``registry.tiered.invalid`` (``registry tls`` signs it; a node's
-    certificate from the same CA never does); unset = plaintext, and then a registry found through Consul is not used (the token is
-    only sent to a registry named in ``registry`` or proven by TLS)."""
+    certificate from the same CA never does); unset = plaintext, and then a registry found
+    through Consul is not used (the token is only sent to a registry named in ``registry`` or
+    proven by TLS)."""
 
     release_key: Path | None = None
     """Public key (PEM, e.g. the registry's ``signing.pub``) that releases must be signed with:
