@@ -16,8 +16,12 @@ per request, a window of at least ``MIN_WINDOW_S`` (or the report interval, if s
 node's first figure at most ``START_ROWS_S`` and each later one at most twice the last per
 report interval (falling figures count at once: a center under load must be able to say so).
 The operator's ceiling (``max_capacity_rows_s``) bounds the capacity the centers' reports add
-up to, and in a traffic split no edge counts more than ``MAX_SKEW`` times the median of the
-other edges' traffic.
+up to, and in a traffic split no edge counts more than ``MAX_SKEW`` (2) times the median of the
+other edges' traffic. So one edge's claims, however large, take at most about 2/(n+1) of the
+budget among n edges of equal honest traffic: with 3 edges and 100 rows/s, a liar at its
+largest claims gets 49.1 and each honest edge 25.5 (at 8x: 77.7 and 11.2). The price is paid
+by honest fleets whose traffic really is that uneven: an edge with more than twice the median
+of the others' traffic is budgeted as if it had twice (traffic within that stays proportional).
 """
 
 from __future__ import annotations
@@ -51,8 +55,9 @@ START_ROWS_S = 100.0
 """A node's first figure (capacity or traffic) for a model counts at most this much ..."""
 GROWTH = 2.0
 """... and each later one at most this factor more than the last per report interval."""
-MAX_SKEW = 8.0
-"""In a traffic split an edge counts at most this many times the median of the others."""
+MAX_SKEW = 2.0
+"""In a traffic split an edge counts at most this many times the median of the others (one
+node's word takes at most about 2/(n+1) of the budget among n edges)."""
 
 
 @dataclass(frozen=True)

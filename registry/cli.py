@@ -80,7 +80,7 @@ class Context:
 pass_ctx = click.make_pass_decorator(Context)
 WAVE_FLAGS = ("wave_pace", "wave_growth", "wave_bake_s", "wave_install_timeout_s",
               "wave_max_failures", "wave_max_agreement_drop", "wave_min_audit_rows",
-              "wave_max_drift_share", "wave_max_p99_ratio")
+              "wave_min_audit_nodes", "wave_max_drift_share", "wave_max_p99_ratio")
 
 
 def wave_policy(settings: RegistrySettings, shares: str, given: dict[str, Any]) -> waves.Policy:

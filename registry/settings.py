@@ -195,6 +195,11 @@ class RegistrySettings(ConsulSettings):
     """Wave rollouts: audited rows on each side before agreement is judged (short of them the
     gate waits up to another bake and then passes it as not measured)."""
 
+    wave_min_audit_nodes: int = Field(default=3, ge=1, le=1000)
+    """Wave rollouts: distinct nodes with audit figures on each side before agreement is
+    judged; a side's agreement is the median of its nodes' (with 3 or more, one node cannot
+    move it outside the others' range, whatever it reports)."""
+
     wave_max_drift_share: float = Field(default=0.25, ge=0, le=1)
     """Wave rollouts: the gate fails when the share of wave nodes with a drift alarm exceeds
     the other edges' share by more than this."""

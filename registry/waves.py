@@ -18,8 +18,11 @@ moving ``production``. ``registry serve`` (the primary) steers it, once a second
    with the center lower by more than ``max_agreement_drop`` and significantly so (its 95%
    interval); a larger share of nodes with a drift alarm (``max_drift_share``); median p99
    over ``max_p99_ratio`` times the previous version's. Agreement needs ``min_audit_rows``
-   audited rows on both sides: short of them the gate waits up to another ``bake_s`` and then
-   judges without it (the figures say "not measured").
+   audited rows from ``min_audit_nodes`` distinct nodes on both sides: short of them the gate
+   waits up to another ``bake_s`` and then judges without it (the figures say "not measured").
+   No single node moves a side's agreement beyond its share (``registry.wave_evidence``): its
+   rows are bounded by what it could have answered and weigh at most the median node's, and a
+   side's agreement is the median of its nodes'.
 4. A gate that fails **halts** the rollout: every node is desired back on the previous version
    at once (the registry pushes it), and the audit log records why with the figures. A gate that
    passes starts the next wave; after the last, ``production`` moves to the new version (centers
@@ -38,8 +41,7 @@ import json
 import math
 import re
 import sqlite3
-import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -48,6 +50,7 @@ import msgspec
 from registry import audit
 from registry.db import now as timestamp
 from registry.errors import NotFound, RegistryError
+from registry.wave_evidence import Side
 
 ALIAS = "wave"  # how a release pushed by a wave rollout is named to the node
 ACTIVE = ("running", "baking", "paused")  # the release is desired on the admitted nodes
@@ -70,6 +73,7 @@ class Policy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_failures: float = 0.1  # share of a wave's nodes that failed or refused to install
     max_agreement_drop: float = 0.02  # live audit agreement below the previous version's
     min_audit_rows: int = 200  # audited rows on each side before agreement is judged
+    min_audit_nodes: int = 3  # ... from at least this many distinct nodes
     max_drift_share: float = 0.25  # more of the wave's nodes in drift than of the others'
     max_p99_ratio: float = 2.0  # median p99 against the previous version's
 
@@ -89,6 +93,7 @@ class Policy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 ("max_failures", self.max_failures, 0, 1),
                 ("max_agreement_drop", self.max_agreement_drop, 0, 1),
                 ("min_audit_rows", self.min_audit_rows, 1, 10**9),
+                ("min_audit_nodes", self.min_audit_nodes, 1, 1000),
                 ("max_drift_share", self.max_drift_share, 0, 1),
                 ("max_p99_ratio", self.max_p99_ratio, 1, 1000)):
             if not (math.isfinite(value) and low <= value <= high):
@@ -267,41 +272,6 @@ def edges(conn: sqlite3.Connection, model: str) -> list[tuple[float, Seen]]:
 
 # -- the gate ----------------------------------------------------------------------------------
 
-@dataclass
-class Side:
-    """Reports about one version, pooled."""
-
-    nodes: int = 0
-    audit_rows: int = 0
-    agreeing: float = 0.0
-    drifted: int = 0
-    p99s: list[float] = field(default_factory=list)
-
-    def add(self, report: dict[str, Any]) -> None:
-        self.nodes += 1
-        rows = _number(report.get("audit_rows"))
-        agreement = _number(report.get("audit_agreement"))
-        if rows > 0 and 0 <= agreement <= 1:
-            self.audit_rows += int(rows)
-            self.agreeing += agreement * rows
-        if report.get("drift") is True or report.get("confidence_drift") is True:
-            self.drifted += 1
-        p99 = _number(report.get("p99_ms"))
-        if p99 > 0 and _number(report.get("requests")) > 0:
-            self.p99s.append(p99)
-
-    def figures(self) -> dict[str, Any]:
-        return {"nodes": self.nodes, "audit_rows": self.audit_rows,
-                "agreement": round(self.agreeing / self.audit_rows, 4) if self.audit_rows
-                else None,
-                "drift_share": round(self.drifted / self.nodes, 4) if self.nodes else None,
-                "p99_ms": round(statistics.median(self.p99s), 3) if self.p99s else None}
-
-
-def _number(value: Any) -> float:
-    return float(value) if isinstance(value, int | float) and math.isfinite(value) else 0.0
-
-
 @dataclass(frozen=True)
 class Verdict:
     failed: list[str]  # why the gate failed (empty: it passed)
@@ -325,32 +295,37 @@ def judge(policy: Policy, version: int, previous: int | None, wave: list[Seen],
     new, old = Side(), Side()
     for s in wave:
         if (report := s.reporting(version)) is not None:
-            new.add(report)
+            new.add(s.node_id, report)
     for s in others:
         if (report := s.reporting(previous)) is not None:
-            old.add(report)
-    was = old.figures()
-    if old.audit_rows < policy.min_audit_rows and baseline:
+            old.add(s.node_id, report)
+    least = (policy.min_audit_nodes, policy.min_audit_rows)
+    was = old.figures(*least)
+    if not was["measured"] and baseline:
         was = baseline  # the last wave: nobody runs the previous version any more
-    now = new.figures()
+    now = new.figures(*least)
     figures: dict[str, Any] = {"nodes": len(wave), "connected": len(connected),
                                "installed": installed, "failed": broken,
                                "new": now, "previous": was}
     waiting = False
     rows_new, rows_old = now["audit_rows"], was.get("audit_rows") or 0
-    if rows_new >= policy.min_audit_rows and rows_old >= policy.min_audit_rows:
+    if now["measured"] and was.get("measured") is True:
         pn, po = now["agreement"], was["agreement"]
         gap = po - pn
         half = Z95 * math.sqrt(pn * (1 - pn) / rows_new + po * (1 - po) / rows_old)
         figures["agreement_drop"] = {"drop": round(gap, 4), "interval": round(half, 4)}
         if gap > policy.max_agreement_drop and gap - half > 0:
-            failed.append(f"live audit agreement {pn:.3f} ({rows_new} rows) against "
-                          f"{po:.3f} ({rows_old} rows) for version {previous}: down "
+            failed.append(f"live audit agreement {pn:.3f} ({rows_new} rows, "
+                          f"{now['audit_nodes']} nodes) against {po:.3f} ({rows_old} rows, "
+                          f"{was['audit_nodes']} nodes) for version {previous}: down "
                           f"{gap:.3f} ± {half:.3f}, more than {policy.max_agreement_drop:g}")
     else:
         waiting = True
-        figures["agreement_drop"] = (f"not measured ({rows_new} and {rows_old} audited rows; "
-                                     f"{policy.min_audit_rows} needed on each side)")
+        figures["agreement_drop"] = (
+            f"not measured ({rows_new} and {rows_old} audited rows from "
+            f"{now['audit_nodes']} and {was.get('audit_nodes') or 0} nodes; "
+            f"{policy.min_audit_rows} rows from {policy.min_audit_nodes} nodes needed on "
+            f"each side)")
     drift_new, drift_old = now["drift_share"], was.get("drift_share") or 0.0
     if drift_new is not None and new.drifted and \
             drift_new - drift_old > policy.max_drift_share:
@@ -423,7 +398,7 @@ def _step(conn: sqlite3.Connection, r: Rollout, at: float, actor: str) -> list[s
         return []
     figures = {**r.figures, f"wave {r.wave + 1}": verdict.figures}
     previous = verdict.figures["previous"]
-    if previous.get("audit_rows", 0) >= p.min_audit_rows or "baseline" not in figures:
+    if previous.get("measured") is True or "baseline" not in figures:
         figures["baseline"] = previous
     payload = {"wave": r.wave + 1, "share": share, "figures": verdict.figures}
     if verdict.failed:

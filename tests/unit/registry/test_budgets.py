@@ -21,8 +21,9 @@ def seen(node: str, tier: str, rows_per_s: float = 0.0, capacity: float = 0.0,
 
 
 def test_capacity_is_summed_and_split_by_traffic() -> None:
+    # (e1 has twice the median of the others' traffic: the most that counts as said)
     nodes = [seen("c1", "center", capacity=40), seen("c2", "center", capacity=20),
-             seen("e1", "edge", 300), seen("e2", "edge", 100)]
+             seen("e1", "edge", 300), seen("e2", "edge", 100), seen("e3", "edge", 200)]
     out = split(Policy(), nodes, now=101, stale_s=30)
     assert sum(b.rows_per_s for b in out.values()) == pytest.approx(60)
     assert 2.7 < out["e1"].rows_per_s / out["e2"].rows_per_s < 3  # 3:1, an idle share aside
@@ -137,3 +138,32 @@ def test_the_skew_cap_uses_the_median_of_the_other_edges_as_before() -> None:
         weights = [c + budgets.FLOOR * mean + 0.1 for c in capped]
         for i, w in enumerate(weights):
             assert out[f"e{i}"].rows_per_s == pytest.approx(500 * w / sum(weights))
+
+
+def test_one_edges_claims_take_less_than_half_of_three_edges_budget() -> None:
+    """A liar at its largest claims beside two honest edges of 10 rows/s, 100 rows/s to share:
+    it took 77.7 and left each honest edge 11.2 at 8x the median; now 49.1 and 25.5."""
+    liar = None
+    for i in range(60):  # report after report, its figure grows twofold per interval
+        liar = Seen.of("liar", "edge", 10.0 * i, report(1e9, window=0.001), liar, 10.0)
+    assert liar is not None and liar.rows_per_s == 1e9
+    nodes = [seen("c", "center", capacity=100, at=590), liar,
+             seen("e1", "edge", 10, at=590), seen("e2", "edge", 10, at=590)]
+    out = split(Policy(), nodes, now=590, stale_s=30)
+    assert out["liar"].share < 0.5
+    assert out["e1"].rows_per_s == out["e2"].rows_per_s == pytest.approx(25.5, abs=0.1)
+    assert out["liar"].rows_per_s == pytest.approx(49.1, abs=0.1)
+
+
+def test_an_edge_counts_up_to_max_skew_times_the_median_of_the_others_and_no_more() -> None:
+    def budgets_with(heavy: float) -> dict[str, Budget]:
+        return split(Policy(), [seen("c", "center", capacity=100), seen("heavy", "edge", heavy),
+                                seen("e1", "edge", 10), seen("e2", "edge", 30)],
+                     now=100, stale_s=30)
+
+    at = budgets_with(budgets.MAX_SKEW * 20)  # just inside: counted as said
+    over = budgets_with(budgets.MAX_SKEW * 20 + 5)  # just outside: counted as 2 x 20
+    assert at["heavy"].rows_per_s == pytest.approx(over["heavy"].rows_per_s)
+    inside = budgets_with(budgets.MAX_SKEW * 20 - 5)
+    assert inside["heavy"].rows_per_s < at["heavy"].rows_per_s  # below it, traffic counts
+    assert at["e1"].rows_per_s == pytest.approx(over["e1"].rows_per_s)

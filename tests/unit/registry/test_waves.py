@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from registry import audit, replication, waves
+from registry import audit, budgets, replication, wave_evidence, waves
 from registry import nodes as node_writes
 from registry.anchor import audited
 from registry.catalog import Catalog, Node
@@ -138,7 +139,8 @@ def test_a_good_release_passes_every_gate_unattended_and_becomes_production(
 def test_a_worse_release_halts_at_the_first_gate_and_its_nodes_go_back(catalog: Catalog) -> None:
     book = fleet(catalog)
     catalog.create_version(manifest(seed=1))
-    new = publish_waves(catalog, Policy((0.1, 0.5, 1.0), bake_s=10, min_audit_rows=100))
+    # 15% of 20: three nodes, the least a side's agreement is judged on (min_audit_nodes)
+    new = publish_waves(catalog, Policy((0.15, 0.5, 1.0), bake_s=10, min_audit_rows=100))
     at = time.time()
     for _ in range(10):
         at += 6
@@ -154,7 +156,7 @@ def test_a_worse_release_halts_at_the_first_gate_and_its_nodes_go_back(catalog: 
     assert payload["back_to"] == 1 and payload["wave"] == 1
     assert payload["figures"]["new"]["agreement"] == pytest.approx(0.55)
     assert payload["figures"]["previous"]["agreement"] == pytest.approx(0.9)
-    assert payload["figures"]["installed"] == 2  # 10% of 20
+    assert payload["figures"]["installed"] == 3  # 15% of 20
     for _ in range(5):  # halted stays halted: nobody is admitted again by the registry
         at += 60
         tick(catalog, at)
@@ -324,3 +326,188 @@ def test_a_rollout_is_replicated_and_a_standby_cannot_steer_it(catalog: Catalog)
                              lease_until=0)
     with pytest.raises(NotPrimary, match="standby"), audited(catalog.db, None) as conn:
         waves.steer(conn, MODEL, "pause", "ops", time.time())
+
+
+# -- one node's word: bounded (issue 46) -------------------------------------------------------
+
+def first_gate(catalog: Catalog, policy: Policy, says: Callable[[Node, bool], dict[str, Any]
+                                                                | None],
+               silent: Collection[str] = ()) -> waves.Rollout:
+    """Publish version 2 in waves over EDGES on version 1 and step to its first gate's verdict.
+    ``says(node, in_wave)``: the node's report of what it runs (None: none); a node in
+    ``silent`` never answers the install."""
+    book = fleet(catalog)
+    catalog.create_version(manifest(seed=1))
+    new = publish_waves(catalog, policy)
+    at = time.time()
+    for _ in range(20):
+        at += max(policy.bake_s, 1) + 1
+        tick(catalog, at)
+        r = waves.latest(catalog.db.conn, MODEL)
+        assert r is not None
+        if r.state not in ("running", "baking") or r.wave > 0:
+            return r
+        for node in EDGES:
+            want = running(catalog, node)
+            if want is None or (want == new and node.node_id in silent):
+                continue
+            book.write([node_writes.ack(node, MODEL, want, "ACTIVE", "")])
+            if (said := says(node, want == new)) is not None:
+                book.write([node_writes.quality(node.node_id, MODEL,
+                                                {**said, "version": want})])
+    raise AssertionError("no verdict")
+
+
+def wave_of(policy: Policy) -> list[str]:
+    """The node ids of the first wave of ``policy`` over EDGES, by position."""
+    ranked = sorted(EDGES, key=lambda n: waves.position(MODEL, n.node_id))
+    return [n.node_id for n in ranked[:waves._target(policy.waves[0], len(EDGES))]]
+
+
+def fresh(tmp_path: Path, name: object) -> Catalog:
+    return Catalog(connect(tmp_path / f"{name}.sqlite3"), "tester")
+
+
+THREE = Policy((0.15, 1.0), bake_s=10, install_timeout_s=60, min_audit_rows=100)  # 3 of 20
+LIE = {"audit_rows": 10**12, "audit_agreement": 1.0}
+
+
+def honest(agreement: float, rows: int = 300) -> dict[str, Any]:
+    return report(0, agreement, rows)
+
+
+def test_a_liar_in_the_wave_claiming_a_trillion_perfect_rows_cannot_pass_a_flipped_release(
+        catalog: Catalog) -> None:
+    liar = wave_of(THREE)[0]
+
+    def says(node: Node, new: bool) -> dict[str, Any]:
+        if node.node_id == liar:
+            return {**honest(0.9), **LIE}
+        return honest(0.3 if new else 0.9)  # the flipped release agrees with nobody
+
+    r = first_gate(catalog, THREE, says)
+    assert r.state == "halted" and r.wave == 0, r.figures  # passed both gates before
+    new = r.figures["wave 1"]["new"]
+    assert new["agreement"] == pytest.approx(0.3)  # the median: the liar's 1.0 is not it
+    (lie,) = [w for w in new["weights"] if w["node"] == liar]
+    assert lie["claimed"] == 10**12
+    assert lie["rows"] == 100 * budgets.MAX_REQUEST_ROWS  # what 100 requests could carry
+    assert lie["counted"] == 300 and lie["weight"] == pytest.approx(1 / 3, abs=1e-3)
+    assert new["audit_rows"] == 900 and new["audit_nodes"] == 3
+
+
+def test_a_liar_outside_the_wave_claiming_the_old_version_perfect_cannot_halt_a_good_one(
+        catalog: Catalog) -> None:
+    inside = set(wave_of(THREE))
+    outside = [n.node_id for n in EDGES if n.node_id not in inside]
+    liar, reporting = outside[0], set(outside[:3])  # the least quorum: the liar and two others
+
+    def says(node: Node, new: bool) -> dict[str, Any] | None:
+        if node.node_id == liar:
+            return {**honest(0.9), **LIE}
+        return honest(0.9) if new or node.node_id in reporting else None
+
+    r = first_gate(catalog, THREE, says)
+    assert r.state == "running" and r.wave == 1, r.reason  # halted on "down 0.100" before
+    gate = r.figures["wave 1"]
+    assert gate["previous"]["agreement"] == pytest.approx(0.9)
+    assert gate["previous"]["audit_nodes"] == 3 and gate["previous"]["audit_rows"] == 900
+    assert gate["agreement_drop"]["drop"] == pytest.approx(0.0)
+
+
+def test_a_nodes_audit_rows_are_bounded_by_its_requests_and_an_absolute_cap() -> None:
+    per = budgets.MAX_REQUEST_ROWS
+    for requests, claimed, counted in ((100, 100 * per, 100 * per),  # just inside
+                                       (100, 100 * per + 1, 100 * per),  # just outside
+                                       (10**9, wave_evidence.MAX_AUDIT_ROWS,
+                                        wave_evidence.MAX_AUDIT_ROWS),
+                                       (10**9, wave_evidence.MAX_AUDIT_ROWS + 1,
+                                        wave_evidence.MAX_AUDIT_ROWS),
+                                       (0, 500, None)):  # answered nothing: audited nothing
+        audit = wave_evidence.audit_of("e", {"requests": requests, "audit_rows": claimed,
+                                             "audit_agreement": 0.9})
+        assert (audit.rows if audit else None) == counted, (requests, claimed)
+    for bad in (float("nan"), -0.1, 1.1, "1.0"):
+        assert wave_evidence.audit_of("e", {"requests": 1, "audit_rows": 10,
+                                            "audit_agreement": bad}) is None
+
+
+def side(*audits: tuple[float, int]) -> wave_evidence.Side:
+    s = wave_evidence.Side()
+    for i, (agreement, rows) in enumerate(audits):
+        s.add(f"n{i}", {"requests": 10**6, "audit_rows": rows, "audit_agreement": agreement})
+    return s
+
+
+def test_one_node_moves_a_sides_agreement_no_further_than_the_others_range() -> None:
+    for lie in (0.0, 1.0):
+        f = side((0.30, 300), (0.32, 300), (lie, 10**6)).figures(3, 100)
+        assert f["agreement"] == (0.3 if lie == 0.0 else 0.32)
+        assert [w["counted"] for w in f["weights"]] == [300, 300, 300]  # at the median node's
+    two = side((0.3, 300), (1.0, 10**6)).figures(1, 100)
+    assert two["agreement"] == pytest.approx(0.65)  # two nodes: their mean (why 3 is default)
+    assert [w["weight"] for w in two["weights"]] == [0.5, 0.5]  # the lower median: 300
+
+
+def test_agreement_needs_min_audit_nodes_distinct_nodes_on_a_side(tmp_path: Path) -> None:
+    for nodes, halted in ((3, True), (4, False)):  # a wave of 3 nodes: 3 is just inside
+        policy = Policy((0.15, 1.0), bake_s=10, min_audit_rows=100, min_audit_nodes=nodes)
+        r = first_gate(fresh(tmp_path, nodes),
+                       policy, lambda node, new: honest(0.3 if new else 0.9))
+        assert (r.state == "halted") is halted, r.figures
+        assert r.figures["wave 1"]["new"]["measured"] is halted
+        if not halted:
+            assert "3 and 17 nodes; 100 rows from 4 nodes" in \
+                r.figures["wave 1"]["agreement_drop"]
+
+
+def test_agreement_needs_min_audit_rows_not_just_some(tmp_path: Path) -> None:
+    """(Mutation W2: judging on any audited rows above zero.) Three wave nodes with 33 audited
+    rows each count 99: judged at min_audit_rows 99, not at 100."""
+    for least, halted in ((99, True), (100, False)):
+        policy = Policy((0.15, 1.0), bake_s=10, min_audit_rows=least)
+        r = first_gate(fresh(tmp_path, least),
+                       policy, lambda node, new: honest(0.3, 33) if new else honest(0.9))
+        assert (r.state == "halted") is halted, r.figures
+        if not halted:
+            assert r.state == "running" and r.wave == 1  # passed, agreement not measured
+            assert "not measured (99 and " in r.figures["wave 1"]["agreement_drop"]
+
+
+def test_connected_wave_nodes_that_never_answer_the_install_count_as_failed(
+        tmp_path: Path) -> None:
+    """(Mutation W3: counting them as successes.) A wave of 5 with max_failures 20%: one
+    silent node passes the gate, two halt it."""
+    policy = Policy((0.25, 1.0), bake_s=5, install_timeout_s=30, min_audit_rows=100,
+                    max_failures=0.2)
+    for count, halted in ((1, False), (2, True)):
+        silent = wave_of(policy)[:count]
+        r = first_gate(fresh(tmp_path, count),
+                       policy, lambda node, new: honest(0.9), silent=silent)
+        assert (r.state == "halted") is halted, (count, r.reason)
+        assert r.figures["wave 1"]["failed"] == count
+        if halted:
+            assert (r.reason or "").startswith("installs: 2 of 5 connected wave nodes failed, "
+                                               "refused or did not answer")
+
+
+def test_a_two_edge_fleet_still_rolls_out_and_says_agreement_was_not_measured(
+        catalog: Catalog) -> None:
+    two = EDGES[:2]
+    book = fleet(catalog, two)
+    catalog.create_version(manifest(seed=1))
+    new = publish_waves(catalog, Policy((0.5, 1.0), bake_s=10, min_audit_rows=100))
+    at = time.time()
+    for _ in range(20):
+        at += 6
+        tick(catalog, at)
+        for node in two:
+            if (want := running(catalog, node)) is not None:
+                book.write([node_writes.ack(node, MODEL, want, "ACTIVE", ""),
+                            node_writes.quality(node.node_id, MODEL, report(want, 0.9, 300))])
+    r = waves.latest(catalog.db.conn, MODEL)
+    assert r is not None and r.state == "done"  # each gate waited one more bake, then passed
+    assert catalog.alias(MODEL, "production") == new
+    for gate in ("wave 1", "wave 2"):
+        assert "from 3 nodes needed" in r.figures[gate]["agreement_drop"]
+    assert "baseline" in r.figures and not r.figures["baseline"]["measured"]
