@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings
 
@@ -20,7 +19,8 @@ from serving.telemetry import tracing
 from serving.telemetry.logs import configure
 from serving.telemetry.quality_pool import QualityPool
 from serving.transport import ports, workers
-from serving.transport.httpserver import AdoptingServer, BoundedConfig, GatheringHttpToolsProtocol
+from serving.transport.httpserver import BoundedConfig, GatheringHttpToolsProtocol
+from serving.transport.listener import BoundedServer, Channel, ListeningSocket, Source
 from serving.transport.rest import create_app
 from serving.transport.rpc import GrpcTransport
 
@@ -63,7 +63,8 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
         # grace period), then runs the lifespan shutdown that drains the batchers.
         # Each connection is bounded by the protocol (serving/transport/httpserver.py): header
         # and body timeouts, keep-alive, and the process's connection cap under its open files
-        # limit (serving/transport/ports.py).
+        # limit (serving/transport/ports.py), counted from the accept, before TLS
+        # (serving/transport/listener.py).
         bounds = ports.HttpBounds(s.header_timeout_s, s.body_timeout_s, caps.http)
         log.info("connections: at most %d HTTP, %d gRPC (open files limit %d); header timeout "
                  "%g s, body %g s, keep-alive %g s", caps.http, caps.grpc, caps.nofile,
@@ -74,12 +75,12 @@ def tier_command(name: str, settings_cls: type[BaseSettings],
                                timeout_keep_alive=s.keep_alive_timeout_s,
                                timeout_graceful_shutdown=10, ssl_certfile=s.tls_cert,
                                ssl_keyfile=s.tls_key)
+        # one process listens itself; one of several workers takes what the supervisor accepted
         channel = environment.channel_fd()
+        source: Source = ListeningSocket(_listen(s.host, s.port)) if channel is None else \
+            Channel(socket.socket(fileno=channel))
         try:
-            if channel is None:
-                uvicorn.Server(config).run()
-            else:  # one of several workers: the supervisor accepts and hands connections on
-                AdoptingServer(config, socket.socket(fileno=channel)).run()
+            BoundedServer(config, source).run()
         finally:
             tracing.shutdown()  # the spans still batched go out
 

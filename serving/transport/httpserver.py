@@ -1,18 +1,19 @@
 """uvicorn's httptools protocol, writing each response in one send and bounding what a
-connection may hold; a uvicorn server that serves connections handed to it by an acceptor
-(``--workers N``).
+connection may hold. Its connections come from ``serving/transport/listener.py``, which
+counts each one as it is accepted, before any TLS handshake.
 
 Bounds (docs/security.md, "Bounded ports"): uvicorn closes a connection only on its keep-alive
 timeout, which starts after a response, so a connection that never completes a request's
 headers (idle, or trickling them a byte at a time) was never closed. Here a request's headers
 must arrive within ``header_timeout_s`` of its first byte (of the connection's opening for the
-first), its body within ``body_timeout_s`` of its headers, and their size is capped
-(``MAX_HEADER_BYTES``, else 431). A process holds at most ``max_connections``: a new
-connection beyond it closes the one that has waited longest for a request's headers (new or
-kept alive, as nginx reuses idle connections), and when every connection is inside a request
-it is answered 503 with the V2 error JSON and closed, long before the process runs out of
-descriptors. Both the single-process server and the workers (connections handed on by the
-acceptor) use this protocol.
+first, its accept: a TLS handshake is part of that time), its body within ``body_timeout_s``
+of its headers, and their size is capped (``MAX_HEADER_BYTES``, else 431). A process holds
+at most ``max_connections``, counted from the accept: a new connection beyond it closes the
+one that has waited longest for a request's headers (new, still in its TLS handshake, or kept
+alive, as nginx reuses idle connections), and when every connection is inside a request it
+is closed (on plain HTTP answered 503 with the V2 error JSON first), long before the process
+runs out of descriptors. Both the single-process server and the workers (connections handed
+on by the acceptor) serve through the same listener and this protocol.
 
 uvicorn writes a response's status line and headers when the app sends
 ``http.response.start`` and its body on ``http.response.body``: two ``send`` system calls
@@ -26,16 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
-from collections.abc import Callable
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from serving.transport import handoff
 from serving.transport.ports import HttpBounds
 
 log = logging.getLogger(__name__)
@@ -87,7 +85,8 @@ class _Gathering:
 
 
 class GatheringHttpToolsProtocol(HttpToolsProtocol):
-    """Writes gathered (``_Gathering``); with a :class:`BoundedConfig`, the bounds above.
+    """Writes gathered (``_Gathering``); with a :class:`BoundedConfig`, served by
+    ``listener.BoundedServer`` (which counts each connection as it accepts it), the bounds above.
 
     Why one class: its methods are the callbacks uvicorn's protocol already gets from the
     transport and the parser (a connection's opening, its bytes, a request's headers and end, a
@@ -100,21 +99,26 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
         self.bounds = config.bounds if isinstance(config, BoundedConfig) else None
         self.deadline: asyncio.TimerHandle | None = None
         self.reading_headers, self.header_bytes = True, 0
+        self.adopting: asyncio.Task[Any] | None = None  # until connection_made (TLS done)
+
+    def accepted(self, adopting: asyncio.Task[Any]) -> None:
+        """Counted from the accept (the listener made room): ``adopting`` is the task that
+        waits for the client's first byte and the TLS handshake, then calls connection_made."""
+        assert self.bounds is not None
+        self.adopting = adopting
+        self.bounds.admitted[self] = None
+        self.waiting()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(_Gathering(transport, self.loop))  # type: ignore[arg-type]
-        b = self.bounds
-        if b is None:
-            return
-        if len(b.admitted) >= b.max_connections and not _evict(b):
-            b.refused += 1
-            _say(b)
-            self.connections.discard(self)
-            self.transport.write(REFUSED)
+        self.adopting = None
+
+    def close(self) -> None:
+        """Close the connection, or stop its adoption (no connection_made yet)."""
+        if self.adopting is not None:
+            self.adopting.cancel()  # the listener's forget() follows
+        elif not self.transport.is_closing():
             self.transport.close()
-            return
-        b.admitted[self] = None
-        self.waiting()
 
     def waiting(self) -> None:
         """Waiting for a request's headers: evictable, and they must come in time."""
@@ -130,9 +134,8 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
 
     def expired(self) -> None:
         self.deadline = None
-        if not self.transport.is_closing():
-            log.debug("closed a connection that did not send a request in time")
-            self.transport.close()
+        log.debug("closed a connection that did not send a request in time")
+        self.close()
 
     def data_received(self, data: bytes) -> None:
         reading = self.bounds is not None and self.reading_headers
@@ -179,6 +182,11 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        self.forget()
+
+    def forget(self) -> None:
+        """Out of the bounds' count: its connection is gone (or its adoption failed, when
+        connection_lost never comes)."""
         if self.deadline is not None:
             self.deadline.cancel()
             self.deadline = None
@@ -187,7 +195,7 @@ class GatheringHttpToolsProtocol(HttpToolsProtocol):
             self.bounds.waiting.pop(self, None)
 
 
-def _evict(bounds: HttpBounds) -> bool:
+def evict(bounds: HttpBounds) -> bool:
     """Close the connection that has waited longest for a request's headers, if any."""
     if not bounds.waiting:
         return False
@@ -195,91 +203,16 @@ def _evict(bounds: HttpBounds) -> bool:
     del bounds.waiting[oldest]
     bounds.admitted.pop(oldest, None)
     bounds.evicted += 1
-    _say(bounds)
-    oldest.transport.close()
+    say(bounds)
+    oldest.close()
     return True
 
 
-def _say(bounds: HttpBounds) -> None:
+def say(bounds: HttpBounds) -> None:
     now = time.monotonic()
     if now - bounds.said_at >= SAY_EVERY_S:
         bounds.said_at = now
         log.warning("at the connection cap (%d): %d waiting connections closed to make room, "
-                    "%d connections answered 503 so far", bounds.max_connections,
+                    "%d new ones refused (503, or closed before TLS) so far",
+                    bounds.max_connections,
                     bounds.evicted, bounds.refused)
-
-
-class AdoptingServer(uvicorn.Server):
-    """A uvicorn server with no listener of its own: it serves the connections an acceptor
-    hands it over ``channel`` (``serving/transport/handoff.py``), each with the same protocol
-    uvicorn would have given a connection it accepted, and tells the acceptor when it is ready. On
-    shutdown it stops taking connections and drains the ones it has, as uvicorn does."""
-
-    def __init__(self, config: uvicorn.Config, channel: socket.socket) -> None:
-        super().__init__(config)
-        self.channel = channel
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=[])  # the lifespan (the model loaded), no listener
-        if not self.started:
-            return
-        config, loop = self.config, asyncio.get_running_loop()
-
-        def protocol() -> asyncio.Protocol:
-            return config.http_protocol_class(  # type: ignore[call-arg]
-                config=config, server_state=self.server_state, app_state=self.lifespan.state)
-
-        listener = _ChannelListener(self.channel, loop, protocol, config.ssl)
-        if isinstance(config, BoundedConfig):  # a TLS handshake is part of the header time
-            listener.handshake_timeout = config.bounds.header_timeout_s
-        self.servers.append(listener)  # type: ignore[arg-type]  # closed by uvicorn's shutdown
-        listener.open()
-        handoff.say_ready(self.channel)
-
-
-class _ChannelListener:
-    """Plays the part of an ``asyncio.Server`` for uvicorn's shutdown: ``close`` stops
-    adopting connections from the channel."""
-
-    def __init__(self, channel: socket.socket, loop: asyncio.AbstractEventLoop,
-                 protocol: Callable[[], asyncio.Protocol], ssl: Any) -> None:
-        self.channel, self.loop, self.protocol, self.ssl = channel, loop, protocol, ssl
-        self._adopting: set[asyncio.Task[Any]] = set()
-        self.handshake_timeout: float | None = None  # asyncio's default (60 s) when None
-
-    def open(self) -> None:
-        self.channel.setblocking(False)
-        self.loop.add_reader(self.channel.fileno(), self._receive)
-
-    def _receive(self) -> None:
-        while True:
-            try:
-                sock = handoff.receive(self.channel)
-            except BlockingIOError:
-                return
-            except (EOFError, OSError) as exc:  # the acceptor is gone: nothing more comes
-                log.warning("connection channel closed: %s", exc)
-                self.close()
-                return
-            if sock is not None:
-                task = self.loop.create_task(self._adopt(sock))
-                self._adopting.add(task)
-                task.add_done_callback(self._adopting.discard)
-
-    async def _adopt(self, sock: socket.socket) -> None:
-        try:
-            await self.loop.connect_accepted_socket(
-                self.protocol, sock, ssl=self.ssl,
-                ssl_handshake_timeout=self.handshake_timeout if self.ssl else None)
-        except (OSError, ConnectionError) as exc:  # the client left, or a failed handshake
-            log.debug("could not adopt a connection: %s", exc)
-            sock.close()
-
-    def close(self) -> None:
-        if self.channel.fileno() >= 0:
-            self.loop.remove_reader(self.channel.fileno())
-            self.channel.close()
-
-    async def wait_closed(self) -> None:
-        if self._adopting:
-            await asyncio.gather(*self._adopting, return_exceptions=True)

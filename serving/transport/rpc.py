@@ -269,15 +269,22 @@ class ReadinessHealth(health.aio.HealthServicer):
 
 def options(s: ServingSettings, max_connections: int) -> list[tuple[str, int]]:
     """The server's channel arguments: message sizes, the bounds on what a client may hold
-    (streams per connection, connections, their idle time and age; docs/security.md), and the
-    keepalive pings it permits (the fleet's policy, ``serving.protocol.keepalive``)."""
+    (streams per connection, connections, their idle time and age, the time to its TLS
+    handshake and HTTP/2 preface; docs/security.md), and the keepalive pings it permits (the
+    fleet's policy, ``serving.protocol.keepalive``).
+
+    grpc core counts ``grpc.max_allowed_incoming_connections`` at the accept, before the
+    handshake; the handshake's own deadline (grpc core's default 120 s) is the header
+    timeout, as on the HTTP port. gRPC ignores an argument name it does not know: both are
+    checked by tests/integration/test_bounded_ports.py against a silent connection."""
     bounds = [*KEEPALIVE.server(),
               ("grpc.max_receive_message_length", s.max_body_bytes),
               ("grpc.max_send_message_length", 4 * s.max_body_bytes),
               ("grpc.max_concurrent_streams", s.grpc_max_streams),
               ("grpc.max_connection_idle_ms", int(s.grpc_max_connection_idle_s * 1000)),
               ("grpc.max_connection_age_ms", int(s.grpc_max_connection_age_s * 1000)),
-              ("grpc.max_connection_age_grace_ms", int(s.grpc_max_connection_age_grace_s * 1000))]
+              ("grpc.max_connection_age_grace_ms", int(s.grpc_max_connection_age_grace_s * 1000)),
+              ("grpc.server_handshake_timeout_ms", int(s.header_timeout_s * 1000))]
     if max_connections:
         bounds.append(("grpc.max_allowed_incoming_connections", max_connections))
     return bounds

@@ -12,6 +12,7 @@ import os
 import resource
 import selectors
 import socket
+import ssl
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from harness.processes import free_port
+from registry import pki
 from tests.servers import Server, start
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -53,12 +55,13 @@ def connect(port: int, count: int) -> list[socket.socket]:
     return sockets
 
 
-def ready(url: str, took: list[float] | None = None) -> int:
+def ready(url: str, took: list[float] | None = None, verify: ssl.SSLContext | bool = True,
+          ) -> int:
     """/v2/health/ready's status on a new connection; 0 when it does not answer within 3 s.
     Appends the seconds it took to ``took``."""
     started = time.monotonic()
     try:
-        with httpx.Client(timeout=3) as client:
+        with httpx.Client(timeout=3, verify=verify) as client:
             return client.get(f"{url}/v2/health/ready").status_code
     except httpx.HTTPError:
         return 0
@@ -275,4 +278,93 @@ def test_grpc_connections_beyond_the_cap_are_refused_and_the_port_recovers(
     finally:
         for channel in channels:
             channel.close()
+        server.stop()
+
+
+def tls_edge(stores: Path, folder: Path, *flags: str, **settings: str) -> tuple[Server, Path]:
+    """An edge serving HTTPS and gRPC over TLS with a certificate from a fresh fleet CA for
+    127.0.0.1; the edge and the CA's certificate."""
+    tls = folder / "tls"
+    pki.ca(tls)
+    cert, key = pki.node(tls, "edge-bounded", "edge", "local", ("127.0.0.1",))
+    (tls / "edge.pem").write_bytes(cert)
+    (tls / "edge.key").write_bytes(key)
+    env = {**ENV, **{f"EDGE_{k.upper()}": v for k, v in settings.items()}}
+    return start("edge", stores / "edge", folder, "--cache-size", "0", "--tls-cert",
+                 str(tls / "edge.pem"), "--tls-key", str(tls / "edge.key"), *flags, env=env,
+                 ca=tls / "ca.pem"), tls / "ca.pem"
+
+
+def descriptors(pid: int) -> int:
+    """Open descriptors of a tier process and its workers."""
+    pids = [pid, *(child.pid for child in psutil.Process(pid).children())]
+    return sum(len(os.listdir(f"/proc/{p}/fd")) for p in pids)
+
+
+def grpc_health(port: int, ca: Path) -> str:
+    credentials = grpc.ssl_channel_credentials(ca.read_bytes())
+    with grpc.secure_channel(f"127.0.0.1:{port}", credentials) as channel:
+        try:
+            return health_pb2.HealthCheckResponse.ServingStatus.Name(
+                health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                          timeout=3).status)
+        except grpc.RpcError as exc:
+            return str(exc.code().name)
+
+
+def still_open(sockets: list[socket.socket]) -> int:
+    """How many of ``sockets`` the server has not closed (nothing to read, no EOF yet)."""
+    count = 0
+    for sock in sockets:
+        try:
+            count += sock.recv(1, socket.MSG_PEEK) != b""
+        except BlockingIOError:
+            count += 1
+        except ConnectionError:
+            pass
+    return count
+
+
+SILENT, CAP, HANDSHAKE_S = 300, 64, 2.0
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_silent_connections_to_tls_ports_take_no_more_than_the_cap_and_close_in_time(
+        stores: Path, tmp_path: Path, attack_sockets: list[socket.socket], workers: int) -> None:
+    """TCP connections that never start TLS, more than the cap: on the HTTPS port each is
+    counted from its accept (the oldest closed for a new one beyond the cap), so the edge's
+    descriptors grow by the cap at most; on the gRPC port grpc core's handshake deadline
+    applies. Readiness over TLS and the gRPC health check answer meanwhile, and every silent
+    connection is closed by the header timeout (2 s here) from its accept, not before.
+    Before: uvicorn waited uvloop's 60 s for each handshake and counted none of them (20,000
+    used every descriptor), and grpc core waited its default 120 s."""
+    grpc_port = free_port()
+    server, ca = tls_edge(stores, tmp_path, "--workers", str(workers), "--grpc-port",
+                          str(grpc_port), header_timeout_s=str(HANDSHAKE_S),
+                          max_connections=str(CAP))
+    client = ssl.create_default_context(cafile=str(ca))
+    try:
+        before = descriptors(server.process.pid)
+        rest, rpc = connect(server.port, SILENT), connect(grpc_port, 8)
+        started = time.monotonic()
+        attack_sockets += rest + rpc
+        time.sleep(0.5)
+        grown = descriptors(server.process.pid) - before
+        answers = [ready(server.url, verify=client) for _ in range(3)]
+        health = grpc_health(grpc_port, ca)
+        time.sleep(max(0.0, started + HANDSHAKE_S - 0.6 - time.monotonic()))
+        open_rest, open_rpc = still_open(rest), still_open(rpc)  # just inside the timeout
+        closed = closed_by_server(attack_sockets, HANDSHAKE_S + 3)
+        print(f"workers {workers}: descriptors +{grown} for {SILENT} silent connections; "
+              f"{open_rest} HTTPS, {open_rpc} gRPC open {HANDSHAKE_S - 0.6:g} s after; "
+              f"{closed} closed by {time.monotonic() - started:.1f} s")
+        assert grown <= CAP * workers + 16, grown
+        assert answers == [200] * 3 and health == "SERVING"
+        # a process's cap at least (a second worker may still be loading its model when the
+        # burst comes: the acceptor hands everything to the ready one)
+        assert open_rest >= CAP - len(answers) and open_rpc == len(rpc)
+        assert closed == len(attack_sockets), f"{len(attack_sockets) - closed} still open"
+        assert ready(server.url, verify=client) == 200
+        assert server.process.poll() is None
+    finally:
         server.stop()

@@ -1,23 +1,28 @@
 """The HTTP protocol that sends each response in one write: real uvicorn on loopback, a small
 ASGI app, keep-alive and ``Connection: close`` requests, a large streamed body. Its bounds
-(header and body timeouts, the connection cap) on the same server with a
-:class:`BoundedConfig`; the attacks themselves are in
-tests/integration/test_bounded_ports.py."""
+(header and body timeouts, the connection cap counted from the accept, before TLS) on the
+tier's own server (:class:`BoundedServer` on a listening socket), plain and TLS; the attacks
+themselves are in tests/integration/test_bounded_ports.py."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import uvicorn
 
+from registry import pki
+from serving.transport import workers
 from serving.transport.httpserver import BoundedConfig, GatheringHttpToolsProtocol, _Gathering
+from serving.transport.listener import BoundedServer, ListeningSocket
 from serving.transport.ports import HttpBounds
 
 BIG = 3 * 1024 * 1024
@@ -61,11 +66,17 @@ def url() -> Iterator[str]:
 
 
 def serve(config: uvicorn.Config) -> Iterator[str]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    """``config`` served on a free loopback port: under uvicorn's own server, or the tier's
+    (:class:`BoundedServer`) for a :class:`BoundedConfig`."""
+    sock = workers.listen("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    server: uvicorn.Server
+    if isinstance(config, BoundedConfig):
+        server = BoundedServer(config, ListeningSocket(sock))
+        thread = threading.Thread(target=server.run, daemon=True)
+    else:
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
         for _ in range(200):
@@ -233,4 +244,48 @@ def test_at_the_cap_with_every_connection_in_a_request_one_more_gets_503(
         assert bounds.refused == 1 and len(bounds.admitted) == CAP
     finally:
         for sock in held:
+            sock.close()
+
+
+@pytest.fixture
+def secured(tmp_path: Path) -> Iterator[tuple[str, HttpBounds, ssl.SSLContext]]:
+    """The bounded server over TLS, on uvloop as the tiers run it: its address, bounds and a
+    client context trusting its certificate."""
+    cert, key = pki.server(tmp_path, "center", ["127.0.0.1"])
+    bounds = HttpBounds(TIMEOUT_S, TIMEOUT_S, CAP)
+    config = BoundedConfig(app, bounds, loop="uvloop", http=GatheringHttpToolsProtocol,
+                           log_config=None, access_log=False, timeout_keep_alive=30,
+                           ssl_certfile=cert, ssl_keyfile=key)
+    client = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+    for url in serve(config):
+        yield url.removeprefix("http://"), bounds, client
+
+
+def test_silent_connections_to_a_tls_port_are_counted_from_the_accept_and_closed_in_time(
+        secured: tuple[str, HttpBounds, ssl.SSLContext]) -> None:
+    """Connections that never start TLS (or stop inside its handshake) take a place under the
+    cap from their accept: beyond it each new one closes the oldest at once, the rest are
+    closed by the header timeout from their accept (still open shortly before it), and a
+    TLS request among them is served. uvicorn's own listener waited 60 s for each handshake
+    and counted none of them."""
+    address, bounds, client = secured
+    host, port = address.split(":")
+    silent = [dial(address) for _ in range(3 * CAP)]
+    started = time.monotonic()
+    silent[-1].sendall(b"\x16\x03\x01")  # a handshake's first bytes, then nothing
+    try:
+        time.sleep(0.2)
+        assert len(bounds.admitted) == CAP and bounds.evicted == 2 * CAP
+        assert all(closed_after(sock) < 0.5 for sock in silent[:2 * CAP])  # made room at once
+        with httpx.Client(verify=client, timeout=5) as http:  # one more: room made, served
+            assert http.get(f"https://{host}:{port}/echo").text == "echo:"
+        assert bounds.evicted == 2 * CAP + 1
+        time.sleep(max(0.0, started + TIMEOUT_S - 0.3 - time.monotonic()))
+        assert all(open_still(sock) for sock in silent[2 * CAP + 1:])  # just inside
+        assert all(closed_after(sock) < TIMEOUT_S + 1.0 for sock in silent[2 * CAP + 1:])
+        assert time.monotonic() - started < TIMEOUT_S + 1.0  # just outside: all closed
+        time.sleep(0.1)
+        assert not bounds.admitted and not bounds.waiting
+    finally:
+        for sock in silent:
             sock.close()
