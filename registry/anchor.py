@@ -33,7 +33,7 @@ import sqlite_utils
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from registry import audit, keys
+from registry import audit, keys, witness
 from registry.audit import Head, canonical
 from registry.db import now, transaction
 from registry.errors import AnchorError
@@ -215,20 +215,28 @@ def check(db: sqlite_utils.Database, path: Path, public: Ed25519PublicKey | None
 
 
 def witnessed(db: sqlite_utils.Database) -> tuple[int, str | None]:
-    """The highest directive seq any node reported having accepted (0: none) and what is
-    wrong (None: the chain reaches it). Nodes are a witness the database cannot rewind: a
-    chain that ends below a seq a node has seen lost its newest records, whatever the signed
-    head beside it says (an older, valid head file may have been put back)."""
-    row = db.conn.execute("SELECT node_id, model, directive_seq FROM node_models WHERE "
-                          "directive_seq IS NOT NULL ORDER BY directive_seq DESC, node_id "
-                          "LIMIT 1").fetchone()
-    if row is None:
-        return 0, None
-    node_id, model, seen = row
-    ours = audit.head(db.conn)
+    """The highest seq any node was told the chain reached (0: none) and what is wrong (None:
+    the chain holds it). Nodes are a witness the database cannot rewind: a chain that ends
+    below what a node was told lost its newest records, whatever the signed head beside it
+    says (an older, valid head file may have been put back). Two kinds of word: the directive
+    seq a node accepted (``node_models.directive_seq``), and the signed audit witness it showed
+    in its hello (``registry.witness``: it also names the record's hash, so a chain rewritten
+    from there on is caught too). Both are rebuilt from the nodes when they reconnect."""
+    conn = db.conn
+    row = conn.execute("SELECT node_id, model, directive_seq FROM node_models WHERE "
+                       "directive_seq IS NOT NULL ORDER BY directive_seq DESC, node_id "
+                       "LIMIT 1").fetchone()
+    told = witness.highest(conn)
+    ours = audit.head(conn)
     last = ours.seq if ours else 0
-    if last >= seen:
+    seen = max(int(row[2]) if row else 0, told[1].seq if told else 0)
+    if told is not None:
+        problem = witness.conflict(conn, told[1], f"node {told[0]}")
+        if problem is not None:
+            return seen, problem
+    if row is None or last >= row[2]:
         return seen, None
-    return seen, (f"a node has seen seq {seen} but the chain ends at {last}: records were "
-                  f"removed and an older head put back (node {node_id} accepted a directive "
-                  f"for {model} at seq {seen})")
+    node_id, model, directive_seq = row
+    return seen, (f"a node has seen seq {directive_seq} but the chain ends at {last}: records "
+                  f"were removed and an older head put back (node {node_id} accepted a "
+                  f"directive for {model} at seq {directive_seq})")

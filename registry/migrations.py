@@ -261,3 +261,8 @@ CREATE TABLE trust_metadata (
 );
 ALTER TABLE nodes ADD COLUMN trust TEXT;
 """ + _capture_sql("trust_metadata")))
+
+MIGRATIONS.append((11, "audit witnesses: the newest signed head each node showed", """
+ALTER TABLE nodes ADD COLUMN witness_seq INTEGER;
+ALTER TABLE nodes ADD COLUMN witness_hash TEXT;
+"""))

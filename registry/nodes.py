@@ -270,6 +270,17 @@ def ack(node: Node, model: str, version: int, state: str, reason: str,
                  audited=True)
 
 
+def witnessed(node_id: str, seq: int, head_hash: str) -> Write:
+    """Keep the newest audit witness ``node_id`` showed in its hello, verified by the caller
+    (``registry.witness``); never lowered by an older one."""
+    def apply(conn: sqlite3.Connection) -> None:
+        conn.execute("UPDATE nodes SET witness_seq = ?, witness_hash = ? WHERE node_id = ? "
+                     "AND (witness_seq IS NULL OR witness_seq < ?)",
+                     [seq, head_hash, node_id, seq])
+
+    return Write(f"node {node_id}'s audit witness (record {seq})", apply)
+
+
 def quality(node_id: str, model: str, report: dict[str, Any]) -> Write:
     """A node's quality report of ``model`` (the last one is kept)."""
     at, data = now(), json.dumps(report)

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from registry import anchor, audit, keys, nodes, replication, trust, waves
+from registry import anchor, audit, keys, nodes, replication, trust, waves, witness
 from registry.anchor import audited
 from registry.audit import Head
 from registry.catalog import Catalog, Node, Target
@@ -205,6 +205,7 @@ class SyncService(pb_grpc.SyncServicer):
         self._held_back: set[tuple[str, int]] = set()  # releases awaiting signatures, logged
         self._trust_for: trust.Published | None = None  # what _trust_messages were made of
         self._trust_messages: dict[tuple[int, bool, bool], pb.ServerMessage] = {}
+        self.witness: pb.ServerMessage | None = None  # the chain's head as last told (signed)
 
     async def Sync(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         first = await context.read()
@@ -222,6 +223,8 @@ class SyncService(pb_grpc.SyncServicer):
                 registry=self.settings.actor,
                 report_interval_s=self.settings.report_interval_s)))
             self.send_trust(session)
+            if self.witness is not None:
+                session.outbox.put_nowait(self.witness)
             await self.push(session)
             session.pushed.set()  # Fetch serves what ``sent`` holds from now on
             while (message := await session.outbox.get()) is not None:
@@ -276,9 +279,34 @@ class SyncService(pb_grpc.SyncServicer):
         self.metrics.connections.inc()
         self.metrics.connected.set(len(self.sessions))
         self.writes.add(nodes.hello(session.node, session.peer, held, platform(hello.platform)))
+        if hello.HasField("witness"):
+            await self._witnessed(session, hello.witness)
         log.info("node %s (%s, %s) connected from %s holding %s", session.node.node_id,
                  session.node.tier, session.node.region, session.peer, session.active)
         return session
+
+    async def _witnessed(self, session: Session, message: pb.Witness) -> None:
+        """A node shows the newest audit witness it was told: believed once this registry's
+        own key verifies it, kept, and checked against the chain (``registry.witness``)."""
+        signers = [s for s in (self.director, self.db.anchor.signer) if s is not None]
+        seen = witness.verified(message, [s.key.public_key() for s in signers])
+        if seen is None:
+            log.warning("node %s showed an audit witness this registry did not sign; ignored",
+                        session.node.node_id)
+            return
+        self.writes.add(nodes.witnessed(session.node.node_id, seen.seq, seen.hash))
+        problem = await self.db.run(lambda: witness.conflict(
+            self.db.catalog.db.conn, seen, f"node {session.node.node_id}"))
+        if problem is not None:
+            self.metrics.witness_conflicts.inc()
+            log.error("the audit chain lost records: %s", problem)
+
+    def tell(self, head: Head, signer: keys.Signer) -> None:
+        """Sign ``head`` once and queue it to every connected node (and to those that connect
+        later, until the next)."""
+        self.witness = pb.ServerMessage(witness=witness.sign(signer, head))
+        for session in list(self.sessions.values()):
+            session.outbox.put_nowait(self.witness)
 
     async def _close(self, session: Session) -> None:
         node_id = session.node.node_id
@@ -438,6 +466,7 @@ class SyncServer:
         self._flusher: asyncio.Task[None] | None = None
         self._steerer: asyncio.Task[None] | None = None
         self._trustee: asyncio.Task[None] | None = None
+        self._teller: asyncio.Task[None] | None = None
         self._frozen = ""  # why the timestamp cannot be advanced (logged once per reason)
 
     async def start(self) -> int:
@@ -474,6 +503,7 @@ class SyncServer:
         self._flusher = asyncio.create_task(self._flush_refusals())
         self._steerer = asyncio.create_task(self._steer())
         self._trustee = asyncio.create_task(self._keep_fresh())
+        self._teller = asyncio.create_task(self._tell())
         self.service.writes.start()
         return self.port
 
@@ -568,6 +598,22 @@ class SyncServer:
             await asyncio.sleep(interval)
             await self._advance()
 
+    async def _tell(self) -> None:
+        """Every ``witness_interval_s``: when the audit chain moved, tell the nodes its new
+        head (signed), so a registry that later loses those records meets them."""
+        told: Head | None = None
+        while True:
+            await asyncio.sleep(self.settings.witness_interval_s)
+            if self.service.refusing is not None:
+                continue
+            try:
+                head = await self.db.run(lambda: audit.head(self.db.catalog.db.conn))
+                if head is not None and head != told:
+                    self.service.tell(head, self.service.director or self.db.anchor.signer)
+                    told = head
+            except Exception:  # a busy database or a bad key file: tell them next time
+                log.exception("telling the nodes the audit head failed; retrying")
+
     async def _steer(self) -> None:
         """The wave rollouts, stepped every ``wave_tick_s`` on the registry that may write (a
         standby's turn comes when it is promoted); their changes are pushed by ``_watch``."""
@@ -588,10 +634,11 @@ class SyncServer:
     async def stop(self, grace: float = 5.0) -> None:
         for name in ("", SERVICE):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        if self._trustee is not None:
-            self._trustee.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._trustee
+        for task in (self._trustee, self._teller):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self._steerer is not None:
             self._steerer.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -211,6 +211,11 @@ class RegistrySettings(ConsulSettings):
     wave_tick_s: float = Field(default=1.0, gt=0, le=60)
     """How often ``registry serve`` steps its wave rollouts (admits, checks, judges)."""
 
+    witness_interval_s: float = Field(default=5.0, gt=0, le=3600)
+    """How often, at most, ``registry serve`` tells the connected nodes its audit chain's new
+    head (signed): each keeps the newest and shows it in its hello, so records removed later
+    (an older signed head put back) are caught when the nodes reconnect."""
+
     chunking: bool = True
     """Cut each published artifact into content-defined chunks (FastCDC, zstd-compressed,
     stored once per distinct chunk), so that a node fetches only the chunks no version it holds

@@ -75,6 +75,11 @@ class SyncMetrics:
                                ["resumed"], registry=r)
         self.denied = Counter("registry_auth_failures", "Calls refused for a missing or "
                               "wrong token", registry=r)
+        self.witness_conflicts = Counter(
+            "registry_audit_witness_conflicts", "Hellos showing an audit witness (this "
+            "registry's signed word of its chain's head) that the chain no longer holds: "
+            "records were removed or rewritten (`registry audit --verify` names them)",
+            registry=r)
         self.nodes = NodeSeries()
         self.dropped = Counter("registry_sync_dropped", "Acks and quality reports dropped: "
                                "for a model (version) not pushed to that node nor held by it, "

@@ -36,6 +36,7 @@ from sync.rate import rate
 from sync.reports import send_reports
 from sync.stream import StreamSeries
 from sync.trusted import TrustFollower
+from sync.witness import Witnesses
 
 log = logging.getLogger(__name__)
 # TUF targets list every release: up to trust.CONFIG's 8 MiB, and the rest
@@ -76,6 +77,8 @@ class Subscriber:
         verifier = self.store.verifier
         self.trust = (TrustFollower(verifier, self._send, registry, prefix)
                       if isinstance(verifier, NodeTrust) else None)
+        directives = self.releases.directives  # witnesses verify as directives do
+        self.witnesses = Witnesses(self.store.root, directives.verifier if directives else None)
 
     async def run(self) -> None:
         """Stay subscribed until cancelled."""
@@ -144,6 +147,8 @@ class Subscriber:
                     self._budget(message.budget)
                 elif kind == "trust" and self.trust is not None:
                     await self.trust.update(message.trust)
+                elif kind == "witness":
+                    await asyncio.to_thread(self.witnesses.offer, message.witness)
         finally:
             for task in (reporter, watcher):
                 task.cancel()
@@ -151,17 +156,14 @@ class Subscriber:
                     await task
 
     def _hello(self) -> pb.Hello:
-        held = []
-        root = self.store.root
-        for folder in sorted(root.iterdir()) if root.is_dir() else []:
-            versions = self.store.versions(folder.name) if is_valid_name(folder.name) else []
-            if versions:
-                active = self.repository.default_version(folder.name) or 0
-                held.append(pb.Held(model=folder.name, versions=versions, active=active))
         s = self.settings
         trusted = self.trust.trust.state().root_version if self.trust is not None else 0
-        return pb.Hello(node_id=s.node_id, tier=self.tier, region=s.region, held=held,
-                        platform=platform_message(self.repository), root_version=trusted)
+        hello = pb.Hello(node_id=s.node_id, tier=self.tier, region=s.region,
+                         held=held(self.repository), root_version=trusted,
+                         platform=platform_message(self.repository))
+        if (witness := self.witnesses.message()) is not None:
+            hello.witness.CopyFrom(witness)
+        return hello
 
     def _budget(self, message: pb.Budget) -> None:
         if self.on_budget is None:
@@ -196,6 +198,17 @@ class Subscriber:
         await self.releases.stop()
         if self.channel is not None:
             await self.channel.close()
+
+
+def held(repository: Repository) -> list[pb.Held]:
+    """What the hello says the store holds: each model's complete versions, the one served."""
+    found, store = [], repository.store
+    for folder in sorted(store.root.iterdir()) if store.root.is_dir() else []:
+        versions = store.versions(folder.name) if is_valid_name(folder.name) else []
+        if versions:
+            active = repository.default_version(folder.name) or 0
+            found.append(pb.Held(model=folder.name, versions=versions, active=active))
+    return found
 
 
 def subscribe(node: Node, metrics: Metrics,

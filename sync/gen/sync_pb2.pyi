@@ -139,20 +139,22 @@ class Platform(_message.Message):
     def __init__(self, cpu: _Optional[str] = ..., machine: _Optional[str] = ..., features: _Optional[_Iterable[str]] = ..., runtime: _Optional[str] = ...) -> None: ...
 
 class Hello(_message.Message):
-    __slots__ = ("node_id", "tier", "region", "held", "platform", "root_version")
+    __slots__ = ("node_id", "tier", "region", "held", "platform", "root_version", "witness")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
     PLATFORM_FIELD_NUMBER: _ClassVar[int]
     ROOT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WITNESS_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     tier: str
     region: str
     held: _containers.RepeatedCompositeFieldContainer[Held]
     platform: Platform
     root_version: int
-    def __init__(self, node_id: _Optional[str] = ..., tier: _Optional[str] = ..., region: _Optional[str] = ..., held: _Optional[_Iterable[_Union[Held, _Mapping]]] = ..., platform: _Optional[_Union[Platform, _Mapping]] = ..., root_version: _Optional[int] = ...) -> None: ...
+    witness: Witness
+    def __init__(self, node_id: _Optional[str] = ..., tier: _Optional[str] = ..., region: _Optional[str] = ..., held: _Optional[_Iterable[_Union[Held, _Mapping]]] = ..., platform: _Optional[_Union[Platform, _Mapping]] = ..., root_version: _Optional[int] = ..., witness: _Optional[_Union[Witness, _Mapping]] = ...) -> None: ...
 
 class Ack(_message.Message):
     __slots__ = ("model", "version", "state", "reason", "fidelity", "fidelity_rows", "platform", "directive_seq")
@@ -300,6 +302,14 @@ class Release(_message.Message):
     directive_signature: bytes
     def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., alias: _Optional[str] = ..., manifest: _Optional[bytes] = ..., manifest_sha256: _Optional[str] = ..., signature: _Optional[bytes] = ..., signing_key_id: _Optional[str] = ..., directive: _Optional[bytes] = ..., directive_signature: _Optional[bytes] = ...) -> None: ...
 
+class Witness(_message.Message):
+    __slots__ = ("statement", "signature")
+    STATEMENT_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    statement: bytes
+    signature: bytes
+    def __init__(self, statement: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
 class Welcome(_message.Message):
     __slots__ = ("registry", "report_interval_s")
     REGISTRY_FIELD_NUMBER: _ClassVar[int]
@@ -323,16 +333,18 @@ class Budget(_message.Message):
     def __init__(self, model: _Optional[str] = ..., controlled: _Optional[bool] = ..., rows_per_s: _Optional[float] = ..., capacity_rows_s: _Optional[float] = ..., share: _Optional[float] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("welcome", "release", "budget", "trust")
+    __slots__ = ("welcome", "release", "budget", "trust", "witness")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     TRUST_FIELD_NUMBER: _ClassVar[int]
+    WITNESS_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     release: Release
     budget: Budget
     trust: Trust
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., trust: _Optional[_Union[Trust, _Mapping]] = ...) -> None: ...
+    witness: Witness
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., trust: _Optional[_Union[Trust, _Mapping]] = ..., witness: _Optional[_Union[Witness, _Mapping]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("sha256", "offset")
