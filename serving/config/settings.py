@@ -189,8 +189,9 @@ class ServingSettings(ConsulSettings):
 
     header_timeout_s: float = Field(default=10.0, gt=0, le=300)
     """A connection must send a request's complete headers within this many seconds of its
-    first byte (of the connection's opening, for its first request), else it is closed: idle
-    and slowly trickled connections hold no descriptor for long."""
+    first byte (of the connection's accept, for its first request, the TLS handshake
+    included), else it is closed: idle, silent and slowly trickled connections hold no
+    descriptor for long. The gRPC port's TLS handshake has the same bound."""
 
     body_timeout_s: float = Field(default=20.0, gt=0, le=600)
     """A request's body must arrive within this many seconds of its headers, else the
