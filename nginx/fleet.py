@@ -16,7 +16,8 @@ from serving.fleet.discovery import Instance
 
 RESOLVE_TIMEOUT_S = 1.0  # a host name in the catalog: resolved by the renderer, or dropped
 KEEP_RESOLVED_S = 30.0  # a name that fails to resolve keeps its last answer this long
-REASONS = ("unresolvable", "fails_nginx_check", "duplicate_address", "no_tls_name")
+REASONS = ("unresolvable", "fails_nginx_check", "duplicate_address", "no_tls_name",
+           "unverified", "wrong_identity")
 ROLES = ("edges", "centers", "registries")
 SERVICE = {"edges": "edge", "centers": "center", "registries": "registry"}  # discovery's names
 

@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import signal
+import ssl
 from pathlib import Path
 
 import click
@@ -31,11 +32,14 @@ from serving.telemetry.logs import configure
 from . import side as side_nginx
 from .entry import Entry, config
 from .fleet import SERVICE
+from .guard import EdgeGuard
+from .probe import Prober, client_context
 from .process import Nginx, NginxExited, temp_dir, write_atomically
 from .renderer import Renderer
 
 log = logging.getLogger("nginx.render")
 RERESOLVE_S = 5.0  # host names in the catalog are resolved again this often (renders if moved)
+REVERIFY_S = 1.0  # over TLS, the guard is asked this often whether the edges need a new look
 
 
 async def serve(renderer: Renderer, consul_addr: str | None, token: str | None) -> None:
@@ -51,6 +55,8 @@ async def serve(renderer: Renderer, consul_addr: str | None, token: str | None) 
                                     renderer.follow(role), passing_only=False)
             tasks.append(asyncio.create_task(watch.run()))
         tasks.append(asyncio.create_task(reresolve(renderer)))
+        if renderer.guard is not None:
+            tasks.append(asyncio.create_task(reverify(renderer)))
     tasks += [asyncio.create_task(_exit_with(n)) for n in renderer.nginxes if n.child]
     stopping = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -94,6 +100,17 @@ async def reresolve(renderer: Renderer, every: float = RERESOLVE_S) -> None:
             await renderer.render_or_log("resolving the names again", named)
 
 
+async def reverify(renderer: Renderer, every: float = REVERIFY_S) -> None:
+    """Render the entry again whenever its guard says a look may change something (an entry
+    waiting for its handshake, an edge held after leaving the catalog, a verdict grown old):
+    a new edge is rendered once it answers as itself, not at the catalog's next change, and a
+    held edge is let go on time. Nothing is reloaded when the edges are the same."""
+    while True:
+        await asyncio.sleep(every)
+        if renderer.guard is not None and renderer.guard.due():
+            await renderer.render_or_log("checking the edges' certificates again", ("edges",))
+
+
 async def _exit_with(nginx: Nginx) -> None:
     """Raises NginxExited once ``nginx``'s process has ended."""
     assert nginx.child is not None
@@ -134,7 +151,9 @@ async def _exit_with(nginx: Nginx) -> None:
               default=None, help="Fleet CA (PEM): /v2/ and the gRPC entry go to the edges over "
                                  "TLS, each edge's certificate checked against it for the "
                                  "name of the node the catalog entry claims "
-                                 "(<node id>.edge.tiered.invalid). Unset: plain HTTP.")
+                                 "(<node id>.edge.tiered.invalid); an entry is rendered "
+                                 "only once its address has proved that name to the "
+                                 "renderer in a handshake. Unset: plain HTTP.")
 @click.option("--center-ca", type=click.Path(path_type=Path, dir_okay=False, exists=True),
               default=None, help="Fleet CA (PEM): /center/v2/ goes to the centers over HTTPS, "
                                  "their center certificate checked against it.")
@@ -220,9 +239,21 @@ def wire(prefix: Path, binary: str, exposed: Entry, folders: list[Path], *, list
     if side is not None:
         write_atomically(side.conf, side_conf)
     renderer = Renderer(entry, side, exposed.side_roles, region, fallback,
-                        edge_tls=exposed.edge_ca is not None)
+                        edge_tls=exposed.edge_ca is not None, guard=guard(exposed.edge_ca))
     renderer.write_empty()
     return renderer
+
+
+def guard(edge_ca: Path | None) -> EdgeGuard | None:
+    """With ``--edge-ca``: the guard that renders only the edges whose address proves, in a
+    TLS handshake checked against that CA, the node their catalog entry names."""
+    if edge_ca is None:
+        return None
+    try:
+        return EdgeGuard(Prober(client_context(edge_ca)))
+    except ssl.SSLError as exc:
+        raise click.BadParameter(f"{edge_ca}: not a CA certificate ({exc})",
+                                 param_hint="--edge-ca") from exc
 
 
 def _region(value: str | None) -> str | None:

@@ -1,12 +1,13 @@
 """The renderer: keeps each nginx it runs in step with the roles of the fleet that nginx
 routes to. The entry nginx follows the edges; the side nginx (when there is one) the centers
 and the registries. A change of a role renders only the nginx that follows it: resolve the
-names, render, check with ``nginx -t``, swap ``upstreams.conf`` and reload, only when that
-file's text changed."""
+names, over TLS keep the edges whose address proves their node (``guard``), render, check
+with ``nginx -t``, swap ``upstreams.conf`` and reload, only when that file's text changed."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import subprocess
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from serving.fleet.discovery import Instance
 
 from . import side as side_nginx
 from .fleet import REASONS, ROLES, Dropped, Fleet, resolved
+from .guard import EdgeGuard
 from .metrics import CHECK_FAILURES, DROPPED, DROPS
 from .process import Nginx, write_atomically
 from .upstreams import edge_tls_problems, renderable, upstreams
@@ -41,13 +43,14 @@ class Renderer:
     def __init__(self, entry: Nginx, side: Nginx | None = None,
                  side_roles: tuple[str, ...] = ("centers", "registries"),
                  region: str | None = None, fallback: tuple[str, ...] = (),
-                 edge_tls: bool = False) -> None:
+                 edge_tls: bool = False, guard: EdgeGuard | None = None) -> None:
         self.entry, self.side = entry, side
         self.parts = [Part(entry, ("edges",), upstreams)]
         if side is not None:
             self.parts.append(Part(side, side_roles, side_nginx.upstreams))
         self.nginxes = [p.nginx for p in self.parts]  # the entry first
         self.fleet = Fleet(region=region, fallback=fallback, edge_tls=edge_tls)
+        self.guard = guard  # over TLS: only edges whose address proved their node
         self.dropped: dict[tuple[str, str], Dropped] = {}
         self.known: dict[str, tuple[str, float]] = {}  # host name -> last address, when
 
@@ -106,11 +109,10 @@ class Renderer:
     async def _render(self, part: Part) -> None:
         async with part.rendering:
             fleet, unresolved = await resolved(self.fleet, self.known, part.roles)
+            fleet, tls = await screened(fleet, part.roles, self.guard)
             text, failing = await asyncio.to_thread(checked, part.nginx, fleet, part.render,
                                                     part.roles)
-            tls = (list(edge_tls_problems(renderable(fleet.edges)).values())
-                   if fleet.edge_tls and "edges" in part.roles else [])
-            self._note_dropped([*unresolved, *failing, *tls], part.roles)
+            self._note_dropped([*unresolved, *tls, *failing], part.roles)
             if text is None or not write_atomically(part.nginx.upstreams_conf, text):
                 return
             log.info("%s upstreams: %s", part.nginx.name, ", ".join(
@@ -133,6 +135,18 @@ class Renderer:
             for reason in REASONS:
                 DROPPED.labels(role, reason).set(
                     sum(1 for d in dropped if d.role == role and d.reason == reason))
+
+
+async def screened(fleet: Fleet, roles: tuple[str, ...], guard: EdgeGuard | None,
+                   ) -> tuple[Fleet, list[Dropped]]:
+    """Over TLS, the edges an nginx following ``roles`` may be given (with a ``guard``: the
+    edges whose address proved their node, ``nginx/guard.py``), and the entries left out."""
+    if not fleet.edge_tls or "edges" not in roles:
+        return fleet, []
+    if guard is None:
+        return fleet, list(edge_tls_problems(renderable(fleet.edges)).values())
+    edges, dropped = await guard.screen(renderable(fleet.edges))
+    return dataclasses.replace(fleet, edges=edges), dropped
 
 
 def checked(nginx: Nginx, fleet: Fleet, render: Callable[[Fleet], str],

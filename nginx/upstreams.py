@@ -94,9 +94,10 @@ def edge_tls_problems(edges: list[Instance]) -> dict[str, Dropped]:
     whose id cannot name a certificate; and every edge of an address (ip:port, HTTP or gRPC)
     that two catalog entries claim: nginx picks the name it checks by the address it dials,
     so an address must stand for one node. Two entries for one address mean one of them
-    lies (or is stale), and the renderer cannot tell which: it renders neither (the name
-    check would keep the wrong one from being answered by the other node anyway; dropping
-    both says so in the log and the metric instead of a stream of failed handshakes)."""
+    lies (or is stale), and this cannot tell which: it renders neither (the name check would
+    keep the wrong one from being answered by the other node anyway). The running renderer
+    asks first (``nginx/guard.py``): only the entry whose address proved its node reaches
+    this, so a decoy at an edge's address never takes the edge out with it."""
     problems: dict[str, Dropped] = {}
     owners: dict[str, set[str]] = {}
     for i in edges:

@@ -10,7 +10,6 @@ open, the renderer's environment handed to nginx)."""
 from __future__ import annotations
 
 import http.server
-import json
 import socket
 import ssl
 import threading
@@ -287,15 +286,18 @@ def test_an_unresolvable_edge_host_name_freezes_no_routing(guarded: Guarded) -> 
         assert "nx-host" not in upstreams and "8000" not in upstreams
         log = guarded.entry.children["nginx"].log.read_text()
         assert "edge-us-9" in log and "unresolvable" in log
-        # the running entry still follows the catalog: a change is rendered and reloaded
+        # the running entry still follows the catalog: a change is rendered and reloaded (an
+        # edge that answers as itself: with --edge-ca only those are rendered)
         reloads = renderer_metric(guarded.metrics_port, "tiered_nginx_render_reloads_total",
                                   nginx="entry")
-        register(guarded.consul, "edge-eu-5", "127.0.0.1", free_port(), region="eu")
-        wait_for(lambda: renderer_metric(guarded.metrics_port,
-                                         "tiered_nginx_render_reloads_total",
-                                         nginx="entry") > reloads, 30,
-                 "a reload after the next change")
-        deregister(guarded.consul, "edge-eu-5")
+        with http_peer(Legit, node_cert(guarded.ca.parent, "edge-eu-5")) as eu:
+            register(guarded.consul, "edge-eu-5", "127.0.0.1", eu.server_address[1],
+                     region="eu")
+            wait_for(lambda: renderer_metric(guarded.metrics_port,
+                                             "tiered_nginx_render_reloads_total",
+                                             nginx="entry") > reloads, 30,
+                     "a reload after the next change")
+            deregister(guarded.consul, "edge-eu-5")
         # an entry started while the bad entry is listed routes from its first render
         fresh = guarded.new_entry("--edge-ca", str(guarded.ca))
         # settled: three answers in a row (on this machine one 502 was seen right after the
@@ -358,10 +360,12 @@ class Legit(JsonHandler):
 
 def test_a_catalog_entry_moved_to_another_address_reaches_nobody(guarded: Guarded) -> None:
     """The stolen box re-registers another edge's id (same name, same Meta) at its own
-    port: nginx used to send users' requests there in plain HTTP. Now nginx checks, in the
-    handshake, the certificate of that id's node name at every address it dials: the stolen
-    box's (valid, but for ``edge-stolen``) fails it, nginx moves on to the next edge (whose
-    name it checks afresh) and the attacker sees no request.
+    port: nginx used to send users' requests there in plain HTTP. nginx now checks, in the
+    handshake, the certificate of that id's node name at every address it dials; and before
+    that the renderer itself asks the address to prove that name, and renders the entry only
+    if it does. The stolen box's certificate (valid, but for ``edge-stolen``) fails it: the
+    moved entry is never rendered, the real edge-us-2, still answering as itself at its own
+    address, stays (held: it left the catalog), and the attacker sees no request.
 
     The entry moved is ``edge-us-2``'s (a listener this test runs, which does not re-assert
     its registration): the real ``edge-us-1`` puts its own entry back within a fraction of a
@@ -383,28 +387,22 @@ def test_a_catalog_entry_moved_to_another_address_reaches_nobody(guarded: Guarde
         register(guarded.consul, "edge-us-2", "127.0.0.1", legit.server_address[1],
                  region="us")
         registering = threading.Thread(target=keep_registering, daemon=True)
+        rendered: list[str] = []
         try:
             wait_for(lambda: f":{legit.server_address[1]} " in upstreams.read_text(), 30,
                      "edge-us-2 rendered")
             registering.start()
-            wait_for(lambda: f":{attacker.server_address[1]} " in upstreams.read_text()
-                     and f":{legit.server_address[1]} " not in upstreams.read_text(), 30,
-                     "the moved entry rendered")
-            # the file is rendered before nginx has reloaded it: requests go on until nginx
-            # has dialed the moved entry (the attack is live), 40 at least, 20 s at most
-            answers, closed = [], 0
-            deadline = time.monotonic() + 20
+            wait_for(lambda: attacker.handshakes > 0, 30, "the renderer dialing the moved entry")
+            answers = []
             with httpx.Client(timeout=10) as client:  # keep-alive to nginx; nginx keeps its own
-                while len(answers) < 40 or (attacker.handshakes == 0 and
-                                            time.monotonic() < deadline):
-                    try:
-                        answers.append(client.post(f"{entry.url}/v2/models/tiny/infer",
-                                                   json=BODY, headers=US))
-                    except (httpx.RemoteProtocolError, httpx.ReadError):  # the reload closed
-                        # an idle keep-alive connection as the request went out (a FIN, or a
-                        # reset when the request had reached the closing socket): sent again
-                        closed += 1
-                        assert closed <= 3, "nginx kept closing connections"
+                for _ in range(40):
+                    answers.append(client.post(f"{entry.url}/v2/models/tiny/infer",
+                                               json=BODY, headers=US))
+                    rendered.append(upstreams.read_text())
+            held = renderer_metric(guarded.metrics_port, "tiered_nginx_render_held_edges",
+                                   reason="departed")
+            wrong = renderer_metric(guarded.metrics_port, "tiered_nginx_render_dropped_entries",
+                                    role="edges", reason="wrong_identity")
         finally:
             stop.set()
             if registering.is_alive():
@@ -413,9 +411,157 @@ def test_a_catalog_entry_moved_to_another_address_reaches_nobody(guarded: Guarde
             attacker.shutdown()
             attacker.server_close()
     assert attacker.seen == [], "a user's request reached the stolen box"
-    assert attacker.handshakes > 0, "nginx did dial the moved entry (the attack was live)"
-    assert all(a.status_code in (200, 503) for a in answers), [a.status_code for a in answers]
-    served = [a.json()["parameters"] for a in answers if a.status_code == 200]
-    assert served and not any(p.get("forged") for p in served)
+    assert attacker.handshakes > 0, "the moved entry was dialed (the attack was live)"
+    assert not any(f":{attacker.server_address[1]} " in text for text in rendered)
+    assert all(f":{legit.server_address[1]} " in text for text in rendered)
+    assert held >= 1.0 and wrong >= 1.0  # (an edge of an earlier test may be held too)
+    assert [a.status_code for a in answers] == [200] * 40
+    served = [a.json()["parameters"] for a in answers]
+    assert not any(p.get("forged") for p in served)
     assert {p["node_id"] for p in served} <= {"edge-us-1", "edge-us-2"}
-    assert all(SECRET_TEXT not in json.dumps(s) for s in attacker.seen)
+
+
+# -- 6. decoys and deregistrations: the entry emptied --------------------------------------
+
+
+@dataclass
+class RealEdge:
+    node_id: str
+    port: int
+    grpc_port: int
+
+
+@pytest.fixture(scope="module")
+def two_edges(guarded: Guarded, tiny_stores: Path) -> Iterator[list[RealEdge]]:
+    """edge-us-1 and a second real edge, edge-us-3 (the same release), both rendered."""
+    cert, key = node_cert(guarded.ca.parent, "edge-us-3")
+    grpc_port = free_port()
+    second = start_tier("edge", tiny_stores / "edge", guarded.root, "--poll-interval-s", "0.2",
+                        "--region", "us", "--grpc-port", str(grpc_port), timeout=90,
+                        env={"PATH": str(BIN), "CONSUL_HTTP_ADDR": guarded.consul.consul,
+                             "EDGE_TLS_CERT": str(cert), "EDGE_TLS_KEY": str(key)},
+                        ca=guarded.ca, node_id="edge-us-3")
+    try:
+        first = httpx.get(f"http://{guarded.consul.consul}/v1/agent/service/edge-us-1",
+                          timeout=5).json()
+        edges = [RealEdge("edge-us-1", guarded.edge.port, int(first["Meta"]["grpc_port"])),
+                 RealEdge("edge-us-3", second.port, grpc_port)]
+        upstreams = guarded.entry.root / "nginx" / "upstreams.conf"
+        wait_for(lambda: all(f":{e.port} max_fails=0;" in upstreams.read_text()
+                             and f":{e.grpc_port} max_fails=0;" in upstreams.read_text()
+                             for e in edges), 60, "both edges rendered, passing")
+        yield edges
+    finally:
+        second.stop()
+
+
+def settled(guarded: Guarded) -> None:
+    """No edge of an earlier test still held, and no reload for 2 s (a reload closes idle
+    keep-alive connections: one now would be an earlier test's)."""
+    def metric(name: str, **labels: str) -> float:
+        return renderer_metric(guarded.metrics_port, name, **labels)
+
+    wait_for(lambda: metric("tiered_nginx_render_held_edges", reason="departed")
+             + metric("tiered_nginx_render_held_edges", reason="last") == 0, 30,
+             "the edges of earlier tests let go")
+    seen = [metric("tiered_nginx_render_reloads_total", nginx="entry"), time.monotonic()]
+
+    def quiet() -> bool:
+        now = metric("tiered_nginx_render_reloads_total", nginx="entry")
+        if now != seen[0]:
+            seen[:] = [now, time.monotonic()]
+        return time.monotonic() - seen[1] > 2
+
+    wait_for(quiet, 30, "no reload for 2 s", poll=0.2)
+
+
+def traffic(entry: Stack, seconds: float) -> tuple[int, list[str]]:
+    """REST inference and gRPC ServerLive through ``entry``, one after the other on kept-alive
+    connections (as clients do), for ``seconds``: how many were sent, and each failure."""
+    sent, failures = 0, []
+    deadline = time.monotonic() + seconds
+    with (httpx.Client(timeout=10) as client,
+          grpc.insecure_channel(f"127.0.0.1:{entry.grpc_port}") as channel):
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        while time.monotonic() < deadline:
+            sent += 2
+            try:
+                answer = client.post(f"{entry.url}/v2/models/tiny/infer", json=BODY, headers=US)
+                if answer.status_code != 200:
+                    failures.append(f"REST {answer.status_code} {answer.text[:80]}")
+            except httpx.HTTPError as exc:
+                failures.append(f"REST {exc!r}")
+            try:
+                stub.ServerLive(pb.ServerLiveRequest(), timeout=10)
+            except grpc.RpcError as exc:
+                failures.append(f"gRPC {exc.code()} {exc.details()}")
+    return sent, failures
+
+
+def test_a_decoy_at_every_real_edges_address_takes_no_edge_out_of_nginx(
+        guarded: Guarded, two_edges: list[RealEdge]) -> None:
+    """The finding: one decoy ``tiered-edge`` per real edge, at that edge's own address and
+    gRPC port, under a new id. The renderer dropped every address two entries claimed: both
+    edges left nginx, every REST request got a 502 and every gRPC call UNAVAILABLE until the
+    decoys were removed. Now the renderer asks each address to prove the entry's node:
+    the decoys fail it, the edges do not."""
+    upstreams = guarded.entry.root / "nginx" / "upstreams.conf"
+    settled(guarded)
+    try:
+        for n, e in enumerate(two_edges):
+            register(guarded.consul, f"decoy-{n}", "127.0.0.1", e.port, region="us",
+                     grpc_port=str(e.grpc_port))
+        sent, failures = traffic(guarded.entry, 15)  # from the moment they are registered
+        text = upstreams.read_text()
+        wrong = renderer_metric(guarded.metrics_port, "tiered_nginx_render_dropped_entries",
+                                role="edges", reason="wrong_identity")
+    finally:
+        for n in range(len(two_edges)):
+            deregister(guarded.consul, f"decoy-{n}")
+    print(f"decoys: {len(failures)} failed of {sent} requests in 15 s")
+    assert failures == [], failures[:5]
+    assert wrong == 2.0, "the renderer says it left the decoys out"
+    for e in two_edges:
+        assert f":{e.port} max_fails=0;" in text and f":{e.grpc_port} max_fails=0;" in text
+        assert f"{e.node_id}.edge.tiered.invalid" in text
+    assert "decoy" not in text
+
+
+def test_a_deregistration_loop_against_the_real_edges_fails_no_request(
+        guarded: Guarded, two_edges: list[RealEdge]) -> None:
+    """The finding's second half: deregistering both real edges over and over (each puts its
+    entry back within a fraction of a second) cost 53 of 483 requests a 502 in 10 s. An edge
+    the catalog drops while its address still answers as itself is now held, so nginx's
+    edges stay as they were."""
+    stop = threading.Event()
+    loops = 0
+
+    def deregistering() -> None:
+        nonlocal loops
+        while not stop.is_set():
+            for e in two_edges:
+                deregister(guarded.consul, e.node_id)
+            loops += 1
+            stop.wait(0.02)
+
+    settled(guarded)
+    reloads = renderer_metric(guarded.metrics_port, "tiered_nginx_render_reloads_total",
+                              nginx="entry")
+    attacker = threading.Thread(target=deregistering, daemon=True)
+    attacker.start()
+    try:
+        sent, failures = traffic(guarded.entry, 10)
+    finally:
+        stop.set()
+        attacker.join()
+    reloads = renderer_metric(guarded.metrics_port, "tiered_nginx_render_reloads_total",
+                              nginx="entry") - reloads
+    print(f"deregistration loop ({loops} rounds): {len(failures)} failed of {sent} requests "
+          f"in 10 s, {reloads:.0f} reloads of the entry")
+    assert loops > 20, "the attack ran"
+    assert failures == [], failures[:5]
+    log = guarded.entry.children["nginx"].log.read_text()
+    assert "left the catalog while nginx used it" in log  # and said so (once a minute)
+    upstreams = guarded.entry.root / "nginx" / "upstreams.conf"
+    wait_for(lambda: all(f":{e.port} max_fails=0;" in upstreams.read_text()
+                         for e in two_edges), 30, "both edges registered and passing again")
