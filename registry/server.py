@@ -223,9 +223,9 @@ class SyncService(pb_grpc.SyncServicer):
                 registry=self.settings.actor,
                 report_interval_s=self.settings.report_interval_s)))
             self.send_trust(session)
-            if self.witness is not None:
-                session.outbox.put_nowait(self.witness)
             await self.push(session)
+            if self.witness is not None:  # after the releases: the head as last told
+                session.outbox.put_nowait(self.witness)
             session.pushed.set()  # Fetch serves what ``sent`` holds from now on
             while (message := await session.outbox.get()) is not None:
                 await context.write(message)

@@ -28,16 +28,19 @@ class Stream:
     received: queue.Queue[Any] = field(default_factory=queue.Queue)
     messages: list[pb.ServerMessage] = field(default_factory=list)
 
-    def next(self, timeout: float = 10, trust: bool = False) -> pb.ServerMessage:
+    def next(self, timeout: float = 10, trust: bool = False,
+             witness: bool = False) -> pb.ServerMessage:
         """The next message the registry sends (a grpc.RpcError if the stream ended so).
-        TUF metadata (``trust`` messages, sent on every stream and whenever it changes) is
-        kept in ``messages`` but skipped unless ``trust``."""
+        TUF metadata and audit witnesses (``trust`` and ``witness`` messages, sent on every
+        stream and whenever they change) are kept in ``messages`` but skipped unless asked
+        for."""
         while True:
             item = self.received.get(timeout=timeout)
             if isinstance(item, BaseException):
                 raise item
             self.messages.append(item)
-            if trust or item.WhichOneof("kind") != "trust":
+            kind = item.WhichOneof("kind")
+            if (kind != "trust" or trust) and (kind != "witness" or witness):
                 return item
 
     def releases(self) -> dict[str, int]:
