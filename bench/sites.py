@@ -605,9 +605,13 @@ class Run:
         stop = threading.Event()
 
         def loop(name: str) -> None:
+            # a value no other try uses: a policy already in place is no change, and exits
+            # 0 without writing (both loops once took 100 + len(tries) at the same moment,
+            # and a standby holding the new primary's copy of that value "accepted" it)
+            values = itertools.count(1000 + (name == old), 2)
             while not stop.is_set():
                 sent = time.monotonic()
-                rc = self.cheap_write(name, 100 + len(tries),
+                rc = self.cheap_write(name, next(values),
                                       REGISTRY_SYNC_TIMEOUT_S="0.5").returncode
                 tries.append((name, sent, time.monotonic(), rc))
                 time.sleep(0.1)
