@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -10,8 +11,10 @@ from typing import Any
 import pytest
 
 from examples.sentiment.tiny import build_tiny_release
+from harness.processes import free_port
 from registry.catalog import Catalog
 from registry.db import connect
+from tiered.stack import Stack
 
 REGISTRY = Path(sys.executable).parent / "registry"
 TEST_FLOOR = 0.9
@@ -125,3 +128,15 @@ class RegistryCli:
 @pytest.fixture
 def registry_cli(tmp_path: Path) -> RegistryCli:
     return RegistryCli(tmp_path / "registry")
+
+
+@pytest.fixture
+def ha_stack(tmp_path: Path) -> Iterator[Stack]:
+    """A stack for two registries of one HA group (a primary and a standby, Consul beside
+    them, one edge region), nothing started yet; everything it started is stopped after."""
+    stack = Stack(tmp_path, tmp_path / "registry", "ha-stack-token-0123456789abcdef",
+                  http_port=free_port(), consul_port=free_port(), standbys=1, regions=("eu",))
+    try:
+        yield stack
+    finally:
+        stack.stop()

@@ -16,6 +16,7 @@ import ssl
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import cast
 
@@ -258,14 +259,7 @@ def test_grpc_connections_beyond_the_cap_are_refused_and_the_port_recovers(
                                       options=[("grpc.use_local_subchannel_pool", 1)])
                 for _ in range(4)]
 
-    def check(channel: grpc.Channel) -> str:
-        try:
-            return health_pb2.HealthCheckResponse.ServingStatus.Name(
-                health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                          timeout=5).status)
-        except grpc.RpcError as exc:
-            return str(exc.code().name)
-
+    check = partial(health_status, timeout=5)
     try:
         assert [check(channel) for channel in channels] == \
             ["SERVING", "SERVING", "UNAVAILABLE", "UNAVAILABLE"]
@@ -301,15 +295,20 @@ def descriptors(pid: int) -> int:
     return sum(len(os.listdir(f"/proc/{p}/fd")) for p in pids)
 
 
+def health_status(channel: grpc.Channel, timeout: float = 3) -> str:
+    """The gRPC health check's answer on ``channel``: SERVING, ..., or the call's error code."""
+    try:
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(
+            health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
+                                                      timeout=timeout).status)
+    except grpc.RpcError as exc:
+        return str(exc.code().name)
+
+
 def grpc_health(port: int, ca: Path) -> str:
     credentials = grpc.ssl_channel_credentials(ca.read_bytes())
     with grpc.secure_channel(f"127.0.0.1:{port}", credentials) as channel:
-        try:
-            return health_pb2.HealthCheckResponse.ServingStatus.Name(
-                health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                          timeout=3).status)
-        except grpc.RpcError as exc:
-            return str(exc.code().name)
+        return health_status(channel)
 
 
 def still_open(sockets: list[socket.socket]) -> int:

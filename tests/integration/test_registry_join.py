@@ -9,7 +9,6 @@ from __future__ import annotations
 import signal
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,18 +20,7 @@ from tiered.commands import registry_argv
 from tiered.stack import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-SECRET = "join-token-0123456789abcdef"
 TTL = {"REGISTRY_LOCK_TTL_S": "2"}
-
-
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    stack = Stack(tmp_path, tmp_path / "registry", SECRET, http_port=free_port(),
-                  consul_port=free_port(), standbys=1, regions=("eu",))
-    try:
-        yield stack
-    finally:
-        stack.stop()
 
 
 def start(stack: Stack, name: str, home: Path, **env: str) -> None:
@@ -50,7 +38,8 @@ def role_of(home: Path) -> str | None:
 
 
 def test_an_empty_joining_standby_waits_for_the_history_then_can_take_over(
-        stack: Stack, tiny_release: Path) -> None:
+        ha_stack: Stack, tiny_release: Path) -> None:
+    stack = ha_stack
     history = _Cli(stack.registry_home, key=str(stack.signing_key))
     history("publish", tiny_release, "--name", "tiny")
     held = chain(stack.registry_home)

@@ -10,31 +10,18 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
 import pytest
 
-from harness.processes import free_port
 from registry import pki
 from tests.integration.test_failover import _Cli, kill, leading, restart, role, wait_for
 from tiered.stack import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-SECRET = "restart-token-0123456789abcdef"
 GOAL_S = 10.0  # from the SIGKILL to a primary accepting writes
 ROUNDS = 3
-
-
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    stack = Stack(tmp_path, tmp_path / "registry", SECRET, http_port=free_port(),
-                  consul_port=free_port(), standbys=1, regions=("eu",))
-    try:
-        yield stack
-    finally:
-        stack.stop()
 
 
 def term_of(home: Path) -> int:
@@ -47,7 +34,8 @@ def standby(home: Path) -> bool:
 
 
 def test_a_primary_killed_and_restarted_at_once_is_replaced_within_the_goal_every_time(
-        stack: Stack) -> None:
+        ha_stack: Stack) -> None:
+    stack = ha_stack
     clis = {name: _Cli(home, key=str(stack.signing_key))
             for name, home in stack.registry_homes().items()}
     clis["registry"]("node", "revoke", "edge-eu-1")  # a history to lead with
