@@ -343,6 +343,12 @@ def test_silent_connections_to_tls_ports_take_no_more_than_the_cap_and_close_in_
                           max_connections=str(CAP))
     client = ssl.create_default_context(cafile=str(ca))
     try:
+        # ready over HTTPS is not yet serving gRPC: with workers, worker 0 alone serves it,
+        # and the acceptor may answer readiness through another worker loaded first (CI
+        # once connected before worker 0 had bound the port: refused)
+        deadline = time.monotonic() + 60
+        while grpc_health(grpc_port, ca) != "SERVING" and time.monotonic() < deadline:
+            time.sleep(0.2)
         before = descriptors(server.process.pid)
         rest, rpc = connect(server.port, SILENT), connect(grpc_port, 8)
         started = time.monotonic()
