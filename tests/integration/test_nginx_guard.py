@@ -475,15 +475,21 @@ def settled(guarded: Guarded) -> None:
     wait_for(quiet, 30, "no reload for 2 s", poll=0.2)
 
 
+PAIRS_PER_S = 100  # traffic(): 200 requests a second, under the entry's 500 per client
+
+
 def traffic(entry: Stack, seconds: float) -> tuple[int, list[str]]:
     """REST inference and gRPC ServerLive through ``entry``, one after the other on kept-alive
-    connections (as clients do), for ``seconds``: how many were sent, and each failure."""
+    connections (as clients do), for ``seconds``: how many were sent, and each failure. At
+    most ``PAIRS_PER_S`` pairs a second: unpaced, a fast machine passed the entry's per-client
+    rate limit (500 requests/s) and counted its 429s as failures."""
     sent, failures = 0, []
-    deadline = time.monotonic() + seconds
+    started = time.monotonic()
     with (httpx.Client(timeout=10) as client,
           grpc.insecure_channel(f"127.0.0.1:{entry.grpc_port}") as channel):
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
-        while time.monotonic() < deadline:
+        while time.monotonic() < started + seconds:
+            time.sleep(max(0.0, started + sent / 2 / PAIRS_PER_S - time.monotonic()))
             sent += 2
             try:
                 answer = client.post(f"{entry.url}/v2/models/tiny/infer", json=BODY, headers=US)
