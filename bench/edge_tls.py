@@ -28,7 +28,7 @@ from nginx.entry import Entry, config
 from nginx.fleet import Fleet
 from nginx.process import Nginx, write_atomically
 from nginx.upstreams import upstreams
-from registry import pki
+from registry.trust import pki
 from serving.fleet.discovery import Instance
 
 NODE = "edge-bench-1"

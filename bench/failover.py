@@ -28,9 +28,11 @@ from pathlib import Path
 import click
 
 from bench.kit import cpu, machine_line
-from registry import audit, pki, replication
-from registry.blobs import BlobStore
-from registry.db import connect, transaction
+from registry.ha import changes
+from registry.store import chain, role
+from registry.store.blobs import BlobStore
+from registry.store.db import connect, transaction
+from registry.trust import pki
 from tiered.commands import registry_argv
 from tiered.processes import free_port
 from tiered.stack import Child, Stack
@@ -39,8 +41,8 @@ SECRET = "bench-failover-0123456789"
 EXTRA: dict[str, str] = {}  # settings every registry of the run gets (REGISTRY_LOCK_TTL_S)
 
 
-def role(home: Path) -> str:
-    state = replication.read_state(home / "registry.sqlite3")
+def role_of(home: Path) -> str:
+    state = role.read_state(home / "registry.sqlite3")
     return state.role if state else "-"
 
 
@@ -48,7 +50,7 @@ def primary_of(stack: Stack, timeout: float = 60) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = [n for n, h in stack.registry_homes().items()
-                 if role(h) == "primary"]
+                 if role_of(h) == "primary"]
         if len(found) == 1:
             return found[0]
         time.sleep(0.05)
@@ -59,7 +61,7 @@ def small_write(home: Path, n: int) -> None:
     db = connect(home / "registry.sqlite3")
     try:
         with transaction(db) as conn:
-            audit.append(conn, actor="bench", action="cascade-policy", model="bench",
+            chain.append(conn, actor="bench", action="cascade-policy", model="bench",
                          payload={"n": n})
             conn.execute("INSERT INTO models VALUES ('bench', 'now') ON CONFLICT DO NOTHING")
             conn.execute("INSERT INTO cascade_policies (model, mode, capacity_rows_s, split, "
@@ -91,7 +93,7 @@ def wait_caught_up(stack: Stack, timeout: float = 120) -> None:
         positions = set()
         for home in homes:
             db = connect(home / "registry.sqlite3")
-            positions.add(replication.position(db.conn))
+            positions.add(changes.position(db.conn))
             db.conn.close()
         if len(positions) == 1:
             return
@@ -118,7 +120,7 @@ def failovers(stack: Stack, kills: int) -> list[float]:
         stack.spawn(old.name, old.argv, old.port, "registry",
                     env={**EXTRA, "REGISTRY_HOME": str(home)})
         deadline = time.monotonic() + 60
-        while role(home) != "standby" and time.monotonic() < deadline:
+        while role_of(home) != "standby" and time.monotonic() < deadline:
             time.sleep(0.1)
     return seconds
 
@@ -135,7 +137,7 @@ def semi_sync(stack: Stack, writes: int) -> tuple[list[float], list[float]]:
         small_write(home, 5000 + i)
         db = connect(home / "registry.sqlite3")
         try:
-            held = replication.wait_replicated(db, replication.position(db.conn), 1, 10)
+            held = changes.wait_replicated(db, changes.position(db.conn), 1, 10)
         finally:
             db.conn.close()
         if held is None:
@@ -154,14 +156,14 @@ def lag(stack: Stack, megabytes: int, work: Path) -> float:
     db = connect(homes[primary] / "registry.sqlite3")
     sha, size = BlobStore(homes[primary] / "blobs").put(blob)
     with transaction(db) as conn:
-        audit.append(conn, actor="bench", action="publish", sha256=sha)
+        chain.append(conn, actor="bench", action="publish", sha256=sha)
         conn.execute("INSERT INTO blobs VALUES (?, ?, 'now')", (sha, size))
-        at = replication.position(conn)
+        at = changes.position(conn)
     committed = time.monotonic()
     db.conn.close()
     standby_db = connect(standby / "registry.sqlite3")
     try:
-        while replication.position(standby_db.conn) < at:
+        while changes.position(standby_db.conn) < at:
             if time.monotonic() - committed > 300:
                 raise RuntimeError("no replication in 300 s")
             time.sleep(0.005)

@@ -90,9 +90,9 @@ def prepare(release: Path, work: Path) -> int:
     import torch
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from registry.export import export_onnx
-    from registry.source import load_source
-    from registry.validate import text_inputs
+    from registry.publish.export import export_onnx
+    from registry.publish.source import load_source
+    from registry.publish.validate import text_inputs
     from serving.model.text import pad
 
     source = load_source(release)
@@ -149,7 +149,7 @@ def agreement(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def measure(name: str, release: Path, args: argparse.Namespace) -> list[Row]:
-    from registry.export import QUANTIZATION
+    from registry.publish.export import QUANTIZATION
 
     with tempfile.TemporaryDirectory(prefix="tiered-quant-") as tmp:
         work = Path(tmp)

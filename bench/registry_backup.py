@@ -28,9 +28,12 @@ from rich.table import Table
 from bench.harness import console
 from bench.kit import cpu, load_average, usable_cores
 from bench.markdown import Shown
-from registry import anchor, audit, backup
-from registry.db import connect, now, transaction
+from registry.ha import backup
 from registry.settings import RegistrySettings
+from registry.store import chain
+from registry.store.clock import now
+from registry.store.db import connect, transaction
+from registry.trust import anchor
 
 BATCH = 100_000
 WRITE_EVERY_S = 0.02
@@ -42,13 +45,13 @@ def build_chain(settings: RegistrySettings, rows: int) -> float:
     then the chain's head signed (as ``registry audit --anchor``)."""
     started = time.perf_counter()
     db = connect(settings.database)
-    prev, at = audit.GENESIS, now()
+    prev, at = chain.GENESIS, now()
     for first in range(1, rows + 1, BATCH):
         batch = []
         for seq in range(first, min(first + BATCH, rows + 1)):
             fields = (seq, at, "bench@host", "note", f"model-{seq % 50}", seq % 7 + 1, None,
                       f'{{"i":{seq},"text":"ü"}}', prev)
-            prev = audit.row_hash((*fields, ""))
+            prev = chain.row_hash((*fields, ""))
             batch.append((*fields, prev))
         with transaction(db) as conn:
             conn.executemany("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", batch)
@@ -92,7 +95,7 @@ def writer(database: str, stop: Event, out: Connection) -> None:
     while not stop.is_set():
         started = time.monotonic()
         with transaction(db) as conn:
-            audit.append(conn, actor="writer@bench", action="note", payload={"w": 1})
+            chain.append(conn, actor="writer@bench", action="note", payload={"w": 1})
         times.append((started, time.monotonic() - started))
         time.sleep(WRITE_EVERY_S)
     out.send(times)

@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 
 from harness.processes import BIN, RegistryProcess, TierProcess, start_registry, start_tier
-from registry.catalog import Catalog
-from registry.db import connect
+from registry.releases.catalog import Catalog
+from registry.store.db import connect
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "var" / "demo" / "release"

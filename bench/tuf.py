@@ -32,10 +32,10 @@ from rich.table import Table
 
 from bench.kit import machine_line
 from bench.markdown import Shown
-from registry import trust
-from registry.catalog import Catalog
-from registry.db import connect, transaction
-from registry.keys import Signer
+from registry.releases.catalog import Catalog
+from registry.store.db import connect, transaction
+from registry.trust import tuf
+from registry.trust.keys import Signer
 from serving.release.manifest import (
     Artifact,
     Calibration,
@@ -74,18 +74,18 @@ class Bench:
         self.folder = folder
         self.key = Signer(Ed25519PrivateKey.generate())
         self.catalog = Catalog(connect(folder / "registry.sqlite3"), "bench")
-        trust.ensure(self.catalog.db, self.key, self.key.key.public_key())
+        tuf.ensure(self.catalog.db, self.key, self.key.key.public_key())
         self.node = NodeTrust(folder / "store", Verifier(self.key.key.public_key()))
         self.published = 0
         self.at = datetime.now(UTC)
 
     def advance(self) -> None:
         self.at += timedelta(seconds=1300)  # past a third of the hour: a new timestamp
-        trust.advance(self.catalog.db, self.key, 3600, self.at)
+        tuf.advance(self.catalog.db, self.key, 3600, self.at)
 
     def push(self) -> float:
         """Push what the registry holds now; the node's verify time in seconds."""
-        p = trust.published(self.catalog.db)
+        p = tuf.published(self.catalog.db)
         assert p is not None
         started = time.perf_counter()
         self.node.update(p.roots_after(self.node.state().root_version), p.timestamp,
@@ -99,7 +99,7 @@ class Bench:
                                                  self.published), signer=self.key)
 
     def sizes(self) -> dict[str, int]:
-        p = trust.published(self.catalog.db)
+        p = tuf.published(self.catalog.db)
         assert p is not None
         return {"root": len(p.roots[-1][1]), "targets": len(p.targets),
                 "snapshot": len(p.snapshot), "timestamp": len(p.timestamp)}
@@ -131,8 +131,8 @@ def measure(sizes: list[int]) -> list[dict[str, float]]:
             for _ in range(3):
                 new = Signer(Ed25519PrivateKey.generate())
                 with transaction(bench.catalog.db) as conn:
-                    trust.rotate(conn, "root", [new.key.public_key()], 1, [bench.key, new])
-                    trust.rotate(conn, "root", [bench.key.key.public_key()], 1, [new, bench.key])
+                    tuf.rotate(conn, "root", [new.key.public_key()], 1, [bench.key, new])
+                    tuf.rotate(conn, "root", [bench.key.key.public_key()], 1, [new, bench.key])
                 bench.advance()
                 rotate_s.append(bench.push())
             shown = bench.sizes()

@@ -26,7 +26,7 @@ RUN pip install -r /tmp/edge-requirements.txt \
 # last test fails it if torch slipped in.
 COPY . /src
 RUN pip install --no-deps /src && rm -rf /src \
-    && python -c "import edge.cli, serving.fleet.discovery, serving.transport.rpc, serving.telemetry.tracing, sync.subscriber" \
+    && python -c "import edge.cli, serving.fleet.discovery, serving.transport.rpc, serving.telemetry.tracing, sync.node.subscriber" \
     && python -c "import opentelemetry.exporter.otlp.proto.grpc.trace_exporter" \
     && edge --help >/dev/null \
     && ! python -c "import torch" 2>/dev/null

@@ -26,7 +26,7 @@ RUN pip install --index-url "$TORCH_INDEX_URL" ${TORCH_FIND_LINKS:+--find-links 
 
 COPY . /src
 RUN pip install /src && rm -rf /src \
-    && python -c "import registry.cli, registry.serve, registry.server" && registry --help >/dev/null
+    && python -c "import registry.cli.main, registry.server.app, registry.server.service" && registry --help >/dev/null
 
 # Every folder a volume is mounted on for writing, made here and owned by `tiered`: an empty named
 # volume takes the image's folder (owner included) on first use, while a folder the image lacks

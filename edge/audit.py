@@ -4,7 +4,8 @@ the release's calibration split predicts for the same rows.
 
 Each audited row with edge confidence ``c`` has an expected agreement ``p(c)`` and a
 disagreement cost ``g(c)`` (the center right minus the edge right, where they differ) from its
-calibration bin (``registry.calibrate.agreement_bins``). Over the last ``window`` audited rows:
+calibration bin (``registry.publish.calibrate.agreement_bins``). Over the last ``window`` audited
+rows:
 
 - agreement ``A/n`` with a Wilson 95% interval;
 - **drift** when the agreements fall short of the expected ones by more than ``drift_z``

@@ -13,7 +13,7 @@ from serving.fleet.discovery import CENTER_TLS_NAME
 from serving.model.text import pad
 from serving.protocol import v2
 
-# The TLS server name of a center's certificate (registry.pki): checked in the handshake,
+# The TLS server name of a center's certificate (registry.trust.pki): checked in the handshake,
 # before the request, so a registry's certificate from the same CA cannot pass for a center.
 CENTER_NAME = CENTER_TLS_NAME
 

@@ -8,7 +8,7 @@ from serving.cli import tier_command
 from serving.dataplane import DataPlane
 from serving.fleet.node import Node
 from serving.process import Process
-from sync.subscriber import subscribe
+from sync.node.subscriber import subscribe
 
 
 def wire(settings: EdgeSettings) -> Process:

@@ -1,7 +1,7 @@
 """The cascade controller: each edge holds its escalations to the budget the registry gives it.
 
 The registry splits the centers' capacity (rows/s) over the edges by their traffic
-(``registry.budgets``) and pushes each edge its share. The edge turns that budget into a
+(``registry.fleet.budgets``) and pushes each edge its share. The edge turns that budget into a
 threshold on its own, per request, with two parts (docs/cascade.md):
 
 - **Feed-forward threshold.** The share of rows it may escalate is ``target x budget /

@@ -79,7 +79,7 @@ def renderable(instances: list[Instance]) -> list[Instance]:
 
 
 def edge_tls_name(service_id: str) -> str:
-    """The TLS name only this edge's own certificate answers to (``registry.pki.node_name``
+    """The TLS name only this edge's own certificate answers to (``registry.trust.pki.node_name``
     for tier ``edge``: ``<node id>.edge.tiered.invalid``); in Consul an edge's service id is
     its node id. InvalidInstance for an id that cannot be a DNS label."""
     try:

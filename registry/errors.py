@@ -27,7 +27,7 @@ class FidelityTooLow(RegistryError):
 
 class BackupRefused(RegistryError):
     """``registry backup``/``restore`` refused before writing anything: the destination or
-    home is taken, or the folder is not a backup (``registry.backup``)."""
+    home is taken, or the folder is not a backup (``registry.ha.backup``)."""
 
     exit_code = 2
 
@@ -54,13 +54,13 @@ class SigningKeyError(RegistryError):
 
 class AnchorError(RegistryError):
     """The audit chain's signed head cannot be read, or the database does not hold the chain
-    it signs (``registry.anchor``)."""
+    it signs (``registry.trust.anchor``)."""
 
     exit_code = 1
 
 
 class NotPrimary(RegistryError):
     """A write to a registry that is a standby, or a primary whose lease ran out
-    (``registry.replication``)."""
+    (``registry.ha.changes``)."""
 
     exit_code = 6

@@ -1,18 +1,13 @@
 """Every exception the serving package raises. ``ServingError`` and its subclasses reach
 clients: ``serving/transport/responses.py`` answers each with its status, headers and
 ``{"error": ...}``, for REST and gRPC alike. The others are the node's own (store, signatures,
-probe, discovery, tokens) and never leave it as such.
+probe, discovery, tokens) and never leave it as such; ``FidelityRefused`` lives beside the probe
+it reports on (``serving.release.probe``).
 
 Standard library only: ``serving/config/tokens.py`` runs under the system Python too.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from serving.release.hardware import Platform
-    from serving.release.probe import Measured
 
 
 class ServingError(Exception):
@@ -56,16 +51,6 @@ class StoreError(Exception):
 
 class ProbeError(ValueError):
     """The probe file is not a probe this node can run."""
-
-
-class FidelityRefused(RuntimeError):
-    """The model agrees with its reference below the floor on this node's hardware."""
-
-    def __init__(self, measured: Measured, floor: float, platform: Platform) -> None:
-        super().__init__(f"fidelity {measured.agreement:.1%} on {measured.rows} probe rows, "
-                         f"below the {floor:.1%} floor, on {platform.describe()} with "
-                         f"{platform.runtime}")
-        self.measured, self.floor, self.platform = measured, floor, platform
 
 
 class InvalidInstance(ValueError):

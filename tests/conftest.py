@@ -12,8 +12,8 @@ import pytest
 
 from examples.sentiment.tiny import build_tiny_release
 from harness.processes import free_port
-from registry.catalog import Catalog
-from registry.db import connect
+from registry.releases.catalog import Catalog
+from registry.store.db import connect
 from tiered.stack import Stack
 
 REGISTRY = Path(sys.executable).parent / "registry"

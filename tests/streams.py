@@ -13,9 +13,9 @@ from typing import Any
 import grpc
 
 from serving.config.tokens import node_token
-from sync import auth
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
+from sync.wire import auth
 
 
 @dataclass

@@ -7,7 +7,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from registry import audit, pki
+from registry.store import chain
+from registry.trust import pki
 from serving.config import bundle
 from serving.config.tokens import node_token
 
@@ -21,7 +22,7 @@ def floor(database: Path) -> int:
         return 0
     conn = sqlite3.connect(f"{database.resolve().as_uri()}?mode=ro", uri=True)
     try:
-        head = audit.head(conn)
+        head = chain.head(conn)
     except sqlite3.OperationalError:  # no audit table yet: nothing was ever recorded
         return 0
     finally:

@@ -361,9 +361,9 @@ def by_version(outcome: demo_run.Outcome, s: TieredSettings,
 def status_cmd(as_json: bool, of_sites: bool) -> None:
     """Consul's health of every Tiered service joined with `registry status`, with the site
     of each instance."""
-    from registry.catalog import Catalog
-    from registry.db import connect
-    from registry.nodes import NodeBook
+    from registry.fleet.nodes import NodeBook
+    from registry.releases.catalog import Catalog
+    from registry.store.db import connect
 
     s = settings_from()
     state = load_state(s.root / "sites" if of_sites else s.root) or {}

@@ -25,7 +25,7 @@ from tiered.settings import TieredSettings
 from tiered.stack import JOB, Stack
 
 if TYPE_CHECKING:  # the registry is imported only when a release is chosen (tiered starts fast)
-    from registry.catalog import Catalog
+    from registry.releases.catalog import Catalog
 
 QUICK, FULL = "quick", "full"
 ROLLOUT_TIMEOUT_S = 600.0
@@ -46,8 +46,8 @@ class Choice:
 @contextmanager
 def opened(home: Path) -> Iterator[Catalog]:
     """The registry at ``home``, read by the launcher (closed after)."""
-    from registry.catalog import Catalog
-    from registry.db import connect
+    from registry.releases.catalog import Catalog
+    from registry.store.db import connect
     from tiered.views import registry_database
 
     catalog = Catalog(connect(registry_database(home)), "tiered")
@@ -87,7 +87,7 @@ def source_digest(folder: Path) -> str | None:
     """What ``registry publish`` records as a release folder's source digest (None: no such
     release folder)."""
     from registry.errors import InvalidRelease
-    from registry.source import load_source
+    from registry.publish.source import load_source
 
     try:
         return load_source(folder).digest if (folder / "tiered.json").is_file() else None
@@ -179,7 +179,7 @@ class Behind(threading.Thread):
 
     def lagging(self, version: int) -> list[str]:
         """The stack's centers and edges not yet serving ``version``."""
-        from registry.nodes import NodeBook
+        from registry.fleet.nodes import NodeBook
 
         with opened(self.s.registry_home) as catalog:
             active = {r["node"] for r in NodeBook(catalog.db).status(catalog)

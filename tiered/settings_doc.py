@@ -97,7 +97,7 @@ def serving_table() -> str:
 
 def registry_flags() -> dict[str, str]:
     """Environment variable -> the registry command flags that set it (``serve --port``)."""
-    from registry.cli import cli  # the whole CLI: only when the table is made
+    from registry.cli.main import cli  # the whole CLI: only when the table is made
 
     found: dict[str, list[str]] = {}
 

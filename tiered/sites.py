@@ -33,8 +33,8 @@ from typing import Any
 
 import httpx
 
-from registry import pki
-from registry.replication import read_state
+from registry.store.role import read_state
+from registry.trust import pki
 from serving.config.tokens import write_secret
 from serving.fleet.discovery import SERVICES
 from tiered.commands import BIN, nginx_argv, registry_argv, tier_argv
@@ -243,7 +243,7 @@ class Sites(Stack):
         """The group's one signing key (``<root>/keys``): the registry home's own key when it
         has one (its releases are signed with it, and nodes pin its public half), else a new
         one. Every registry and every ``registry publish`` uses it (REGISTRY_SIGNING_KEY)."""
-        from registry import keys
+        from registry.trust import keys
 
         path = self.root / "keys" / "signing.key"
         own = self.registry_home / "keys" / "signing.key"

@@ -18,7 +18,7 @@ from typing import IO, Any
 
 import httpx
 
-from registry import pki
+from registry.trust import pki
 from serving.fleet.discovery import SERVICES
 from serving.release.store import write_durably
 from tiered import bundles
@@ -253,7 +253,7 @@ class Stack:
     def signing_key(self) -> Path:
         """The key every registry of an HA stack signs with: provisioned beside the homes
         (``<root>/keys``), so losing any one registry's disk loses no key."""
-        from registry import keys
+        from registry.trust import keys
 
         path = self.root / "keys" / "signing.key"
         if not path.exists():
@@ -264,7 +264,7 @@ class Stack:
         """The public key the centers and edges check releases with (``release_key``; unset:
         the group's shared key with standbys, else the registry home's own, made if missing)."""
         if self.release_key is None and self.standbys:
-            from registry import keys
+            from registry.trust import keys
 
             self.release_key = keys.public_path(self.signing_key)
         if self.release_key is None:
@@ -429,7 +429,7 @@ def load_state(root: Path) -> dict[str, Any] | None:
 def registry_public_key(home: Path) -> Path:
     """The public half of the key ``registry publish`` signs with in ``home`` (its default
     key, which the stack's children use), created on first use."""
-    from registry import keys
     from registry.settings import RegistrySettings
+    from registry.trust import keys
 
     return keys.public_key(RegistrySettings(home=home, signing_key=None)).public_path

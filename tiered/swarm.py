@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from registry import keys, pki
+from registry.trust import keys, pki
 from serving.config.tokens import write_secret
 from tiered.commands import BIN, registry_cli
 from tiered.netns import Host, Network

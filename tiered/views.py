@@ -14,7 +14,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from registry.render import table_or_blocks
+from registry.cli.tables import table_or_blocks
 from registry.settings import RegistrySettings
 from serving.config.settings import REGION
 from serving.protocol.visible import visible

@@ -41,7 +41,7 @@ class Curve:
     @classmethod
     def of(cls, center_logits: np.ndarray, edge_logits: np.ndarray,
            labels: np.ndarray) -> Curve:
-        from registry.calibrate import cascade_curve
+        from registry.publish.calibrate import cascade_curve
 
         thresholds, rates, accuracy = cascade_curve(center_logits, edge_logits, labels)
         return cls(thresholds, rates, accuracy,

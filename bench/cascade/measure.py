@@ -117,7 +117,7 @@ class Offline:
 
 def offline_logits(edge: Release, center: Release, texts: list[str]) -> Offline:
     """Both models over the texts with ``registry publish``'s runners and batch size."""
-    from registry.validate import (
+    from registry.publish.validate import (
         BATCH,
         Inputs,
         load_torchscript,

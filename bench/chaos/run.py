@@ -15,7 +15,7 @@ from bench.chaos import record
 from bench.chaos.replay import Chaos, Kill, Plan, Tally, replay
 from bench.synced import publish
 from harness.processes import BIN, free_port
-from registry.db import connect, integrity_check
+from registry.store.db import connect, integrity_check
 from tiered.stack import Stack
 
 

@@ -29,14 +29,15 @@ from serving.release import hardware
 from serving.release.manifest import Artifact, decode
 from serving.release.store import ModelStore
 from serving.telemetry.quality import QualityWindow
-from sync import auth
-from sync.backoff import Backoff
-from sync.converge import directive_seq
-from sync.download import Downloader, DownloadMetrics
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
-from sync.reports import report_message
-from sync.subscriber import client_options
+from sync.node.converge import directive_seq
+from sync.node.download import Downloader
+from sync.node.reports import report_message
+from sync.node.subscriber import client_options
+from sync.node.transfer import DownloadMetrics
+from sync.wire import auth
+from sync.wire.backoff import Backoff
 
 OPTIONS = [*client_options(), ("grpc.use_local_subchannel_pool", 1)]
 """A real node's channel options; the local pool keeps one connection per simulated node."""
@@ -169,7 +170,7 @@ async def subscribe(sim: Sim, seed: int = 0, reconnect: bool = False) -> None:
     """Hello, Welcome, then until cancelled: apply every Release, send reports every
     interval. A failed stream is recorded (``failures``, ``last_error``); with ``reconnect``
     it is opened again after an exponential, jittered backoff as a real node does
-    (``sync.backoff``, at most ``BACKOFF_MAX_S``), else it ends there (``error``: the
+    (``sync.wire.backoff``, at most ``BACKOFF_MAX_S``), else it ends there (``error``: the
     caller's round does not wait for it)."""
     backoff = Backoff(BACKOFF_MAX_S)
     rng = random.Random(seed)
@@ -232,7 +233,7 @@ async def _session(sim: Sim, rng: random.Random, backoff: Backoff) -> None:
 
 
 async def _report(sim: Sim, send: Any, rng: random.Random) -> None:
-    """Like ``sync.reports.send_reports``: every interval, a report per served version that
+    """Like ``sync.node.reports.send_reports``: every interval, a report per served version that
     saw traffic (an idle edge sends none); the first at a random point of the interval, as
     nodes that connected at different times would."""
     await asyncio.sleep(rng.uniform(0, sim.interval_s))

@@ -21,13 +21,13 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-import registry.calibrate
+import registry.publish.calibrate
 from examples.sentiment import data, encoder, report
 from examples.sentiment.bert import load_pretrained
 from examples.sentiment.release import write_release
 from examples.sentiment.train import fine_tune, predict_logits, seed_everything
-from registry.export import export_onnx, quantize_int8
-from registry.validate import run_onnx, run_torchscript, text_inputs
+from registry.publish.export import export_onnx, quantize_int8
+from registry.publish.validate import run_onnx, run_torchscript, text_inputs
 from serving.model import torchscript
 from serving.model.text import load_tokenizer
 
@@ -67,7 +67,7 @@ def build(out: Path, cfg: BuildConfig) -> dict[str, Any]:
     """Train (unless the folder holds models from the same code and settings), then evaluate."""
     trained = train_key(cfg)
     report_key = _key(trained, files=(HERE / "build.py", HERE / "report.py",
-                                      Path(registry.calibrate.__file__)))
+                                      Path(registry.publish.calibrate.__file__)))
     cached = out / REPORT
     if cached.is_file():
         previous = json.loads(cached.read_text())

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from tokenizers import Tokenizer
 
-from registry.calibrate import calibrate
+from registry.publish.calibrate import calibrate
 from serving.model.scores import softmax
 from serving.model.text import encode
 

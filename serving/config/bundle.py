@@ -6,7 +6,7 @@ one file readable by its owner only (mode 0600), written by ``registry node prov
      "directive_floor": 42}
 
 - ``token``: the node's registry token (its tier and region are in it, MACed by the registry).
-- ``cert``/``key``: the node's own TLS certificate (``registry.pki.node``: SAN
+- ``cert``/``key``: the node's own TLS certificate (``registry.trust.pki.node``: SAN
   ``<node id>.<tier>.tiered.invalid``, OU tier, L region) and its private key.
 - ``ca``: the fleet CA that every registry, center and edge certificate chains to.
 - ``directive_floor``: the audit chain's seq when the bundle was made; the node refuses any

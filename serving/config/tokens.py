@@ -1,5 +1,5 @@
 """Node tokens and the registry's secret, without gRPC (the registry's settings, the tiers'
-settings and ``registry node provision``/``token`` use them; ``sync.auth`` checks them on every
+settings and ``registry node provision``/``token`` use them; ``sync.wire.auth`` checks them on every
 call). Standard library only (``scripts/compose-env.sh`` runs it with a bare ``python3``).
 
 A node token names its node, its tier and its region, and is derived from the registry's

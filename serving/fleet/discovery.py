@@ -35,12 +35,12 @@ log = logging.getLogger(__name__)
 SERVICES = {"edge": "tiered-edge", "center": "tiered-center", "registry": "tiered-registry",
             "registry-standby": "tiered-registry-standby"}  # a standby: nodes never use it
 # The TLS names certificates answer to (RFC 2606 .invalid: never resolved, only TLS matches
-# them). A center's role name (registry.pki.role_name("center")): what a static center URL is
+# them). A center's role name (registry.trust.pki.role_name("center")): what a static center URL is
 # checked against; a node's own name (``node_tls_name``): what a caller that found the node in
 # Consul checks, for the node id the entry claims, whatever address the catalog gave.
 TLS_DOMAIN = "tiered.invalid"
 CENTER_TLS_NAME = f"center.{TLS_DOMAIN}"
-# The registry's role name (registry.pki.role_name("registry")): what every node and standby
+# The registry's role name (registry.trust.pki.role_name("registry")): what every node and standby
 # checks the registry's certificate against, so a node's certificate from the same CA (which
 # lists its own addresses) cannot stand in for the registry.
 REGISTRY_TLS_NAME = f"registry.{TLS_DOMAIN}"
@@ -129,7 +129,7 @@ class Throttled:
 
 def node_tls_name(node_id: str, tier: str) -> str:
     """The TLS server name of one node's certificate, and no other node's:
-    ``<node id>.<tier>.tiered.invalid`` (``registry.pki.node`` signs it; ``registry.pki.
+    ``<node id>.<tier>.tiered.invalid`` (``registry.trust.pki.node`` signs it; ``registry.pki.
     node_name`` is the same rule). An entry that Consul lists as ``center-1`` is reached
     checking ``center-1.center.tiered.invalid``, so the entry moved to another address (even
     another center's) reaches nobody but a failed handshake. ValueError for a node id that is

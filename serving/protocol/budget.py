@@ -1,4 +1,4 @@
-"""An edge's escalation budget for one model, as the registry grants it (``registry.budgets``
+"""An edge's escalation budget for one model, as the registry grants it (``registry.fleet.budgets``
 computes it, the sync stream carries it, ``edge.controller`` holds to it)."""
 
 from __future__ import annotations

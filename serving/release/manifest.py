@@ -74,7 +74,7 @@ class Calibration(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     edge_accuracy: float | None = None
     cascade_accuracy: float | None = None
     tolerance: float | None = None
-    confidence: float | None = None  # bootstrap share required (see registry.calibrate)
+    confidence: float | None = None  # bootstrap share required (see registry.publish.calibrate)
     rows: int = 0
     curve: list[CurvePoint] = []
     # edge-center agreement by edge confidence: the baseline the nodes' live audit is held to

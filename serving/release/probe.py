@@ -18,12 +18,15 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from serving.errors import ProbeError
 from serving.model.text import Encoded
+
+if TYPE_CHECKING:
+    from serving.release.hardware import Platform
 
 FILE = "probe.npz"
 ROWS = 256
@@ -124,3 +127,13 @@ def measure(predict: Callable[[Encoded], np.ndarray], probe: Probe,
         raise ProbeError(f"the model returned shape {list(logits.shape)} on the probe, its "
                          f"reference has {list(reference.shape)}")
     return Measured(float((logits.argmax(1) == reference.argmax(1)).mean()), probe.rows)
+
+
+class FidelityRefused(RuntimeError):
+    """The model agrees with its reference below the floor on this node's hardware."""
+
+    def __init__(self, measured: Measured, floor: float, platform: Platform) -> None:
+        super().__init__(f"fidelity {measured.agreement:.1%} on {measured.rows} probe rows, "
+                         f"below the {floor:.1%} floor, on {platform.describe()} with "
+                         f"{platform.runtime}")
+        self.measured, self.floor, self.platform = measured, floor, platform

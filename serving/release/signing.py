@@ -1,5 +1,5 @@
 """Ed25519 release signatures, the checking side: nodes verify what the registry signed
-(signing and key generation are the registry's: ``registry/keys.py``).
+(signing and key generation are the registry's: ``registry/trust/keys.py``).
 
 A signature covers the exact ``release.json`` bytes the registry stores and sends; the
 manifest names every artifact by sha256 and size, so a valid signature vouches for the files

@@ -279,7 +279,7 @@ class NodeTrust:
 
 
 class Director:
-    """``NodeTrust.check_directive`` as the ``sync.directive`` verifier."""
+    """``NodeTrust.check_directive`` as the ``sync.wire.directive`` verifier."""
 
     def __init__(self, trust: NodeTrust) -> None:
         self.trust = trust

@@ -19,7 +19,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from serving.config.settings import ServingSettings
-from serving.errors import FidelityRefused, ModelNotFound, NotReady
+from serving.errors import ModelNotFound, NotReady
 from serving.model.text import Encoded, file_length, load_tokenizer, pad, unpadded
 from serving.release import hardware, probe
 from serving.release.manifest import Manifest, is_valid_name
@@ -121,7 +121,7 @@ class VersionLoader:
             measured.agreement)
         platform = hardware.here(runtime.description)
         if measured.agreement < floor:
-            raise FidelityRefused(measured, floor, platform)
+            raise probe.FidelityRefused(measured, floor, platform)
         log.info("%s version %s: fidelity %.1f%% on %d probe rows (floor %.1f%%) on %s",
                  manifest.name, manifest.version, 100 * measured.agreement, measured.rows,
                  100 * floor, platform.describe())

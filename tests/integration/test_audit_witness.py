@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from harness.processes import start_registry
-from registry import anchor
-from sync import witness
+from registry.trust import anchor
+from sync.node import witness_store
 from tests.conftest import RegistryCli
 from tests.integration.test_sync import metric, wait_for
 from tests.servers import start
@@ -26,7 +26,7 @@ FAST = {"REGISTRY_WITNESS_INTERVAL_S": "0.3"}
 def told(store: Path) -> int:
     """The seq of the witness the node keeps (0: none)."""
     try:
-        return int(json.loads((store / witness.FILE).read_bytes())["seq"])
+        return int(json.loads((store / witness_store.FILE).read_bytes())["seq"])
     except FileNotFoundError:
         return 0
 

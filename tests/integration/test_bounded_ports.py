@@ -27,7 +27,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from harness.processes import free_port
-from registry import pki
+from registry.trust import pki
 from tests.servers import Server, start
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

@@ -122,7 +122,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Itera
 
 def test_budgets_reach_the_edges_split_by_their_traffic(fleet: Fleet) -> None:
     # 5:1 traffic, split at most 2:1: no edge counts more than twice the median of the others
-    # (registry.budgets.MAX_SKEW; one edge's word must not take most of the budget)
+    # (registry.fleet.budgets.MAX_SKEW; one edge's word must not take most of the budget)
     with traffic(fleet.edges, [40, 8]):
         seen: list[float] = []
 

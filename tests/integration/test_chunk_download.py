@@ -23,9 +23,11 @@ from serving.release import chunks
 from serving.release.chunks import Chunk
 from serving.release.manifest import Artifact
 from serving.release.store import ModelStore
-from sync.download import Downloader, DownloadMetrics, TransferError
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
+from sync.node.download import Downloader
+from sync.node.transfer import DownloadMetrics
+from sync.wire.errors import TransferError
 from tests.unit.serving.test_store import manifest
 
 pytestmark = [pytest.mark.integration]

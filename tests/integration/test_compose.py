@@ -451,14 +451,15 @@ def test_edge_requirements_are_project_dependencies_without_torch() -> None:
 # installs: the edge and nginx images a requirements file next to `pip install --no-deps .`, the
 # registry and center images the project with its declared dependencies (no test extras).
 IMAGES = {
-    "edge": (("edge.cli", "serving.transport.rpc", "serving.telemetry.tracing", "sync.subscriber",
-              "opentelemetry.exporter.otlp.proto.grpc.trace_exporter"),
+    "edge": (("edge.cli", "serving.transport.rpc", "serving.telemetry.tracing",
+              "sync.node.subscriber", "opentelemetry.exporter.otlp.proto.grpc.trace_exporter"),
              lambda: _requirements(ROOT / "docker/edge-requirements.txt")),
     "nginx": (("nginx.render",), lambda: _requirements(ROOT / "docker/nginx-requirements.txt")),
-    "registry": (("registry.cli", "registry.serve", "registry.server", "registry.publish"),
+    "registry": (("registry.cli.main", "registry.server.app", "registry.server.service",
+                  "registry.publish.pipeline"),
                  _project_requirements),
     "center": (("center.cli", "serving.transport.rpc", "serving.telemetry.tracing",
-                "sync.subscriber"),
+                "sync.node.subscriber"),
                _project_requirements),
 }
 

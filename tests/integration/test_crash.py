@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from registry import audit
-from registry.blobs import BlobStore
-from registry.db import connect, integrity_check
+from registry.store import chain
+from registry.store.blobs import BlobStore
+from registry.store.db import connect, integrity_check
 from serving.release.store import file_sha256
 from tests.conftest import REGISTRY, RegistryCli
 
@@ -30,10 +30,10 @@ def check_consistent(home: Path) -> int:
     db.conn.execute("BEGIN")
     try:
         assert integrity_check(db) == "ok"
-        checked, finding = audit.verify(db)
+        checked, finding = chain.verify(db)
         assert finding is None, finding
         versions = list(db.query("SELECT model, version, manifest_sha256 FROM versions"))
-        records = audit.records(db)
+        records = chain.records(db)
         published = {(r.model, r.version, r.sha256) for r in records if r.action == "publish"}
         assert {(v["model"], v["version"], v["manifest_sha256"]) for v in versions} == published
         blobs = BlobStore(home / "blobs")

@@ -27,7 +27,7 @@ import httpx
 import pytest
 
 from harness.processes import RegistryProcess, start_registry, start_tier
-from registry.catalog import Catalog
+from registry.releases.catalog import Catalog
 from tests.conftest import REGISTRY, RegistryCli
 from tests.integration.test_crash import check_consistent
 from tests.integration.test_sync import (

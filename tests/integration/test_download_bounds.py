@@ -20,9 +20,11 @@ from prometheus_client import CollectorRegistry
 
 from serving.release.manifest import Artifact
 from serving.release.store import ModelStore
-from sync.download import Downloader, DownloadMetrics, TransferError
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
+from sync.node.download import Downloader
+from sync.node.transfer import DownloadMetrics
+from sync.wire.errors import TransferError
 
 pytestmark = [pytest.mark.integration]
 DATA = b"0123456789"  # the 10-byte artifact of the finding

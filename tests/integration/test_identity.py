@@ -25,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from harness.processes import BIN, free_port, start_registry, start_tier
-from registry import pki
+from registry.trust import pki
 from serving.config import bundle as bundles
 from serving.config.tokens import Verifier, node_token, parse
 from sync.gen import sync_pb2 as pb

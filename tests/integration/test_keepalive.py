@@ -20,7 +20,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
-from registry.server import SyncServer
+from registry.server.metrics import SyncMetrics
+from registry.server.service import SyncServer
 from registry.settings import RegistrySettings
 from serving.config.settings import ServingSettings
 from serving.config.tokens import node_token
@@ -29,8 +30,7 @@ from serving.release.manifest import Manifest
 from serving.release.store import ModelStore
 from serving.runtime.repository import Repository, Runtime, VersionLoader
 from serving.telemetry.metrics import Metrics
-from sync.metrics import SyncMetrics
-from sync.subscriber import Subscriber
+from sync.node.subscriber import Subscriber
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 SECRET = "keepalive-secret-0123456789"
@@ -123,7 +123,7 @@ def test_a_node_pinging_more_often_than_the_registry_permits_is_cut_and_counts_i
     """The registry permits a ping every 4 s, the node sends one a second: the third early
     ping is one strike too many, the registry sends a GOAWAY (too_many_pings), the node
     counts it, says why, and reconnects."""
-    caplog.set_level(logging.WARNING, logger="sync.subscriber")
+    caplog.set_level(logging.WARNING, logger="sync.node.subscriber")
     registry, eager = Keepalive(period_ms=8 * PERIOD_MS), Keepalive(period_ms=PERIOD_MS)
     assert registry.permitted_ms > eager.period_ms
     seen = run(tmp_path, registry, eager, hold_s=15,

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from harness.processes import RegistryProcess, start_registry
-from registry import anchor
+from registry.trust import anchor
 from serving.config.tokens import node_token
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc

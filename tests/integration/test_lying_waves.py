@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from harness.processes import RegistryProcess, start_registry
-from registry import waves
+from registry.releases import waves
 from sync.gen import sync_pb2 as pb
 from tests.conftest import RegistryCli
 from tests.integration.test_lying_node import SECRET, FakeNode

@@ -28,7 +28,7 @@ from tritonclient.grpc import service_pb2 as pb  # this process's stubs of infer
 from tritonclient.grpc import service_pb2_grpc as pb_grpc  # tiers load theirs)
 
 from harness.processes import BIN, TierProcess, free_port, start_tier
-from registry import pki
+from registry.trust import pki
 from tests.faults import JsonHandler, http_peer
 from tests.integration.test_sync import wait_for
 from tiered.stack import Stack

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from harness.processes import BIN, free_port, start_tier
-from registry import pki
+from registry.trust import pki
 from tests.conftest import RegistryCli
 from tests.faults import http_peer
 from tests.integration.test_identity import ESCALATE, ForgedCenter, register, tiers

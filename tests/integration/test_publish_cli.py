@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from registry.validate import generated_inputs
+from registry.publish.validate import generated_inputs
 from serving.model import torchscript
 from serving.model.text import encode, load_tokenizer
 from serving.release.store import ModelStore

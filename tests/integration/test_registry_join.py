@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.processes import free_port
-from registry import pki
+from registry.trust import pki
 from tests.integration.test_failover import _Cli, chain, leading, versions, wait_for
 from tiered.commands import registry_argv
 from tiered.stack import Stack

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from registry import pki
+from registry.trust import pki
 from tests.integration.test_failover import _Cli, kill, leading, restart, role, wait_for
 from tiered.stack import Stack
 

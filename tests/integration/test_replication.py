@@ -14,9 +14,9 @@ import pytest
 
 from harness.processes import RegistryProcess, start_registry
 from serving.config.tokens import node_token
-from sync import auth
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
+from sync.wire import auth
 from tests.conftest import RegistryCli
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

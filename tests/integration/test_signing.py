@@ -20,8 +20,8 @@ import msgspec
 import pytest
 
 from harness.processes import BIN, start_registry, start_tier
-from registry import keys
 from registry.settings import RegistrySettings
+from registry.trust import keys
 from serving.release.signing import Verifier, load_public_key
 from serving.release.store import ModelStore
 from tests.conftest import RegistryCli

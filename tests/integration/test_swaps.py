@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from harness.processes import RegistryProcess
-from registry.catalog import Catalog
+from registry.releases.catalog import Catalog
 from tests.conftest import RegistryCli
 from tests.integration.test_sync import BODY, REGISTRY_ENV, SYNC_FLAGS, TOKEN, served, wait_for
 from tests.load import Load

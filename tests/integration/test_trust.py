@@ -22,8 +22,8 @@ import msgspec
 import pytest
 
 from harness.processes import BIN, RegistryProcess, start_registry, start_tier
-from registry import keys, trust
-from registry.db import transaction
+from registry.store.db import transaction
+from registry.trust import keys, tuf
 from tests.conftest import RegistryCli
 from tests.integration.test_sync import (
     BODY,
@@ -90,13 +90,13 @@ def list_behind_the_registry(cli: RegistryCli, model: str, base: int, key: Path)
     version = catalog.create_version(msgspec.structs.replace(manifest, publisher="mallory"))
     row = catalog.resolve(model, str(version))
     with transaction(catalog.db) as conn:
-        stored = trust.latest(conn, trust.TARGETS)
+        stored = tuf.latest(conn, tuf.TARGETS)
         assert stored is not None
         md = stored.md
         md.signed.version += 1
-        md.signed.targets.update(trust.release_files(row.manifest, row.manifest_bytes))
-        md.sign(trust.CryptoSigner(keys.load_private_key(key)))
-        trust._put(conn, trust.TARGETS, md, True)
+        md.signed.targets.update(tuf.release_files(row.manifest, row.manifest_bytes))
+        md.sign(tuf.CryptoSigner(keys.load_private_key(key)))
+        tuf._put(conn, tuf.TARGETS, md, True)
     return version
 
 

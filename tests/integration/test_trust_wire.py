@@ -25,11 +25,11 @@ import msgspec
 import pytest
 
 from harness.processes import BIN, TierProcess, start_tier
-from registry import keys, trust
 from registry.settings import RegistrySettings
-from sync import directive
+from registry.trust import keys, tuf
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
+from sync.wire import directive
 from tests.conftest import RegistryCli
 from tests.integration.test_sync import SYNC_FLAGS, TOKEN, served, wait_for
 
@@ -103,7 +103,7 @@ def wire() -> Iterator[Served]:
         loop.close()
 
 
-def _metadata(published: trust.Published, **override: bytes) -> pb.Trust:
+def _metadata(published: tuf.Published, **override: bytes) -> pb.Trust:
     fields = {"timestamp": published.timestamp, "snapshot": published.snapshot,
               "targets": published.targets, **override}
     return pb.Trust(roots=published.roots_after(0), **fields)
@@ -117,12 +117,12 @@ def test_mixed_and_rolled_back_metadata_is_refused_by_a_real_edge(
     pinned = cli("key", "--path").stdout.strip()
     catalog = cli.catalog()
     key = keys.signer(RegistrySettings(home=cli.home))
-    trust.advance(catalog.db, key, 3600)
-    a = trust.published(catalog.db)
+    tuf.advance(catalog.db, key, 3600)
+    a = tuf.published(catalog.db)
     tiny = catalog.resolve("tiny", "1").manifest
     catalog.create_version(msgspec.structs.replace(tiny, publisher="second"), signer=key)
-    trust.advance(catalog.db, key, 3600)
-    b = trust.published(catalog.db)
+    tuf.advance(catalog.db, key, 3600)
+    b = tuf.published(catalog.db)
     assert a is not None and b is not None and a.timestamp_version < b.timestamp_version
     edge: TierProcess = start_tier(
         "edge", tmp_path / "edge", tmp_path, "--poll-interval-s", "0.2", "--registry",

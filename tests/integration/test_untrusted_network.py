@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from harness.processes import BIN, RegistryProcess, TierProcess, start_registry, start_tier
-from registry import anchor
+from registry.trust import anchor
 from serving.config.tokens import node_token
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc

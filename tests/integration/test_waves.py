@@ -19,7 +19,7 @@ import pytest
 
 from examples.sentiment import data
 from harness.processes import RegistryProcess, start_registry, start_tier
-from registry import waves
+from registry.releases import waves
 from tests.conftest import RegistryCli
 from tests.integration.test_sync import metric, served, wait_for
 from tests.servers import BIN, Server

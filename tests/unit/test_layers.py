@@ -9,9 +9,8 @@ import pkgutil
 import tomllib
 from pathlib import Path
 
+import grimp
 import pytest
-
-import serving
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("serving", "sync", "edge", "center", "registry", "tiered", "examples", "nginx")
@@ -25,20 +24,66 @@ def contracts() -> list[dict[str, object]]:
     return list(config["contracts"])
 
 
-def serving_layers() -> set[str]:
-    contract = next(c for c in contracts() if c.get("containers") == ["serving"])
+def layers_of(container: str) -> set[str]:
+    contract = next(c for c in contracts() if c.get("containers") == [container])
     layers = contract["layers"]
     assert isinstance(layers, list)
     return {name.strip() for layer in layers for name in str(layer).split("|")}
 
 
-def test_every_module_of_serving_sits_in_a_layer_of_the_contract() -> None:
-    children = {info.name for info in pkgutil.iter_modules(serving.__path__)}
-    assert children, "serving/ has no modules"
-    assert children <= serving_layers(), (
-        f"modules of serving/ in no layer of the contract: {sorted(children - serving_layers())}")
-    assert serving_layers() <= children, (
-        f"layers naming nothing: {sorted(serving_layers() - children)}")
+@pytest.mark.parametrize("container", ["serving", "registry", "registry.server", "sync"])
+def test_every_module_of_a_layered_package_sits_in_a_layer_of_its_contract(
+        container: str) -> None:
+    folder = ROOT.joinpath(*container.split("."))
+    children = {info.name for info in pkgutil.iter_modules([str(folder)])}
+    assert children, f"{folder} has no modules"
+    named = layers_of(container)
+    assert children <= named, (
+        f"modules of {container} in no layer of the contract: {sorted(children - named)}")
+    assert named <= children, f"layers naming nothing: {sorted(named - children)}"
+
+
+def import_loops(graph: grimp.ImportGraph) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan): each is an import loop,
+    counting imports made inside functions and for type checking only."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    loops: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for other in graph.find_modules_directly_imported_by(module):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            group = stack[stack.index(module):]
+            del stack[stack.index(module):]
+            if len(group) > 1:
+                loops.append(sorted(group))
+
+    for module in sorted(graph.modules):
+        if module not in index:
+            visit(module)
+    return loops
+
+
+def test_no_module_imports_itself_round_a_loop() -> None:
+    graph = grimp.build_graph(*PRODUCT, "harness", "bench")
+    assert not import_loops(graph), import_loops(graph)
+    graph.add_import(importer="registry.store.db", imported="registry.ha.changes")
+    graph.add_import(importer="registry.ha.changes", imported="registry.store.db")
+    assert import_loops(graph) == [["registry.ha.changes", "registry.store.db"]]
+
+
+def test_the_registry_top_level_holds_only_its_rooms_and_a_few_modules() -> None:
+    modules = [info.name for info in pkgutil.iter_modules([str(ROOT / "registry")])
+               if not info.ispkg]
+    assert len(modules) <= 6, f"registry/ holds {len(modules)} modules: {sorted(modules)}"
 
 
 def test_the_harness_sits_above_every_product_package() -> None:

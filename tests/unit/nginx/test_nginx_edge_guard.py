@@ -28,7 +28,7 @@ from nginx.process import Nginx
 from nginx.render import reverify
 from nginx.renderer import Renderer
 from nginx.upstreams import upstreams
-from registry import pki
+from registry.trust import pki
 from serving.fleet.discovery import Instance
 from tests.faults import JsonHandler
 

@@ -22,7 +22,7 @@ from nginx.process import Nginx
 from nginx.render import reresolve
 from nginx.renderer import Renderer, checked
 from nginx.upstreams import UNMAPPED_TLS_NAME, edge_tls_name, upstreams
-from registry.pki import node_name
+from registry.trust.pki import node_name
 from serving.fleet.discovery import Instance
 
 from .test_nginx_render import block

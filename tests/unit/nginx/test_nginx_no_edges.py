@@ -22,7 +22,7 @@ from nginx.metrics import CHECK_FAILURES
 from nginx.process import Nginx, temp_dir, write_atomically
 from nginx.renderer import Renderer
 from nginx.upstreams import upstreams
-from registry import pki
+from registry.trust import pki
 
 from .test_nginx_guard_render import NGINX, edge
 

@@ -161,7 +161,7 @@ def test_a_sites_entry_with_no_edges_yet_still_renders_its_pool() -> None:
 def test_the_center_route_checks_the_center_certificate_when_given_a_ca(tmp_path: Path) -> None:
     """The side nginx reaches the centers, so it is the one that checks them; the entry
     only passes /center/v2/ to the side."""
-    from registry.pki import role_name
+    from registry.trust.pki import role_name
 
     ca = tmp_path / "ca.pem"
     ca.write_text("-")

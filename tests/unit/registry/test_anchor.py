@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 
-from registry import anchor, audit, keys
-from registry.db import connect
 from registry.settings import RegistrySettings
+from registry.store import chain
+from registry.store.db import connect
+from registry.trust import anchor, keys
 from tests.conftest import RegistryCli
 
 
@@ -26,7 +27,7 @@ def _append(db: sqlite_utils.Database, home: Path, n: int, actor: str = "a",
     signed = anchor.for_settings(_settings(home)) if anchored else None
     for i in range(n):
         with anchor.audited(db, signed) as conn:
-            audit.append(conn, actor=actor, action="promote", model="m", version=i + 1)
+            chain.append(conn, actor=actor, action="promote", model="m", version=i + 1)
 
 
 def _check(db: sqlite_utils.Database, home: Path) -> tuple[anchor.SignedHead | None, str | None]:
@@ -62,14 +63,14 @@ def _truncate(database: Path, keep: int) -> None:
 def test_an_untouched_registry_holds_its_signed_head(db: sqlite_utils.Database,
                                                      home: Path) -> None:
     head, problem = _check(db, home)
-    assert problem is None and head is not None and head.head == audit.head(db.conn)
+    assert problem is None and head is not None and head.head == chain.head(db.conn)
     assert head.key_id == keys.signer(_settings(home)).key_id
-    assert audit.verify(db) == (6, None)
+    assert chain.verify(db) == (6, None)
 
 
 def test_deleting_the_newest_records_is_found(db: sqlite_utils.Database, home: Path) -> None:
     _truncate(home / "registry.sqlite3", keep=4)
-    assert audit.verify(db) == (4, None)  # the chain alone still looks whole
+    assert chain.verify(db) == (4, None)  # the chain alone still looks whole
     _, problem = _check(db, home)
     assert problem is not None and "records 5..6 were removed (truncated)" in problem
 
@@ -92,7 +93,7 @@ def test_a_rewritten_tail_is_found_and_never_signed_over(db: sqlite_utils.Databa
                                                          home: Path) -> None:
     _truncate(home / "registry.sqlite3", keep=4)
     _append(db, home, 3, actor="mallory", anchored=False)  # seqs 5..7, a forked chain
-    assert audit.verify(db)[1] is None
+    assert chain.verify(db)[1] is None
     _, problem = _check(db, home)
     assert problem is not None and "record 6 has another hash" in problem
     _append(db, home, 1)  # an honest write afterwards must not bless the fork
@@ -105,8 +106,8 @@ def test_the_cli_verify_fails_on_a_rewritten_newest_record(db: sqlite_utils.Data
     """The newest record's payload rewritten, in place (the chain finds it) or re-hashed too
     (only the signed head can: no later record links to it): `audit --verify` exits 1."""
     cli = RegistryCli(home)
-    newest = audit.records(db)[-1]
-    forged = audit.Record(**{**newest.__dict__, "payload": '{"forged":true}', "hash": ""})
+    newest = chain.records(db)[-1]
+    forged = chain.Record(**{**newest.__dict__, "payload": '{"forged":true}', "hash": ""})
     db.conn.execute("DROP TRIGGER audit_no_update")
     db.conn.execute("UPDATE audit SET payload = ? WHERE seq = ?", [forged.payload, newest.seq])
     data = cli("audit", "--verify", "--json", check=False).json()
@@ -114,7 +115,7 @@ def test_the_cli_verify_fails_on_a_rewritten_newest_record(db: sqlite_utils.Data
     assert "altered" in data["first_bad"]["reason"]
     db.conn.execute("UPDATE audit SET hash = ? WHERE seq = ?",
                     [forged.expected_hash(), newest.seq])
-    assert audit.verify(db) == (6, None)  # the chain alone cannot tell
+    assert chain.verify(db) == (6, None)  # the chain alone cannot tell
     result = cli("audit", "--verify", "--json", check=False)
     assert result.code == 1
     data = result.json()
@@ -125,7 +126,7 @@ def test_the_cli_verify_fails_on_a_rewritten_newest_record(db: sqlite_utils.Data
 def test_a_forged_or_edited_head_file_is_found(db: sqlite_utils.Database, home: Path) -> None:
     path = home / anchor.FILE
     data = json.loads(path.read_text())
-    path.write_text(json.dumps({**data, "seq": 4, "hash": audit.records(db)[3].hash}))
+    path.write_text(json.dumps({**data, "seq": 4, "hash": chain.records(db)[3].hash}))
     _, problem = _check(db, home)
     assert problem is not None and "does not verify" in problem
     path.write_text("{not json")
@@ -166,7 +167,7 @@ def test_concurrent_writers_only_move_the_head_forward(db: sqlite_utils.Database
         t.join()
     head, problem = _check(db, home)
     assert problem is None and head is not None and head.head.seq == 6 + 45
-    assert audit.verify(db) == (51, None)
+    assert chain.verify(db) == (51, None)
 
 
 def test_the_sqlite3_shell_attack_if_the_shell_is_here(db: sqlite_utils.Database,

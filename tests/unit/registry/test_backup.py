@@ -1,4 +1,4 @@
-"""``registry.backup`` on real SQLite files and blob stores (no models: blobs are bytes)."""
+"""``registry.ha.backup`` on real SQLite files and blob stores (no models: blobs are bytes)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,15 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 
-from registry import anchor, audit, backup, replication
-from registry.audit import Record
-from registry.blobs import BlobStore
-from registry.db import connect, now, transaction
 from registry.errors import BackupRefused, IntegrityError, NotFound, SigningKeyError
+from registry.ha import backup, changes
 from registry.settings import RegistrySettings
+from registry.store import chain, role
+from registry.store.blobs import BlobStore
+from registry.store.chain import Record
+from registry.store.clock import now
+from registry.store.db import connect, transaction
+from registry.trust import anchor
 
 
 def settings_for(home: Path) -> RegistrySettings:
@@ -27,7 +30,7 @@ def settings_for(home: Path) -> RegistrySettings:
 def append(db: sqlite_utils.Database, settings: RegistrySettings, action: str = "note",
            **fields: object) -> None:
     with anchor.audited(db, anchor.for_settings(settings)) as conn:
-        audit.append(conn, actor="tester@ci", action=action, payload={"n": "ü"},
+        chain.append(conn, actor="tester@ci", action=action, payload={"n": "ü"},
                      **fields)  # type: ignore[arg-type]
 
 
@@ -37,7 +40,7 @@ def add_blob(db: sqlite_utils.Database, settings: RegistrySettings, data: bytes,
     source.write_bytes(data)
     sha, size = BlobStore(settings.blobs).put(source)
     with anchor.audited(db, anchor.for_settings(settings)) as conn:
-        audit.append(conn, actor="tester@ci", action="blob", sha256=sha)
+        chain.append(conn, actor="tester@ci", action="blob", sha256=sha)
         conn.execute("INSERT OR IGNORE INTO blobs VALUES (?, ?, ?)", (sha, size, now()))
     return sha
 
@@ -51,7 +54,7 @@ def home(tmp_path: Path) -> Path:
     add_blob(db, settings, b"x" * 300_000, tmp_path)
     add_blob(db, settings, b"tiny", tmp_path)
     with anchor.audited(db, anchor.for_settings(settings)) as conn:
-        audit.append(conn, actor="tester@ci", action="publish", model="m", version=1)
+        chain.append(conn, actor="tester@ci", action="publish", model="m", version=1)
         conn.execute("INSERT INTO models VALUES ('m', ?)", (now(),))
         conn.execute("INSERT INTO versions VALUES ('m', 1, '{}', ?, NULL, 't', ?)",
                      ("0" * 64, now()))
@@ -74,7 +77,7 @@ def leftovers(folder: Path) -> list[str]:
 
 ODD_ROWS = [
     (1, "2026-01-01T00:00:00.000+00:00", "é@host", "publish", None, None, None, "{}",
-     audit.GENESIS),
+     chain.GENESIS),
     (2, "t", "a\"b\\c\n\t\x00\x1f", "r", "日本語", 7, "f" * 64, '{"x":"ü 😀"}', "0" * 64),
     (3, "", "", "", "", 0, "", "", ""),
     (4, "t", "\u2028\u2029\ufeff", "x", "m", -(2**63), None, "[]", "p"),
@@ -84,13 +87,13 @@ ODD_ROWS = [
 @pytest.mark.parametrize("fields", ODD_ROWS)
 def test_the_fast_row_hash_is_records_expected_hash(fields: tuple[object, ...]) -> None:
     record = Record(*fields, hash="")  # type: ignore[arg-type]
-    assert audit.row_hash((*fields, "")) == record.expected_hash()
+    assert chain.row_hash((*fields, "")) == record.expected_hash()
 
 
 def test_odd_types_take_the_slow_path_and_still_agree() -> None:
     fields = (5, "t", "a", "b", "m", 1.5, None, "{}", "p")  # a REAL a forger wrote
-    assert audit.row_hash((*fields, "")) == Record(*fields, hash="").expected_hash()  # type: ignore[arg-type]
-    assert audit.row_hash((6, "t", "a", "b", "m", True, None, "{}", "p", "")) == Record(
+    assert chain.row_hash((*fields, "")) == Record(*fields, hash="").expected_hash()  # type: ignore[arg-type]
+    assert chain.row_hash((6, "t", "a", "b", "m", True, None, "{}", "p", "")) == Record(
         6, "t", "a", "b", "m", True, None, "{}", "p", "").expected_hash()
 
 
@@ -98,13 +101,13 @@ def test_verify_walks_chains_written_by_append_including_odd_text(tmp_path: Path
     db = connect(tmp_path / "r.sqlite3")
     for i, (_, _, actor, action, model, version, sha, _, _) in enumerate(ODD_ROWS * 3):
         with transaction(db) as conn:
-            audit.append(conn, actor=actor or "x", action=action or "y", model=model,
+            chain.append(conn, actor=actor or "x", action=action or "y", model=model,
                          version=version, sha256=sha, payload={"i": i, "s": actor})
-    assert audit.verify(db) == audit._verify_rows(db.conn) == (12, None)
-    assert all(r.expected_hash() == r.hash for r in audit.records(db))
+    assert chain.verify(db) == chain._verify_rows(db.conn) == (12, None)
+    assert all(r.expected_hash() == r.hash for r in chain.records(db))
     db.conn.execute("DROP TRIGGER audit_no_update")
     db.conn.execute("UPDATE audit SET actor = 'mallory' WHERE seq = 7")
-    for checked, finding in (audit.verify(db), audit._verify_rows(db.conn)):
+    for checked, finding in (chain.verify(db), chain._verify_rows(db.conn)):
         assert checked == 6 and finding is not None and finding.seq == 7
         assert "altered" in finding.reason
 
@@ -115,18 +118,18 @@ def test_a_value_sqlite_writes_otherwise_is_judged_by_the_definition(tmp_path: P
     record altered (and still catch a real change to it)."""
     db = connect(tmp_path / "r.sqlite3")
     with transaction(db) as conn:
-        audit.append(conn, actor="a", action="b")
-        fields = (2, "t", "a", "b", "m", 0.1 + 0.2, None, "{}", audit.head(conn).hash)  # type: ignore[union-attr]
+        chain.append(conn, actor="a", action="b")
+        fields = (2, "t", "a", "b", "m", 0.1 + 0.2, None, "{}", chain.head(conn).hash)  # type: ignore[union-attr]
         digest = Record(*fields, hash="").expected_hash()  # type: ignore[arg-type]
         conn.execute("INSERT INTO audit VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (*fields, digest))
-        audit.append(conn, actor="a", action="c")
+        chain.append(conn, actor="a", action="c")
     assert db.conn.execute("SELECT json_array(version) FROM audit WHERE seq = 2").fetchone()[0] \
         == "[0.3]"
-    assert audit.verify(db) == audit._verify_rows(db.conn) == (3, None)
+    assert chain.verify(db) == chain._verify_rows(db.conn) == (3, None)
     db.conn.execute("DROP TRIGGER audit_no_update")
     db.conn.execute("UPDATE audit SET version = 0.3 WHERE seq = 2")
-    assert audit.verify(db)[1].seq == 2  # type: ignore[union-attr]
-    assert audit._verify_rows(db.conn)[1].seq == 2  # type: ignore[union-attr]
+    assert chain.verify(db)[1].seq == 2  # type: ignore[union-attr]
+    assert chain._verify_rows(db.conn)[1].seq == 2  # type: ignore[union-attr]
 
 
 # -- backup ------------------------------------------------------------------------------------
@@ -150,8 +153,8 @@ def test_round_trip_restores_the_same_registry(home: Path, tmp_path: Path) -> No
     assert blob_tree(target) == blob_tree(home)
     restored = connect(target / "registry.sqlite3")
     original = connect(home / "registry.sqlite3")
-    assert audit.verify(restored) == (6, None)
-    assert [r.hash for r in audit.records(restored)] == [r.hash for r in audit.records(original)]
+    assert chain.verify(restored) == (6, None)
+    assert [r.hash for r in chain.records(restored)] == [r.hash for r in chain.records(original)]
     assert (target / "audit-head.json").read_bytes() == (home / "audit-head.json").read_bytes()
     assert result.warnings and "signing key" in result.warnings[0]  # no keys/ carried
     assert leftovers(tmp_path) == []
@@ -272,7 +275,7 @@ def test_an_existing_home_needs_force_and_is_moved_aside(home: Path, made: Path,
     settings = settings_for(home)
     db = connect(settings.database)
     with anchor.audited(db, anchor.for_settings(settings)) as conn:
-        audit.append(conn, actor="tester@ci", action="publish", model="m", version=2)
+        chain.append(conn, actor="tester@ci", action="publish", model="m", version=2)
         conn.execute("INSERT INTO versions VALUES ('m', 2, '{}', ?, NULL, 't', ?)",
                      ("1" * 64, now()))
         conn.execute("INSERT INTO nodes (node_id, tier, region, first_seen, last_seen) "
@@ -298,7 +301,7 @@ def test_an_existing_home_needs_force_and_is_moved_aside(home: Path, made: Path,
     assert "records 7..8 are not in this backup" in text and "m@2" in text
     assert "up to seq 7" in text and "ends at seq 6" in text and "keep refusing" in text
     restored = connect(home / "registry.sqlite3")
-    assert audit.verify(restored) == (6, None)
+    assert chain.verify(restored) == (6, None)
     # the carried key checks the restored head, and the next write moves it forward
     append(restored, settings)
     assert anchor.read(home / anchor.FILE).head.seq == 7  # type: ignore[union-attr]
@@ -311,13 +314,13 @@ def test_a_backup_of_a_group_s_primary_restores_as_a_standalone_registry_that_ta
     group again."""
     db = connect(settings_for(home).database)
     with transaction(db) as conn:
-        replication.set_role(conn, "primary", term=3, registry_id="registry-a",
+        role.set_role(conn, "primary", term=3, registry_id="registry-a",
                              leader="10.0.0.1:50051", lease_until=time.time() + 60)
-        replication.acked(conn, "registry-b", 5)
+        changes.acked(conn, "registry-b", 5)
     backup.backup(settings_for(home), tmp_path / "backup")
     backup.restore(settings_for(tmp_path / "r"), tmp_path / "backup", tmp_path / "r")
     restored = connect(tmp_path / "r" / "registry.sqlite3")
-    state = replication.state(restored.conn)
+    state = role.state(restored.conn)
     assert (state.role, state.leader, state.lease_until) == ("standalone", None, 0.0)
     assert restored.conn.execute("SELECT count(*) FROM replicas").fetchone()[0] == 0
     with pytest.raises(SigningKeyError, match="only its public half"):  # no new key minted
@@ -340,7 +343,7 @@ def test_backup_during_writes_is_a_snapshot_whose_chain_verifies(
     db = connect(settings.database)
     with transaction(db) as conn:  # bulk: a database big enough for the copy to take a while
         for _ in range(20_000):
-            audit.append(conn, actor="bulk", action="note", payload={"pad": "x" * 200})
+            chain.append(conn, actor="bulk", action="note", payload={"pad": "x" * 200})
     append(db, settings)
     for i in range(8):
         add_blob(db, settings, bytes([i]) * 2_000_000, tmp_path)
@@ -352,7 +355,7 @@ def test_backup_during_writes_is_a_snapshot_whose_chain_verifies(
         while not stop.is_set():
             started = time.perf_counter()
             with anchor.audited(wdb, the_anchor) as conn:
-                audit.append(conn, actor="writer", action="note")
+                chain.append(conn, actor="writer", action="note")
             waits.append(time.perf_counter() - started)
             time.sleep(0.005)
 
@@ -370,7 +373,7 @@ def test_backup_during_writes_is_a_snapshot_whose_chain_verifies(
     assert max(waits) < 2.0
     head = result.manifest["audit_head"]["seq"]
     assert result.manifest["signed_head"]["seq"] <= head
-    assert audit.head(db.conn).seq > head  # type: ignore[union-attr]  # writes went on
+    assert chain.head(db.conn).seq > head  # type: ignore[union-attr]  # writes went on
     restored = backup.restore(settings_for(tmp_path / "r"), tmp_path / "backup",
                               tmp_path / "r")
     assert restored.head_seq == head == restored.checked

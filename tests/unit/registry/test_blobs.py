@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from registry.blobs import BlobStore
 from registry.errors import IntegrityError
+from registry.store.blobs import BlobStore
 from serving.release.store import file_sha256
 
 

@@ -7,11 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from registry import audit, budgets
-from registry.budgets import Policy, Seen, changed, split
-from registry.catalog import Catalog
-from registry.db import connect
 from registry.errors import RegistryError
+from registry.fleet import budgets
+from registry.fleet.budgets import Policy, Seen, changed, split
+from registry.releases import evidence
+from registry.releases.catalog import Catalog
+from registry.store import chain
+from registry.store.db import connect
 from serving.protocol.budget import Budget
 
 
@@ -77,7 +79,7 @@ def test_policy_changes_are_audited_once_and_bad_ones_refused(tmp_path: Path) ->
     budgets.set_policy(catalog.db, None, "tester", "m", Policy(mode="static"))  # no change
     with pytest.raises(RegistryError, match="capacity"):
         budgets.set_policy(catalog.db, None, "tester", "m", Policy(capacity_rows_s=-1))
-    records = [r for r in audit.records(catalog.db) if r.action == "cascade-policy"]
+    records = [r for r in chain.records(catalog.db) if r.action == "cascade-policy"]
     assert len(records) == 1 and json.loads(records[0].payload)["to"]["mode"] == "static"
     assert budgets.policies(catalog.db) == {"m": Policy(mode="static")}
 
@@ -90,7 +92,7 @@ def report(rows: float, window: float = 10.0, requests: float | None = None,
 
 def test_rows_are_bounded_by_requests_and_a_short_window_is_stretched() -> None:
     s = Seen.of("e", "edge", 1.0, report(1e9, requests=2), interval_s=10)
-    assert s.rows_per_s == pytest.approx(2 * budgets.MAX_REQUEST_ROWS / 10)
+    assert s.rows_per_s == pytest.approx(2 * evidence.MAX_REQUEST_ROWS / 10)
     s = Seen.of("e", "edge", 1.0, report(50, window=0.1), interval_s=10)
     assert s.rows_per_s == pytest.approx(50)  # 50 rows over 0.1 s count as over 1 s
     s = Seen.of("e", "edge", 1.0, report(50, window=0.1), interval_s=0.5)

@@ -3,7 +3,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from registry.calibrate import DEFAULT_THRESHOLD, calibrate, cascade_curve, default_calibration
+from registry.publish.calibrate import (
+    DEFAULT_THRESHOLD,
+    calibrate,
+    cascade_curve,
+    default_calibration,
+)
 from serving.model.scores import softmax
 
 

@@ -10,7 +10,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from registry import cli as rcli
+from registry.cli import main as rcli
 from registry.settings import RegistrySettings
 from serving.config.flags import options
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from registry import render
-from registry.audit import Record
+from registry.cli import tables
+from registry.store.chain import Record
 
 STATES = ["DOWNLOADING", "ACTIVE", "FAILED", "REFUSED"]
 NODES = [f"edge-eu-west-1-store-{i:04d}" for i in range(42, 42 + len(STATES))]
@@ -40,7 +40,7 @@ def printed(width: int, draw: Any) -> str:
 @pytest.mark.parametrize("width", [80, 100])
 def test_registry_status_at_narrow_widths(width: int) -> None:
     rows = [node_row(n, s) for n, s in zip(NODES, STATES, strict=True)]
-    text = printed(width, lambda c: render.status_tables(c, rows))
+    text = printed(width, lambda c: tables.status_tables(c, rows))
     assert "…" not in text
     assert max(len(line) for line in text.splitlines()) <= width
     for value in [*NODES, *STATES, MODEL, "1234", "1235", "signature does not verify",
@@ -50,7 +50,7 @@ def test_registry_status_at_narrow_widths(width: int) -> None:
 
 def test_registry_status_is_a_table_when_wide() -> None:
     rows = [node_row(NODES[0], "ACTIVE")]
-    text = printed(250, lambda c: render.status_tables(c, rows))
+    text = printed(250, lambda c: tables.status_tables(c, rows))
     assert "┃ node" in text and NODES[0] in text and "…" not in text
 
 
@@ -58,11 +58,11 @@ def test_list_and_audit_fold_instead_of_cutting() -> None:
     models = [{"name": f"{MODEL}-{i}", "versions": 12345, "latest": 12345, "production": 12344,
                "canary": 12345, "created_at": "2026-12-01T10:30:36.123456+00:00"}
               for i in range(3)]
-    text = printed(80, lambda c: render.models_table(c, models))
+    text = printed(80, lambda c: tables.models_table(c, models))
     assert "…" not in text
     assert all(m["name"] in column(text, 0) for m in models)
     records = [Record(7, "2026-12-01T10:30:36.123456+00:00", "operator@build-host-0042",
                       "promote", MODEL, 12345, None, "{}", "0" * 64, "f" * 64)]
-    text = printed(80, lambda c: render.audit_table(c, records))
+    text = printed(80, lambda c: tables.audit_table(c, records))
     assert "…" not in text and MODEL in column(text, 4) and "12345" in column(text, 5)
     assert "operator@build-host-0042" in column(text, 2)

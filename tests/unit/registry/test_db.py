@@ -4,8 +4,8 @@ import multiprocessing
 from pathlib import Path
 from typing import Any
 
-from registry.db import applied_migrations, connect, integrity_check
-from registry.migrations import MIGRATIONS
+from registry.store.db import applied_migrations, connect, integrity_check
+from registry.store.migrations import MIGRATIONS
 
 
 def test_migrations_are_recorded_once_and_wal_is_on(tmp_path: Path) -> None:

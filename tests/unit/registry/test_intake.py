@@ -1,7 +1,7 @@
-"""What nodes send up, as ``registry serve`` takes it (``registry/intake.py``, the write-behind
-in ``registry/server.py``): acks and reports written in batches, none lost, each ack with its
-own audit record; budgets split at most once per interval per model, and still moved. No
-gRPC: the real database and the real service objects."""
+"""What nodes send up, as ``registry serve`` takes it (``registry/server/intake.py``, the
+write-behind in ``registry/server/session.py``): acks and reports written in batches, none lost,
+each ack with its own audit record; budgets split at most once per interval per model, and still
+moved. No gRPC: the real database and the real service objects."""
 
 from __future__ import annotations
 
@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from registry import audit, nodes
-from registry.anchor import read
-from registry.catalog import Node
-from registry.intake import Coalesced
-from registry.server import Database, Session, SyncService
+from registry.fleet import nodes
+from registry.releases.catalog import Node
+from registry.server.intake import Coalesced
+from registry.server.service import SyncService
+from registry.server.session import Database, Session
+from registry.store import chain
+from registry.trust.anchor import read
 from sync.gen import sync_pb2 as pb
 from tests.unit.registry.test_push import run
 from tests.unit.registry.test_rollout import manifest
@@ -34,8 +36,8 @@ def session(service: SyncService, node: Node, version: int = 1) -> Session:
     return s
 
 
-async def acks(db: Database) -> list[audit.Record]:
-    return await db.run(lambda: [r for r in audit.records(db.catalog.db, "m")
+async def acks(db: Database) -> list[chain.Record]:
+    return await db.run(lambda: [r for r in chain.records(db.catalog.db, "m")
                                  if r.action == "ack"])
 
 
@@ -60,10 +62,10 @@ def test_acks_written_behind_are_all_recorded_each_with_its_audit_record(
         assert len(recorded) == 600
         assert [r.actor for r in recorded[:2]] == ["node:edge-0", "node:edge-0"]
         assert [json.loads(r.payload)["state"] for r in recorded[:2]] == ["DOWNLOADING", "ACTIVE"]
-        checked, finding = await db.run(audit.verify, db.catalog.db)
+        checked, finding = await db.run(chain.verify, db.catalog.db)
         assert finding is None and checked >= 600
         signed = read(db.anchor.path)
-        assert signed is not None and signed.head == await db.run(audit.head, db.catalog.db.conn)
+        assert signed is not None and signed.head == await db.run(chain.head, db.catalog.db.conn)
 
     run(tmp_path, scenario)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from registry import leader
+from registry.ha import leader
 from registry.settings import RegistrySettings
 
 ID = "registry-b"

@@ -1,4 +1,4 @@
-"""The registry's push logic (``registry/server.py``): which releases each connected node's
+"""The registry's push logic (``registry/server/service.py``): which releases each connected node's
 stream is sent, once, with a signed directive; no gRPC is involved, only the real database."""
 
 from __future__ import annotations
@@ -7,13 +7,14 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from registry.catalog import Node
-from registry.server import Database, Session, SyncService
+from registry.releases.catalog import Node
+from registry.server.metrics import SyncMetrics
+from registry.server.service import SyncService
+from registry.server.session import Database, Session
 from registry.settings import RegistrySettings
 from serving.release.signing import Verifier
-from sync import directive
 from sync.gen import sync_pb2 as pb
-from sync.metrics import SyncMetrics
+from sync.wire import directive
 from tests.unit.registry.test_rollout import manifest
 
 EDGE = Node("edge-1", "edge", "eu")

@@ -12,13 +12,15 @@ from pathlib import Path
 import pytest
 import sqlite_utils
 
-from registry import audit, keys, leader, replication
-from registry.db import connect, transaction
 from registry.errors import NotPrimary, SigningKeyError
-from registry.migrations import REPLICATED
-from registry.nodes import NodeBook
-from registry.replication import BadChange, Change
+from registry.fleet.nodes import NodeBook
+from registry.ha import changes, leader
+from registry.ha.changes import BadChange, Change
 from registry.settings import RegistrySettings
+from registry.store import chain, role
+from registry.store.db import connect, transaction
+from registry.store.migrations import REPLICATED
+from registry.trust import keys
 
 
 def db_at(path: Path) -> sqlite_utils.Database:
@@ -27,7 +29,7 @@ def db_at(path: Path) -> sqlite_utils.Database:
 
 def write(db: sqlite_utils.Database, action: str = "note") -> None:
     with transaction(db) as conn:
-        audit.append(conn, actor="t", action=action, payload={"x": "é\n"})
+        chain.append(conn, actor="t", action=action, payload={"x": "é\n"})
 
 
 def everything(db: sqlite_utils.Database) -> dict[str, list[tuple[object, ...]]]:
@@ -35,21 +37,21 @@ def everything(db: sqlite_utils.Database) -> dict[str, list[tuple[object, ...]]]
             for t in REPLICATED}
 
 
-def set_role(db: sqlite_utils.Database, role: str, lease_until: float = 0.0,
+def set_role(db: sqlite_utils.Database, name: str, lease_until: float = 0.0,
              leader_address: str | None = None) -> None:
     with transaction(db) as conn:
-        replication.set_role(conn, role, term=2, registry_id="registry-a",
-                             leader=leader_address, lease_until=lease_until)
+        role.set_role(conn, name, term=2, registry_id="registry-a",
+                      leader=leader_address, lease_until=lease_until)
 
 
 def test_a_standalone_registry_writes_and_captures_each_change(tmp_path: Path) -> None:
     db = db_at(tmp_path)
     write(db)
     write(db)
-    changes = replication.read_changes(db.conn, 0, 100)
-    assert [c.table for c in changes] == ["audit", "audit"]
-    assert json.loads(changes[1].row)["seq"] == 2
-    assert replication.position(db.conn) == 2
+    found = changes.read_changes(db.conn, 0, 100)
+    assert [c.table for c in found] == ["audit", "audit"]
+    assert json.loads(found[1].row)["seq"] == 2
+    assert changes.position(db.conn) == 2
 
 
 def test_a_standby_refuses_writes_from_any_code_path_naming_its_primary(tmp_path: Path) -> None:
@@ -67,7 +69,7 @@ def test_a_standby_refuses_writes_from_any_code_path_naming_its_primary(tmp_path
     with pytest.raises(sqlite3.IntegrityError, match="not the primary"):
         raw.execute("INSERT INTO models VALUES ('m', 'now')")
     raw.close()
-    assert replication.position(db.conn) == 0
+    assert changes.position(db.conn) == 0
 
 
 def test_a_primary_writes_only_while_its_lease_lasts(tmp_path: Path) -> None:
@@ -75,10 +77,10 @@ def test_a_primary_writes_only_while_its_lease_lasts(tmp_path: Path) -> None:
     set_role(db, "primary", lease_until=time.time() + 30)
     write(db)
     with transaction(db) as conn:
-        replication.renew(conn, time.time() - 0.1)  # the lease ran out
+        role.renew(conn, time.time() - 0.1)  # the lease ran out
     with pytest.raises(NotPrimary, match="lease ran out"):
         write(db)
-    assert replication.position(db.conn) == 1
+    assert changes.position(db.conn) == 1
 
 
 @pytest.mark.parametrize(("lease_in_s", "writable"), [(2.0, True), (-2.0, False)])
@@ -89,13 +91,13 @@ def test_what_the_registry_says_of_its_lease_is_what_the_database_does(
     when a write is accepted, a lease just ahead of now or just behind it."""
     db = db_at(tmp_path)
     set_role(db, "primary", lease_until=time.time() + lease_in_s)
-    assert replication.state(db.conn).writable is writable
+    assert role.state(db.conn).writable is writable
     if writable:
         write(db)
     else:
         with pytest.raises(NotPrimary, match="lease ran out"):
             write(db)
-    assert replication.position(db.conn) == int(writable)
+    assert changes.position(db.conn) == int(writable)
 
 
 def test_applied_changes_make_the_same_state_and_the_same_positions(tmp_path: Path) -> None:
@@ -111,14 +113,14 @@ def test_applied_changes_make_the_same_state_and_the_same_positions(tmp_path: Pa
     with transaction(primary) as conn:
         conn.execute("DELETE FROM cascade_policies WHERE model = 'm'")
     set_role(standby, "standby")
-    at = replication.apply(standby, replication.read_changes(primary.conn, 0, 1000))
-    assert at == replication.position(primary.conn)
+    at = changes.apply(standby, changes.read_changes(primary.conn, 0, 1000))
+    assert at == changes.position(primary.conn)
     assert everything(standby) == everything(primary)
-    assert replication.digest_at(standby.conn, at) == replication.digest_at(primary.conn, at)
+    assert changes.digest_at(standby.conn, at) == changes.digest_at(primary.conn, at)
     # the standby's own capture did not run: its changes are the primary's, ids and all
-    assert replication.read_changes(standby.conn, 0, 1000) == \
-        replication.read_changes(primary.conn, 0, 1000)
-    assert audit.verify(standby) == (1, None)
+    assert changes.read_changes(standby.conn, 0, 1000) == \
+        changes.read_changes(primary.conn, 0, 1000)
+    assert chain.verify(standby) == (1, None)
     # and applying leaves it fenced again
     with pytest.raises(NotPrimary):
         write(standby)
@@ -138,48 +140,48 @@ def test_a_hostile_change_is_refused_with_its_whole_batch(tmp_path: Path, change
     db = db_at(tmp_path)
     good = Change(1, "models", "upsert", '{"name": "ok", "created_at": "x"}')
     with pytest.raises(BadChange, match=why):
-        replication.apply(db, [good, change])
-    assert replication.position(db.conn) == 0
+        changes.apply(db, [good, change])
+    assert changes.position(db.conn) == 0
     assert db.conn.execute("SELECT count(*) FROM models").fetchone()[0] == 0
 
 
 def test_a_change_already_held_or_out_of_order_is_refused(tmp_path: Path) -> None:
     db = db_at(tmp_path)
     first = Change(5, "models", "upsert", '{"name": "a", "created_at": "x"}')
-    replication.apply(db, [first])
+    changes.apply(db, [first])
     with pytest.raises(BadChange, match="not after"):
-        replication.apply(db, [Change(5, "models", "upsert", '{"name": "b", "created_at": "x"}')])
+        changes.apply(db, [Change(5, "models", "upsert", '{"name": "b", "created_at": "x"}')])
     assert [r[0] for r in db.conn.execute("SELECT name FROM models")] == ["a"]
 
 
 def test_semi_sync_waits_for_a_standby_and_counts_a_timeout(tmp_path: Path) -> None:
     db = db_at(tmp_path)
     write(db)
-    at = replication.position(db.conn)
+    at = changes.position(db.conn)
     with transaction(db) as conn:
-        replication.acked(conn, "registry-b", at)
-    assert replication.wait_replicated(db, at, 1, 1.0) == ["registry-b"]
+        changes.acked(conn, "registry-b", at)
+    assert changes.wait_replicated(db, at, 1, 1.0) == ["registry-b"]
     write(db)
     started = time.monotonic()
-    assert replication.wait_replicated(db, at + 1, 1, 0.2) is None
+    assert changes.wait_replicated(db, at + 1, 1, 0.2) is None
     assert time.monotonic() - started >= 0.2
-    assert replication.state(db.conn).async_commits == 1
+    assert role.state(db.conn).async_commits == 1
     # no standby following at all (its last ack is old): no point waiting, the same count
     with transaction(db) as conn:
         conn.execute("UPDATE replicas SET acked_at = acked_at - 60")
     started = time.monotonic()
-    assert replication.wait_replicated(db, at + 1, 1, 30) is None
+    assert changes.wait_replicated(db, at + 1, 1, 30) is None
     assert time.monotonic() - started < 5
-    assert replication.state(db.conn).async_commits == 2
+    assert role.state(db.conn).async_commits == 2
 
 
 def test_the_history_term_follows_promotions_applied_or_made(tmp_path: Path) -> None:
     primary, standby = db_at(tmp_path / "a"), db_at(tmp_path / "b")
     with transaction(primary) as conn:
         leader.promotion_record(conn, "t", "registry-a", 4, None)
-    assert replication.state(primary.conn).history_term == 4
-    replication.apply(standby, replication.read_changes(primary.conn, 0, 100))
-    assert replication.state(standby.conn).history_term == 4
+    assert role.state(primary.conn).history_term == 4
+    changes.apply(standby, changes.read_changes(primary.conn, 0, 100))
+    assert role.state(standby.conn).history_term == 4
 
 
 @pytest.mark.parametrize("raw", [
@@ -214,10 +216,10 @@ def test_pruned_changes_send_a_standby_behind_them_to_a_snapshot(tmp_path: Path)
     for _ in range(10):
         write(db)
     with transaction(db) as conn:
-        assert replication.prune(conn, 4) == 6
-    assert [c.id for c in replication.read_changes(db.conn, 0, 100)] == [7, 8, 9, 10]
-    assert replication.first_position(db.conn) == 7
-    assert audit.verify(db) == (10, None)  # the data itself is untouched
+        assert changes.prune(conn, 4) == 6
+    assert [c.id for c in changes.read_changes(db.conn, 0, 100)] == [7, 8, 9, 10]
+    assert changes.first_position(db.conn) == 7
+    assert chain.verify(db) == (10, None)  # the data itself is untouched
 
 
 def test_a_member_of_a_group_never_mints_its_own_signing_key(tmp_path: Path) -> None:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from registry import audit
-from registry import nodes as node_writes
-from registry.catalog import Catalog, Node
-from registry.db import connect
-from registry.nodes import Held, NodeBook
+from registry.fleet import nodes as node_writes
+from registry.fleet.nodes import Held, NodeBook
+from registry.releases.catalog import Catalog, Node
+from registry.store import chain
+from registry.store.db import connect
 from serving.release.manifest import (
     Artifact,
     Calibration,
@@ -107,10 +107,10 @@ def test_acks_are_audited_and_status_names_the_laggards(catalog: Catalog) -> Non
     book.all_disconnected()  # what a restarted registry serve does first
     assert not any(r["connected"] for r in book.status(catalog))
     acks = [(r.actor, r.version, json.loads(r.payload)["state"])
-            for r in audit.records(catalog.db) if r.action == "ack"]
+            for r in chain.records(catalog.db) if r.action == "ack"]
     assert acks == [("node:edge-1", 2, "DOWNLOADING"), ("node:edge-2", 2, "FAILED"),
                     ("node:edge-1", 2, "ACTIVE")]
-    assert audit.verify(catalog.db)[1] is None
+    assert chain.verify(catalog.db)[1] is None
 
 
 def test_reports_are_kept_per_node_and_model(catalog: Catalog) -> None:

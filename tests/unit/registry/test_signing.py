@@ -14,14 +14,15 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from registry import audit, keys
-from registry import nodes as node_writes
-from registry.catalog import Catalog
-from registry.db import connect
 from registry.errors import InvalidRelease, RegistryError, SigningKeyError
-from registry.nodes import NodeBook
+from registry.fleet import nodes as node_writes
+from registry.fleet.nodes import NodeBook
+from registry.publish.source import load_source
+from registry.releases.catalog import Catalog
 from registry.settings import RegistrySettings
-from registry.source import load_source
+from registry.store import chain
+from registry.store.db import connect
+from registry.trust import keys
 from serving.release.signing import SigningError, Verifier, load_public_key
 from tests.unit.registry.test_rollout import EU_EDGE, manifest
 
@@ -89,7 +90,7 @@ def test_publish_signs_the_stored_bytes_and_audits_the_key(tmp_path: Path) -> No
     (target,) = catalog.desired(EU_EDGE)
     assert target.manifest == row.manifest_bytes and target.key_id == signer.key_id
     verifier.check(target.manifest, target.signature)
-    (record,) = audit.records(catalog.db)
+    (record,) = chain.records(catalog.db)
     assert json.loads(record.payload)["key_id"] == signer.key_id
     with pytest.raises(sqlite3.IntegrityError, match="immutable"):
         catalog.db.execute("UPDATE signatures SET signature = 'x'")
@@ -107,7 +108,7 @@ def test_unsigned_versions_can_be_signed_once(tmp_path: Path) -> None:
         catalog.sign("m", signer, 1)
     row = catalog.resolve("m", "1")
     Verifier(signer.key.public_key()).check(row.manifest_bytes, row.signature)
-    assert [r.action for r in audit.records(catalog.db)] == ["publish", "sign"]
+    assert [r.action for r in chain.records(catalog.db)] == ["publish", "sign"]
 
 
 def test_a_refused_release_is_audited_as_its_own_action(tmp_path: Path) -> None:
@@ -117,7 +118,7 @@ def test_a_refused_release_is_audited_as_its_own_action(tmp_path: Path) -> None:
     nodes.write([node_writes.hello(EU_EDGE, "ipv4:127.0.0.1:1", [])])
     nodes.write([node_writes.ack(EU_EDGE, "m", 1, "FAILED", "TransferError: broken")])
     nodes.write([node_writes.ack(EU_EDGE, "m", 1, "REFUSED", "release signature does not verify")])
-    actions = [(r.action, json.loads(r.payload).get("reason")) for r in audit.records(catalog.db)]
+    actions = [(r.action, json.loads(r.payload).get("reason")) for r in chain.records(catalog.db)]
     assert actions[1:] == [("ack", "TransferError: broken"),
                            ("refused", "refused: release signature does not verify")]
     (row,) = nodes.status(catalog)

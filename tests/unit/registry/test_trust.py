@@ -1,6 +1,6 @@
 """Release metadata on The Update Framework, both sides with real python-tuf metadata: what
-``registry publish``/``sign``/``key rotate``/``serve`` write (``registry.trust``) and what a node
-accepts from it (``serving.release.trust``): root rotation, revoked keys, thresholds, freeze,
+``registry publish``/``sign``/``key rotate``/``serve`` write (``registry.trust.tuf``) and what a
+node accepts from it (``serving.release.trust``): root rotation, revoked keys, thresholds, freeze,
 rollback and mix-and-match."""
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from registry import trust
-from registry.catalog import Catalog
-from registry.db import connect, transaction
-from registry.keys import Signer
+from registry.releases.catalog import Catalog
+from registry.store.db import connect, transaction
+from registry.trust import tuf
+from registry.trust.keys import Signer
 from serving.errors import SigningError
 from serving.release.manifest import Manifest, decode
 from serving.release.signing import Verifier
 from serving.release.trust import NodeTrust, TrustRefused
-from sync import directive
+from sync.wire import directive
 from tests.conftest import RegistryCli
 from tests.unit.registry.test_rollout import manifest
 
@@ -44,10 +44,10 @@ class Fleet:
 
     def advance(self, online: Signer | None = None, expiry_s: float = 60,
                 at: datetime | None = None) -> None:
-        trust.advance(self.db, online or self.key, expiry_s, at)
+        tuf.advance(self.db, online or self.key, expiry_s, at)
 
-    def push(self) -> trust.Published:
-        published = trust.published(self.db)
+    def push(self) -> tuf.Published:
+        published = tuf.published(self.db)
         assert published is not None
         return published
 
@@ -59,7 +59,7 @@ class Fleet:
         return NodeTrust(self.root / name, Verifier(self.key.key.public_key()))
 
 
-def send(node: NodeTrust, published: trust.Published) -> None:
+def send(node: NodeTrust, published: tuf.Published) -> None:
     node.update(published.roots_after(node.state().root_version), published.timestamp,
                 published.snapshot, published.targets)
 
@@ -72,8 +72,8 @@ def fleet(tmp_path: Path) -> Fleet:
 def test_a_registry_from_before_tuf_moves_over_and_a_pinned_node_follows(fleet: Fleet) -> None:
     fleet.publish()  # no root yet: signed the old way only
     foreign = fleet.catalog.create_version(manifest(seed=1), signer=new_key())
-    assert trust.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
-    assert not trust.ensure(fleet.db, fleet.key, fleet.key.key.public_key())  # once
+    assert tuf.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
+    assert not tuf.ensure(fleet.db, fleet.key, fleet.key.key.public_key())  # once
     fleet.advance()
     published = fleet.push()
     assert published.trusted == {("m", 1)}  # the other key's version is not vouched for
@@ -93,7 +93,7 @@ def test_a_registry_from_before_tuf_moves_over_and_a_pinned_node_follows(fleet: 
 
 def test_a_root_not_signed_by_the_pinned_key_is_not_trusted(fleet: Fleet, tmp_path: Path) -> None:
     fleet.publish()
-    trust.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
+    tuf.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
     fleet.advance()
     stranger = NodeTrust(tmp_path / "stranger", Verifier(new_key().key.public_key()))
     with pytest.raises(TrustRefused, match="not signed by the provisioned key"):
@@ -102,17 +102,17 @@ def test_a_root_not_signed_by_the_pinned_key_is_not_trusted(fleet: Fleet, tmp_pa
 
 
 def test_nodes_follow_root_rotations_and_refuse_what_a_revoked_key_signs(fleet: Fleet) -> None:
-    trust.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
+    tuf.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
     fleet.publish()
     fleet.advance()
     early = fleet.node("early")
     send(early, fleet.push())
     root, publisher = new_key(), new_key()
     with transaction(fleet.db) as conn:
-        trust.rotate(conn, "root", [root.key.public_key()], 1, [fleet.key, root])
-        done = trust.rotate(conn, "targets", [publisher.key.public_key()], 1, [root],
+        tuf.rotate(conn, "root", [root.key.public_key()], 1, [fleet.key, root])
+        done = tuf.rotate(conn, "targets", [publisher.key.public_key()], 1, [root],
                             [publisher])
-    assert done["revoked"] == [trust.short(trust.tuf_key(fleet.key.key.public_key()))]
+    assert done["revoked"] == [tuf.short(tuf.tuf_key(fleet.key.key.public_key()))]
     fleet.advance()
     send(early, fleet.push())
     assert early.state().root_version == 3
@@ -121,7 +121,7 @@ def test_nodes_follow_root_rotations_and_refuse_what_a_revoked_key_signs(fleet: 
     send(late, fleet.push())
     assert late.state().root_version == 3
     # the old publisher key can no longer publish through the registry ...
-    with pytest.raises(trust.TrustError, match="is not a targets key of root version 3"):
+    with pytest.raises(tuf.TrustError, match="is not a targets key of root version 3"):
         fleet.publish(seed=2)
     assert fleet.db.execute("SELECT MAX(version) FROM versions").fetchone()[0] == 1
     # ... and a registry that lists a release signed with it anyway is refused by the node
@@ -129,13 +129,13 @@ def test_nodes_follow_root_rotations_and_refuse_what_a_revoked_key_signs(fleet: 
     fleet.advance()
     send(early, fleet.push())
     with transaction(fleet.db) as conn:
-        stolen = trust.latest(conn, trust.TARGETS)
+        stolen = tuf.latest(conn, tuf.TARGETS)
         assert stolen is not None
         md = stolen.md
         md.signed.version += 1
-        md.signed.targets.update(trust.release_files(manifest(seed=3), b"{}"))
-        md.sign(trust.CryptoSigner(fleet.key.key))  # the revoked key
-        trust._put(conn, trust.TARGETS, md, True)
+        md.signed.targets.update(tuf.release_files(manifest(seed=3), b"{}"))
+        md.sign(tuf.CryptoSigner(fleet.key.key))  # the revoked key
+        tuf._put(conn, tuf.TARGETS, md, True)
     fleet.advance()
     with pytest.raises(TrustRefused, match="targets"):
         send(early, fleet.push())
@@ -145,20 +145,20 @@ def test_nodes_follow_root_rotations_and_refuse_what_a_revoked_key_signs(fleet: 
 
 
 def test_a_root_without_enough_old_signatures_is_not_made(fleet: Fleet) -> None:
-    trust.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
-    with transaction(fleet.db) as conn, pytest.raises(trust.TrustError, match="old root"):
-        trust.rotate(conn, "root", [new_key().key.public_key()], 1, [new_key()])
-    with transaction(fleet.db) as conn, pytest.raises(trust.TrustError, match="new root"):
-        trust.rotate(conn, "root", [new_key().key.public_key()], 1, [fleet.key])
+    tuf.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
+    with transaction(fleet.db) as conn, pytest.raises(tuf.TrustError, match="old root"):
+        tuf.rotate(conn, "root", [new_key().key.public_key()], 1, [new_key()])
+    with transaction(fleet.db) as conn, pytest.raises(tuf.TrustError, match="new root"):
+        tuf.rotate(conn, "root", [new_key().key.public_key()], 1, [fleet.key])
     with transaction(fleet.db) as conn:
-        assert trust.root_of(conn).version == 1
+        assert tuf.root_of(conn).version == 1
 
 
 def test_a_release_below_its_signature_threshold_waits_and_never_installs(fleet: Fleet) -> None:
-    trust.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
+    tuf.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
     second = new_key()
     with transaction(fleet.db) as conn:
-        trust.rotate(conn, "targets", [fleet.key.key.public_key(), second.key.public_key()], 2,
+        tuf.rotate(conn, "targets", [fleet.key.key.public_key(), second.key.public_key()], 2,
                      [fleet.key], [fleet.key, second])
     fleet.advance()
     node = fleet.node()
@@ -171,7 +171,7 @@ def test_a_release_below_its_signature_threshold_waits_and_never_installs(fleet:
     with pytest.raises(SigningError, match="not in the trusted TUF targets"):
         node.check_release(*fleet.release("m", version))
     with transaction(fleet.db) as conn:
-        assert trust.pending(conn) == {"version": 3, "signed": 1, "threshold": 2,
+        assert tuf.pending(conn) == {"version": 3, "signed": 1, "threshold": 2,
                                        "releases": ["m@1"]}
     signed, verdict = fleet.catalog.sign("m", second, version)
     assert signed == [] and verdict is not None and verdict.complete
@@ -181,7 +181,7 @@ def test_a_release_below_its_signature_threshold_waits_and_never_installs(fleet:
 
 
 def test_a_frozen_registry_is_flagged_stale_and_installs_nothing(fleet: Fleet) -> None:
-    trust.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
+    tuf.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
     fleet.publish()
     fleet.advance(expiry_s=3, at=datetime.now(UTC) - timedelta(seconds=1))  # ~2 s left
     node = fleet.node()
@@ -210,14 +210,14 @@ def test_a_frozen_registry_is_flagged_stale_and_installs_nothing(fleet: Fleet) -
 
 
 def test_only_roots_online_key_advances_the_timestamp(fleet: Fleet) -> None:
-    trust.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
+    tuf.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
     fleet.advance()
-    with pytest.raises(trust.Frozen, match="not a timestamp key"):
+    with pytest.raises(tuf.Frozen, match="not a timestamp key"):
         fleet.advance(online=new_key())
 
 
 def test_expired_and_rolled_back_timestamps_are_refused(fleet: Fleet) -> None:
-    trust.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
+    tuf.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
     fleet.publish()
     start = datetime.now(UTC)
     fleet.advance(expiry_s=3, at=start - timedelta(seconds=10))  # signed, then expired
@@ -238,7 +238,7 @@ def test_expired_and_rolled_back_timestamps_are_refused(fleet: Fleet) -> None:
 
 
 def test_a_current_targets_with_an_older_snapshot_is_refused(fleet: Fleet) -> None:
-    trust.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
+    tuf.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
     fleet.publish()
     fleet.advance()
     old = fleet.push()
@@ -258,7 +258,7 @@ def test_a_current_targets_with_an_older_snapshot_is_refused(fleet: Fleet) -> No
 
 
 def test_directives_are_checked_with_roots_online_keys(fleet: Fleet) -> None:
-    trust.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
+    tuf.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
     fleet.advance()
     node = fleet.node()
     order = directive.Directive("edge-1", "m", 1, hashlib.sha256(b"x").hexdigest(), 3,
@@ -269,7 +269,7 @@ def test_directives_are_checked_with_roots_online_keys(fleet: Fleet) -> None:
     node.check_directive(data, signature)
     online = new_key()
     with transaction(fleet.db) as conn:
-        trust.rotate(conn, "online", [online.key.public_key()], 1, [fleet.key])
+        tuf.rotate(conn, "online", [online.key.public_key()], 1, [fleet.key])
     fleet.advance(online=online)
     send(node, fleet.push())
     with pytest.raises(SigningError, match="not signed by a timestamp key"):
@@ -279,16 +279,16 @@ def test_directives_are_checked_with_roots_online_keys(fleet: Fleet) -> None:
 
 def test_a_rotation_that_waits_for_a_second_publisher_is_completed_by_registry_sign(
         fleet: Fleet) -> None:
-    trust.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
+    tuf.ensure(fleet.db, fleet.key, fleet.key.key.public_key())
     fleet.publish()
     second = new_key()
     with transaction(fleet.db) as conn:
-        done = trust.rotate(conn, "targets", [fleet.key.key.public_key(),
+        done = tuf.rotate(conn, "targets", [fleet.key.key.public_key(),
                                               second.key.public_key()], 2, [fleet.key],
                             [fleet.key])
     assert done["targets"] == {"version": 3, "complete": False, "missing": 1}
     with transaction(fleet.db) as conn:
-        assert trust.pending(conn) == {"version": 3, "signed": 1, "threshold": 2,
+        assert tuf.pending(conn) == {"version": 3, "signed": 1, "threshold": 2,
                                        "releases": []}
     signed, verdict = fleet.catalog.sign("m", second)
     assert signed == [] and verdict is not None and verdict.complete

@@ -12,14 +12,16 @@ from typing import Any
 
 import pytest
 
-from registry import audit, budgets, replication, wave_evidence, waves
-from registry import nodes as node_writes
-from registry.anchor import audited
-from registry.catalog import Catalog, Node
-from registry.db import connect, transaction
 from registry.errors import NotFound, NotPrimary, RegistryError
-from registry.nodes import NodeBook
-from registry.waves import Policy
+from registry.fleet import nodes as node_writes
+from registry.fleet.nodes import NodeBook
+from registry.ha import changes
+from registry.releases import evidence, waves
+from registry.releases.catalog import Catalog, Node
+from registry.releases.waves import Policy
+from registry.store import chain, role
+from registry.store.db import connect, transaction
+from registry.trust.anchor import audited
 from tests.unit.registry.test_rollout import manifest
 
 MODEL = "m"
@@ -79,7 +81,7 @@ def report(version: int, agreement: float, rows: int, p99: float = 20.0,
 
 
 def actions(catalog: Catalog) -> list[str]:
-    return [r.action for r in audit.records(catalog.db)]
+    return [r.action for r in chain.records(catalog.db)]
 
 
 def publish_waves(catalog: Catalog, policy: Policy = FAST) -> int:
@@ -151,7 +153,7 @@ def test_a_worse_release_halts_at_the_first_gate_and_its_nodes_go_back(catalog: 
     assert "live audit agreement 0.550" in (r.reason or "")
     assert on_new(catalog, new) == []  # every node desired back on version 1
     assert catalog.alias(MODEL, "production") == 1
-    (halt,) = [x for x in audit.records(catalog.db) if x.action == "rollout-halt"]
+    (halt,) = [x for x in chain.records(catalog.db) if x.action == "rollout-halt"]
     payload = json.loads(halt.payload)
     assert payload["back_to"] == 1 and payload["wave"] == 1
     assert payload["figures"]["new"]["agreement"] == pytest.approx(0.55)
@@ -282,7 +284,7 @@ def test_pause_resume_abort_by_hand_are_audited(catalog: Catalog) -> None:
     assert on_new(catalog, new) == []
     with pytest.raises(NotFound, match="no unfinished"):
         steer("resume")
-    records = [r for r in audit.records(catalog.db) if r.action.startswith("rollout-")]
+    records = [r for r in chain.records(catalog.db) if r.action.startswith("rollout-")]
     assert [(r.action, r.actor) for r in records] == [
         ("rollout-pause", "ops@host"), ("rollout-resume", "ops@host"),
         ("rollout-abort", "ops@host")]
@@ -316,13 +318,13 @@ def test_a_first_release_in_waves_reaches_the_centers_at_once(catalog: Catalog) 
 def test_a_rollout_is_replicated_and_a_standby_cannot_steer_it(catalog: Catalog) -> None:
     fleet(catalog)
     catalog.create_version(manifest(seed=1))
-    before = replication.position(catalog.db.conn)
+    before = changes.position(catalog.db.conn)
     publish_waves(catalog)
     tick(catalog, time.time())
-    changes = replication.read_changes(catalog.db.conn, before, 1000)
-    assert {"waves", "audit", "versions"} <= {c.table for c in changes}
+    found = changes.read_changes(catalog.db.conn, before, 1000)
+    assert {"waves", "audit", "versions"} <= {c.table for c in found}
     with transaction(catalog.db) as conn:
-        replication.set_role(conn, "standby", term=2, registry_id="r", leader="p:1",
+        role.set_role(conn, "standby", term=2, registry_id="r", leader="p:1",
                              lease_until=0)
     with pytest.raises(NotPrimary, match="standby"), audited(catalog.db, None) as conn:
         waves.steer(conn, MODEL, "pause", "ops", time.time())
@@ -391,7 +393,7 @@ def test_a_liar_in_the_wave_claiming_a_trillion_perfect_rows_cannot_pass_a_flipp
     assert new["agreement"] == pytest.approx(0.3)  # the median: the liar's 1.0 is not it
     (lie,) = [w for w in new["weights"] if w["node"] == liar]
     assert lie["claimed"] == 10**12
-    assert lie["rows"] == 100 * budgets.MAX_REQUEST_ROWS  # what 100 requests could carry
+    assert lie["rows"] == 100 * evidence.MAX_REQUEST_ROWS  # what 100 requests could carry
     assert lie["counted"] == 300 and lie["weight"] == pytest.approx(1 / 3, abs=1e-3)
     assert new["audit_rows"] == 900 and new["audit_nodes"] == 3
 
@@ -416,24 +418,24 @@ def test_a_liar_outside_the_wave_claiming_the_old_version_perfect_cannot_halt_a_
 
 
 def test_a_nodes_audit_rows_are_bounded_by_its_requests_and_an_absolute_cap() -> None:
-    per = budgets.MAX_REQUEST_ROWS
+    per = evidence.MAX_REQUEST_ROWS
     for requests, claimed, counted in ((100, 100 * per, 100 * per),  # just inside
                                        (100, 100 * per + 1, 100 * per),  # just outside
-                                       (10**9, wave_evidence.MAX_AUDIT_ROWS,
-                                        wave_evidence.MAX_AUDIT_ROWS),
-                                       (10**9, wave_evidence.MAX_AUDIT_ROWS + 1,
-                                        wave_evidence.MAX_AUDIT_ROWS),
+                                       (10**9, evidence.MAX_AUDIT_ROWS,
+                                        evidence.MAX_AUDIT_ROWS),
+                                       (10**9, evidence.MAX_AUDIT_ROWS + 1,
+                                        evidence.MAX_AUDIT_ROWS),
                                        (0, 500, None)):  # answered nothing: audited nothing
-        audit = wave_evidence.audit_of("e", {"requests": requests, "audit_rows": claimed,
+        audit = evidence.audit_of("e", {"requests": requests, "audit_rows": claimed,
                                              "audit_agreement": 0.9})
         assert (audit.rows if audit else None) == counted, (requests, claimed)
     for bad in (float("nan"), -0.1, 1.1, "1.0"):
-        assert wave_evidence.audit_of("e", {"requests": 1, "audit_rows": 10,
+        assert evidence.audit_of("e", {"requests": 1, "audit_rows": 10,
                                             "audit_agreement": bad}) is None
 
 
-def side(*audits: tuple[float, int]) -> wave_evidence.Side:
-    s = wave_evidence.Side()
+def side(*audits: tuple[float, int]) -> evidence.Side:
+    s = evidence.Side()
     for i, (agreement, rows) in enumerate(audits):
         s.add(f"n{i}", {"requests": 10**6, "audit_rows": rows, "audit_agreement": agreement})
     return s

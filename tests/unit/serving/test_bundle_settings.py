@@ -15,12 +15,12 @@ from pydantic import ValidationError
 
 from center.settings import CenterSettings
 from edge.settings import EdgeSettings
-from registry.keys import Signer
+from registry.trust.keys import Signer
 from serving.config import bundle
 from serving.release.signing import Verifier
-from sync import directive
-from sync.converge import node_directives
-from sync.directive import Directive, DirectiveError
+from sync.node.converge import node_directives
+from sync.wire import directive
+from sync.wire.directive import Directive, DirectiveError
 from tiered import bundles
 
 SECRET = "bundle-test-secret-0123456789"
@@ -28,7 +28,7 @@ SECRET = "bundle-test-secret-0123456789"
 
 @pytest.fixture
 def tls(tmp_path: Path) -> Path:
-    from registry import pki
+    from registry.trust import pki
 
     pki.ca(tmp_path / "tls")
     return tmp_path / "tls"

@@ -98,8 +98,8 @@ def test_a_watch_skips_hostile_entries_and_logs_a_flood_once(
 
 def test_node_tls_names_are_the_names_node_certificates_carry() -> None:
     """``serving.fleet`` may not import the registry: its copy of the rule must agree with
-    ``registry.pki.node_name`` (what ``pki.node`` signs)."""
-    from registry import pki
+    ``registry.trust.pki.node_name`` (what ``pki.node`` signs)."""
+    from registry.trust import pki
 
     for node_id, tier in (("center-1", "center"), ("edge-us-1", "edge"), ("a", "center")):
         assert discovery.node_tls_name(node_id, tier) == pki.node_name(node_id, tier)

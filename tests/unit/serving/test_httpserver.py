@@ -19,7 +19,7 @@ import httpx
 import pytest
 import uvicorn
 
-from registry import pki
+from registry.trust import pki
 from serving.transport import workers
 from serving.transport.httpserver import BoundedConfig, GatheringHttpToolsProtocol, _Gathering
 from serving.transport.listener import BoundedServer, ListeningSocket

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from registry.intake import platform
+from registry.server.intake import platform
 from serving.model.text import Encoded, pad
 from serving.release import hardware, probe
 from sync.gen import sync_pb2 as pb

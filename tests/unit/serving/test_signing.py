@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from registry.keys import Signer, generate_key_pair, load_private_key
+from registry.trust.keys import Signer, generate_key_pair, load_private_key
 from serving.release.manifest import Manifest, encode, is_valid_name
 from serving.release.signing import SigningError, Verifier, key_id, load_public_key
 from serving.release.store import SIGNATURE, ModelStore, StoreError, check_release

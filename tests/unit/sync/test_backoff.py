@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from sync.backoff import Backoff
+from sync.wire.backoff import Backoff
 
 
 def test_backoff_draws_full_jitter_below_a_cap_that_doubles_up_to_its_maximum(

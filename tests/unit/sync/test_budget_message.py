@@ -9,7 +9,7 @@ import pytest
 
 from serving.protocol.budget import Budget
 from sync.gen import sync_pb2 as pb
-from sync.subscriber import Subscriber
+from sync.node.subscriber import Subscriber
 
 
 def deliver(message: pb.Budget) -> list[tuple[str, Budget]]:

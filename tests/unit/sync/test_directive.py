@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from registry.keys import Signer
+from registry.trust.keys import Signer
 from serving.release.signing import Verifier
-from sync import directive
-from sync.directive import Directive, DirectiveError, Directives
+from sync.wire import directive
+from sync.wire.directive import Directive, DirectiveError, Directives
 
 SHA1, SHA2, HEAD = "1" * 64, "2" * 64, "a" * 64
 SIGNER = Signer(Ed25519PrivateKey.generate())

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sync.limits import OTHERS, TOP, Refusals, peer_host
+from registry.server.limits import OTHERS, TOP, Refusals, peer_host
 
 FETCH, SYNC = "/tiered.sync.v1.Sync/Fetch", "/tiered.sync.v1.Sync/Sync"
 

@@ -1,5 +1,5 @@
 """The registry's /metrics page: prometheus_client's series, then every node's last report
-rendered once per report (``sync.metrics.NodeSeries``), parsed back by Prometheus's own
+rendered once per report (``registry.server.metrics.NodeSeries``), parsed back by Prometheus's own
 parser."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from sync.metrics import QUALITY, SyncMetrics, serve_http
+from registry.server.metrics import QUALITY, SyncMetrics, serve_http
 
 EDGE = ["edge-1", "edge", "eu", "m", "1"]
 
@@ -76,7 +76,7 @@ def test_the_page_is_served_over_http() -> None:
 
 
 def test_a_rollout_state_is_one_series_at_1_the_others_0_so_an_alert_clears() -> None:
-    from sync.metrics import SyncMetrics
+    from registry.server.metrics import SyncMetrics
 
     metrics = SyncMetrics()
     states = ("running", "halted", "done")

@@ -1,7 +1,7 @@
 """A node checks the registry's own name, not only its CA: every node's certificate comes from the
 fleet CA and lists the node's addresses, so a rogue registry presenting a stolen edge's
 certificate (which lists 127.0.0.1) was accepted by a wiped edge as its registry. The channel
-``sync.auth.channel`` makes (nodes to the registry, a standby to the primary) now requires
+``sync.wire.auth.channel`` makes (nodes to the registry, a standby to the primary) now requires
 ``registry.tiered.invalid``, which only ``registry tls`` signs."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from registry import pki
-from sync import auth
+from registry.trust import pki
+from sync.wire import auth
 
 
 async def answered(cert: Path, key: Path, ca: Path) -> bool:

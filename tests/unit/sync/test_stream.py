@@ -1,5 +1,5 @@
 """Which ends of an open Sync stream a node counts as cut from the registry's side, and what
-it logs (``sync.stream``); the details are those gRPC 1.8x gives (seen over loopback in
+it logs (``sync.node.stream``); the details are those gRPC 1.8x gives (seen over loopback in
 tests/integration/test_keepalive.py and a registry stopped under an open stream)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import grpc
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sync.stream import CUTS, StreamSeries, cut_reason
+from sync.node.stream import CUTS, StreamSeries, cut_reason
 
 
 def error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:

@@ -1,5 +1,6 @@
 """A node keeps the newest audit witness that verifies, never an older, unsigned or oversized one,
-and the registry believes only what its own key signed (``sync.witness``, ``registry.witness``)."""
+and the registry believes only what its own key signed (``sync.wire.witness``,
+``registry.trust.witness_check``)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,19 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from registry import audit
-from registry import witness as told
-from registry.keys import Signer
+from registry.store import chain
+from registry.trust import witness_check as told
+from registry.trust.keys import Signer
 from serving.release.signing import Verifier
-from sync import witness
 from sync.gen import sync_pb2 as pb
+from sync.node import witness_store
+from sync.wire import witness
 
 HASH = "ab" * 32
 
 
 def signed(signer: Signer, seq: int, head_hash: str = HASH) -> pb.Witness:
-    return told.sign(signer, audit.Head(seq, head_hash))
+    return told.sign(signer, chain.Head(seq, head_hash))
 
 
 @pytest.fixture
@@ -30,26 +32,26 @@ def signer() -> Signer:
 
 def test_a_node_keeps_the_newest_verified_witness_across_restarts(
         tmp_path: Path, signer: Signer) -> None:
-    node = witness.Witnesses(tmp_path, Verifier(signer.key.public_key()))
+    node = witness_store.Witnesses(tmp_path, Verifier(signer.key.public_key()))
     assert node.message() is None
     assert node.offer(signed(signer, 5))
     assert not node.offer(signed(signer, 5))  # the same seq again: nothing new
     assert not node.offer(signed(signer, 4))  # older: a rewound registry's head
     assert node.offer(signed(signer, 6))
-    again = witness.Witnesses(tmp_path, Verifier(signer.key.public_key()))
+    again = witness_store.Witnesses(tmp_path, Verifier(signer.key.public_key()))
     shown = again.message()
     assert shown is not None and witness.parse(shown.statement).seq == 6
 
 
 def test_a_node_keeps_nothing_it_cannot_verify(tmp_path: Path, signer: Signer) -> None:
     other = Signer(Ed25519PrivateKey.generate())
-    node = witness.Witnesses(tmp_path, Verifier(signer.key.public_key()))
+    node = witness_store.Witnesses(tmp_path, Verifier(signer.key.public_key()))
     assert not node.offer(signed(other, 99))  # a rogue registry's: would hide the real one
     forged = signed(signer, 3)
     forged.statement = witness.statement(300, HASH)  # the signature is over seq 3
     assert not node.offer(forged)
     assert node.message() is None
-    unverifying = witness.Witnesses(tmp_path / "plain", None)  # no release key
+    unverifying = witness_store.Witnesses(tmp_path / "plain", None)  # no release key
     assert not unverifying.offer(signed(signer, 1)) and unverifying.message() is None
 
 
@@ -85,7 +87,7 @@ def test_the_registry_believes_only_its_own_signature(signer: Signer) -> None:
     assert told.verified(pb.Witness(statement=b"junk", signature=b"x"), keys) is None
 
 
-def chain(records: int) -> sqlite3.Connection:
+def chain_of(records: int) -> sqlite3.Connection:
     conn = sqlite3.connect(":memory:")
     conn.execute("CREATE TABLE audit (seq INTEGER PRIMARY KEY, hash TEXT)")
     conn.executemany("INSERT INTO audit VALUES (?, ?)",
@@ -94,7 +96,7 @@ def chain(records: int) -> sqlite3.Connection:
 
 
 def test_a_chain_holds_a_witness_only_with_the_same_hash_at_its_seq() -> None:
-    conn = chain(10)
+    conn = chain_of(10)
     assert told.conflict(conn, witness.Head(10, f"{10:064x}"), "node e") is None  # its end
     assert told.conflict(conn, witness.Head(4, f"{4:064x}"), "node e") is None  # inside
     removed = told.conflict(conn, witness.Head(11, f"{11:064x}"), "node e")

@@ -1,0 +1,236 @@
+"""``registry publish``: validate, export, quantize, check fidelity, calibrate, store, sign, record.
+
+Nothing is written to the catalog until every check has passed; the version, its aliases, its
+rollout, its signature and its audit record are then committed in one transaction.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from registry.errors import FidelityTooLow, InvalidRelease
+from registry.publish.calibrate import agreement, calibrate, default_calibration
+from registry.publish.export import INPUT_NAMES, QUANTIZATION, export_onnx, precision, quantize_int8
+from registry.publish.source import ReleaseSource
+from registry.publish.validate import (
+    Inputs,
+    generated_inputs,
+    load_torchscript,
+    onnx_session,
+    run_onnx,
+    run_torchscript,
+    text_inputs,
+)
+from registry.releases.catalog import Catalog, check_name
+from registry.releases.waves import Policy
+from registry.settings import RegistrySettings
+from registry.store.blobs import BlobStore
+from registry.store.chunkstore import ChunkStore
+from registry.store.clock import now
+from registry.trust import keys, tuf
+from serving.model.text import Encoded, pad
+from serving.release import hardware, probe
+from serving.release.manifest import (
+    Artifact,
+    Calibration,
+    Fidelity,
+    Manifest,
+    Preprocessing,
+    TensorSpec,
+)
+
+Step = Callable[[str], AbstractContextManager[None]]
+
+CENTER_FILE, EDGE_FILE, TOKENIZER_FILE = "model.pt", "model.onnx", "tokenizer.json"
+PROBE_FILE = probe.FILE
+
+
+@contextmanager
+def quiet_step(_: str) -> Iterator[None]:
+    yield
+
+
+@dataclass(frozen=True)
+class PublishOptions:
+    name: str
+    min_fidelity: float
+    tolerance: float
+    confidence: float
+    force: bool = False
+    canary: list[str] = field(default_factory=list)
+    skip_existing: bool = False
+    rollout: Policy | None = None  # in waves (registry.releases.waves) instead of to every node
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    manifest: Manifest
+    created: bool  # False when skip_existing found this source already published
+    edge_fp32_size: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Built:
+    inputs: Inputs
+    center_logits: np.ndarray
+    edge_fp32_logits: np.ndarray
+    edge_int8_logits: np.ndarray
+    edge_fp32_size: int
+    edge_int8: Path
+    probe: Path  # probe.npz: rows and the fp32 references every node checks itself on
+    probe_agreement: float  # INT8 vs fp32 edge on the probe, on this CPU
+    probe_rows: int
+
+
+def publish(settings: RegistrySettings, catalog: Catalog, source: ReleaseSource,
+            options: PublishOptions, step: Step = quiet_step) -> PublishResult:
+    check_name(options.name)
+    signer = keys.signer(settings)  # before the work: a missing or bad key fails at once
+    tuf.ensure(catalog.db, signer, keys.online_signer(settings).key.public_key())
+    tuf.check_publisher(catalog.db, signer)  # a key root does not trust: before the work
+    if options.skip_existing:
+        existing = _same_source(catalog, options.name, source.digest)
+        if existing is not None:
+            return PublishResult(existing, created=False)
+    timings: dict[str, float] = {}
+
+    @contextmanager
+    def timed(name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        with step(name):
+            yield
+        timings[name] = time.perf_counter() - start
+
+    with tempfile.TemporaryDirectory(prefix="tiered-publish-") as work:
+        built = _build(source, Path(work), timed)
+        labels = source.labels or [str(i) for i in range(built.center_logits.shape[1])]
+        if len(labels) != built.center_logits.shape[1]:
+            raise InvalidRelease(f"{len(labels)} labels but the models output "
+                                 f"{built.center_logits.shape[1]} classes")
+        fidelity = _fidelity(built, options)
+        with timed("calibrate threshold"):
+            calibration = (calibrate(built.center_logits, built.edge_int8_logits,
+                                     source.calibration.labels, options.tolerance,
+                                     options.confidence)
+                           if source.calibration else default_calibration())
+        with timed("store and record"):
+            artifacts = _store(BlobStore(settings.blobs), source, built, settings.chunking)
+            manifest = _manifest(options.name, source, labels, artifacts, calibration, fidelity,
+                                 catalog.actor)
+            version = catalog.create_version(manifest, canary=options.canary or None,
+                                             signer=signer, rollout=options.rollout)
+    return PublishResult(catalog.resolve(options.name, str(version)).manifest, True,
+                         built.edge_fp32_size, timings)
+
+
+def _same_source(catalog: Catalog, name: str, digest: str) -> Manifest | None:
+    latest = catalog.latest_source(name)
+    if latest is None or latest[1] != digest:
+        return None
+    return catalog.resolve(name, str(latest[0])).manifest
+
+
+def _build(source: ReleaseSource, work: Path, timed: Step) -> _Built:
+    with timed("validate"):
+        inputs = (text_inputs(source.tokenizer, source.max_length, source.calibration.texts)
+                  if source.calibration and source.tokenizer else generated_inputs())
+        center_module = load_torchscript(source.center, "center")
+        center_logits = run_torchscript(center_module, inputs, "center")
+        if source.edge_format == "onnx":
+            edge_fp32 = source.edge
+            edge_fp32_logits = run_onnx(onnx_session(edge_fp32, "edge"), inputs, "edge")
+        else:
+            edge_module = load_torchscript(source.edge, "edge")
+            edge_fp32_logits = run_torchscript(edge_module, inputs, "edge")
+        if edge_fp32_logits.shape[1] != center_logits.shape[1]:
+            raise InvalidRelease(f"the edge model outputs {edge_fp32_logits.shape[1]} classes, "
+                                 f"the center model {center_logits.shape[1]}")
+    if source.edge_format == "torchscript":
+        with timed("export edge to ONNX"):
+            edge_fp32 = work / "edge-fp32.onnx"
+            export_onnx(edge_module, edge_fp32)
+    with timed("quantize edge to INT8"):
+        edge_int8 = work / EDGE_FILE
+        quantize_int8(edge_fp32, edge_int8)
+        int8_session = onnx_session(edge_int8, "edge INT8")
+        edge_int8_logits = run_onnx(int8_session, inputs, "edge INT8")
+    with timed("build probe"):
+        rows = _probe_rows(inputs)
+        fp32_session = onnx_session(edge_fp32, "edge")
+        edge_ref = probe.run(lambda b: run_onnx(fp32_session, _one(b), "edge"), rows)
+        center_ref = probe.run(lambda b: run_torchscript(center_module, _one(b), "center"), rows)
+        int8_probe = probe.run(lambda b: run_onnx(int8_session, _one(b), "edge INT8"), rows)
+        probe.save(work / PROBE_FILE, rows, edge_ref, center_ref)
+    return _Built(inputs, center_logits, edge_fp32_logits, edge_int8_logits,
+                  edge_fp32.stat().st_size, edge_int8, work / PROBE_FILE,
+                  agreement(int8_probe, edge_ref), len(edge_ref))
+
+
+def _probe_rows(inputs: Inputs) -> Encoded:
+    """The first ``probe.ROWS`` validation rows, unpadded and padded again together."""
+    rows = [batch.input_ids[i, :int(batch.attention_mask[i].sum())]
+            for batch in inputs.batches for i in range(len(batch.input_ids))]
+    return pad(rows[:probe.ROWS])
+
+
+def _one(batch: Encoded) -> Inputs:
+    return Inputs([batch], "calibration")
+
+
+def _fidelity(built: _Built, options: PublishOptions) -> Fidelity:
+    """Both the whole split and the probe must reach the floor: a release whose probe falls
+    below it would be refused by every node, the publisher's own CPU included."""
+    value = agreement(built.edge_int8_logits, built.edge_fp32_logits)
+    floor = options.min_fidelity
+    below = value < floor or built.probe_agreement < floor
+    if below and not options.force:
+        where = (f"{value:.1%} of {built.inputs.rows} {built.inputs.kind} inputs"
+                 if value < floor else f"{built.probe_agreement:.1%} of the "
+                 f"{built.probe_rows} probe rows every node re-checks")
+        raise FidelityTooLow(f"INT8 edge agrees with the fp32 edge on {where}, below the "
+                             f"{floor:.1%} floor (--min-fidelity, or --force)")
+    return Fidelity(top1_agreement=value, rows=built.inputs.rows, minimum=floor,
+                    inputs=built.inputs.kind, forced=below,
+                    platform=hardware.here(f"onnxruntime {ort.__version__} CPU"),
+                    probe_agreement=built.probe_agreement)
+
+
+def _store(blobs: BlobStore, source: ReleaseSource, built: _Built,
+           chunked: bool) -> dict[str, Artifact]:
+    """Put every file in the blob store and, when ``chunked``, cut it into stored chunks."""
+    files = {"center": (source.center, CENTER_FILE, "torchscript", "fp32"),
+             "edge": (built.edge_int8, EDGE_FILE, "onnx", precision(QUANTIZATION)),
+             "probe": (built.probe, PROBE_FILE, "probe", "")}
+    if source.tokenizer is not None:
+        files["tokenizer"] = (source.tokenizer, TOKENIZER_FILE, "tokenizer", "")
+    store = ChunkStore(blobs)
+    artifacts = {}
+    for role, (path, name, kind, how) in files.items():
+        sha, size = blobs.put(path)
+        artifacts[role] = Artifact(name, sha, size, kind, how,  # type: ignore[arg-type]
+                                   chunks=store.build(sha) if chunked else None)
+    return artifacts
+
+
+def _manifest(name: str, source: ReleaseSource, labels: list[str],
+              artifacts: dict[str, Artifact], calibration: Calibration, fidelity: Fidelity,
+              publisher: str) -> Manifest:
+    tensor = [TensorSpec(n, "INT64", [-1, -1]) for n in INPUT_NAMES]
+    return Manifest(
+        name=name, version=0, labels=labels, inputs=tensor,
+        outputs=[TensorSpec("logits", "FP32", [-1, len(labels)])],
+        preprocessing=Preprocessing(
+            tokenizer=TOKENIZER_FILE if "tokenizer" in artifacts else None,
+            max_length=source.max_length),
+        center=artifacts["center"], edge=artifacts["edge"], tokenizer=artifacts.get("tokenizer"),
+        calibration=calibration, fidelity=fidelity, publisher=publisher, published_at=now(),
+        source_sha256=source.digest, probe=artifacts["probe"], quantization=QUANTIZATION)
