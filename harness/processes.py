@@ -17,17 +17,24 @@ import grpc
 import httpx
 
 from tiered.commands import BIN, region_of, registry_argv, registry_env, tier_argv, tier_env
-from tiered.processes import Process, free_port
+from tiered.processes import RunningProcess, free_port
 
-__all__ = ["BIN", "Process", "RegistryProcess", "TierProcess", "free_port", "start_registry",
-           "start_tier"]
+__all__ = [
+    "BIN",
+    "RegistryProcess",
+    "RunningProcess",
+    "TierProcess",
+    "free_port",
+    "start_registry",
+    "start_tier",
+]
 
 
-P = TypeVar("P", bound=Process)
+P = TypeVar("P", bound=RunningProcess)
 
 
 @dataclass
-class TierProcess(Process):
+class TierProcess(RunningProcess):
     scheme: str = "http"
     node: str = ""  # its node id, when not <tier>-<port>
 
@@ -45,7 +52,7 @@ class TierProcess(Process):
 
 
 @dataclass
-class RegistryProcess(Process):
+class RegistryProcess(RunningProcess):
     metrics_port: int
 
     @property

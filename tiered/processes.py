@@ -10,7 +10,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Process", "free_port"]
+__all__ = ["RunningProcess", "free_port"]
 
 
 _GIVEN: set[int] = set()  # ports handed out by this process: never the same one twice
@@ -29,7 +29,7 @@ def free_port() -> int:
 
 
 @dataclass
-class Process:
+class RunningProcess:
     name: str
     port: int
     process: subprocess.Popen[bytes]

@@ -31,7 +31,7 @@ from tiered.commands import (
     tier_env,
 )
 from tiered.consul_acl import ConsulAcl
-from tiered.processes import Process, free_port
+from tiered.processes import RunningProcess, free_port
 from tiered.views import registry_database
 
 Echo = Callable[[str, str], None]  # (child name, output line)
@@ -54,7 +54,7 @@ LOOPBACK_NAMES = ("127.0.0.1", "localhost")
 
 
 @dataclass
-class Child(Process):
+class Child(RunningProcess):
     role: str = ""  # consul, registry, center, edge, nginx
     argv: list[str] = field(default_factory=list)
     restarts: int = 0

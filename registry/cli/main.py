@@ -88,11 +88,11 @@ WAVE_FLAGS = ("wave_pace", "wave_growth", "wave_bake_s", "wave_install_timeout_s
               "wave_min_audit_nodes", "wave_max_drift_share", "wave_max_p99_ratio")
 
 
-def wave_policy(settings: RegistrySettings, shares: str, given: dict[str, Any]) -> waves.Policy:
+def wave_policy(settings: RegistrySettings, shares: str, given: dict[str, Any]) -> waves.WavePolicy:
     """A rollout's policy: ``shares`` (``1%,10%,100%``), each gate setting from its flag when
     given, else from the settings."""
     values = {key: given.get(key, getattr(settings, key)) for key in WAVE_FLAGS}
-    return waves.Policy(waves.parse_waves(shares), **{
+    return waves.WavePolicy(waves.parse_waves(shares), **{
         key.removeprefix("wave_"): value for key, value in values.items()}).check()
 json_flag = click.option("--json", "as_json", is_flag=True, help="Machine-readable JSON output.")
 
@@ -633,11 +633,11 @@ def cascade_cmd(ctx: Context, name: str, mode: str | None, capacity: float | Non
         raise click.UsageError("--max-capacity and --no-max-capacity contradict each other")
     catalog = ctx.catalog
     check_name(name)
-    policy = budgets.policies(catalog.db).get(name, budgets.Policy(
+    policy = budgets.policies(catalog.db).get(name, budgets.CascadePolicy(
         split=ctx.settings.budget_split))
     if mode or capacity is not None or measured or split or max_capacity or no_max_capacity:
         policy = budgets.set_policy(catalog.db, catalog.anchor, ctx.settings.actor, name,
-                                    budgets.Policy(
+                                    budgets.CascadePolicy(
                                         mode or policy.mode,  # type: ignore[arg-type]
                                         None if measured else (capacity or
                                                                policy.capacity_rows_s),

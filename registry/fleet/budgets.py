@@ -59,7 +59,7 @@ node's word takes at most about 2/(n+1) of the budget among n edges)."""
 
 
 @dataclass(frozen=True)
-class Policy:
+class CascadePolicy:
     mode: Mode = "auto"
     capacity_rows_s: float | None = None  # the operator's figure instead of the centers'
     split: Split = "traffic"
@@ -67,7 +67,7 @@ class Policy:
 
 
 @dataclass(frozen=True)
-class Seen:
+class LastReport:
     """One node's last report about one model, as far as budgets care."""
 
     node_id: str
@@ -78,7 +78,7 @@ class Seen:
 
     @classmethod
     def of(cls, node_id: str, tier: str, at: float, report: dict[str, Any],
-           previous: Seen | None = None, interval_s: float = 10.0) -> Seen:
+           previous: LastReport | None = None, interval_s: float = 10.0) -> LastReport:
         """From a received report, clamped (see the module's doc); figures that are not
         finite, negative or absurd count 0. ``previous``: this node's last report of the
         model on this stream; ``interval_s``: the report interval nodes were told."""
@@ -98,7 +98,8 @@ class Seen:
                    min(capacity, max(previous.capacity_rows_s, START_ROWS_S) * factor))
 
 
-def split(policy: Policy, seen: list[Seen], now: float, stale_s: float) -> dict[str, Budget]:
+def split(policy: CascadePolicy, seen: list[LastReport], now: float,
+          stale_s: float) -> dict[str, Budget]:
     """Each edge's budget (by node id) from the nodes' latest reports of one model. Reports
     older than ``stale_s`` say nothing about capacity or traffic."""
     fresh = [s for s in seen if now - s.at <= stale_s]
@@ -152,14 +153,14 @@ def changed(old: Budget | None, new: Budget) -> bool:
 
 # --- the operator's policy -------------------------------------------------------------------
 
-def policies(db: sqlite_utils.Database) -> dict[str, Policy]:
-    return {r["model"]: Policy(r["mode"], r["capacity_rows_s"], r["split"],
+def policies(db: sqlite_utils.Database) -> dict[str, CascadePolicy]:
+    return {r["model"]: CascadePolicy(r["mode"], r["capacity_rows_s"], r["split"],
                                r["max_capacity_rows_s"])
             for r in db.query("SELECT * FROM cascade_policies")}
 
 
 def set_policy(db: sqlite_utils.Database, anchor: Anchor | None, actor: str, model: str,
-               policy: Policy) -> Policy:
+               policy: CascadePolicy) -> CascadePolicy:
     """Record ``model``'s policy with its audit record, in one transaction."""
     if policy.mode not in ("auto", "static") or policy.split not in ("traffic", "equal"):
         raise RegistryError(f"unknown cascade policy {policy}")
@@ -172,7 +173,7 @@ def set_policy(db: sqlite_utils.Database, anchor: Anchor | None, actor: str, mod
             raise RegistryError(f"no model named {model!r}")
         row = conn.execute("SELECT mode, capacity_rows_s, split, max_capacity_rows_s FROM "
                            "cascade_policies WHERE model = ?", [model]).fetchone()
-        before = Policy(*row) if row else Policy()
+        before = CascadePolicy(*row) if row else CascadePolicy()
         if before == policy:
             return policy  # nothing changes: nothing to audit
         chain.append(conn, actor=actor, action="cascade-policy", model=model,

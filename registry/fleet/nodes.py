@@ -20,7 +20,7 @@ from typing import Any
 import sqlite_utils
 
 from registry.errors import NotPrimary
-from registry.releases.catalog import Catalog, Node
+from registry.releases.catalog import Catalog, RolloutNode
 from registry.store import chain
 from registry.store.clock import now
 from registry.store.db import transaction
@@ -44,7 +44,7 @@ class Held:
 
 
 @dataclass(frozen=True)
-class Measured:
+class AckedFidelity:
     """A node's probe agreement for the version an ack names, on its hardware."""
 
     fidelity: float
@@ -89,7 +89,7 @@ class NodeBook:
         desired: dict[str, dict[str, int]] = {}
         plan = catalog.plan()
         for node_id, n in nodes.items():
-            node = Node(node_id, n["tier"], n["region"])
+            node = RolloutNode(node_id, n["tier"], n["region"])
             desired[node_id] = {t.model: t.version for t in plan.desired(node)}
         for r in self.db.query("SELECT * FROM node_models ORDER BY model, node_id"):
             n = nodes[r["node_id"]]
@@ -170,7 +170,7 @@ class Write:
     audited: bool = False  # appends an audit record: the signed head moves after the commit
 
 
-def hello(node: Node, peer: str, held: list[Held],
+def hello(node: RolloutNode, peer: str, held: list[Held],
           platform: dict[str, Any] | None = None) -> Write:
     """A node said hello: (re)record it, its hardware and what it holds; it is online from
     now."""
@@ -224,8 +224,8 @@ def goodbye(node_id: str) -> Write:
     return Write(f"node {node_id}'s disconnection", apply)
 
 
-def ack(node: Node, model: str, version: int, state: str, reason: str,
-        measured: Measured | None = None, seq: int = 0) -> Write:
+def ack(node: RolloutNode, model: str, version: int, state: str, reason: str,
+        measured: AckedFidelity | None = None, seq: int = 0) -> Write:
     """An ack and its audit record, in the same transaction (actor: the node). A release the
     node refused (bad or missing signature, unsafe manifest, fidelity below its floor on its
     hardware) is its own action, ``refused``. ``seq``: the directive seq the node accepted

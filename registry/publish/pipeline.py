@@ -30,7 +30,7 @@ from registry.publish.validate import (
     text_inputs,
 )
 from registry.releases.catalog import Catalog, check_name
-from registry.releases.waves import Policy
+from registry.releases.waves import WavePolicy
 from registry.settings import RegistrySettings
 from registry.store.blobs import BlobStore
 from registry.store.chunkstore import ChunkStore
@@ -67,7 +67,7 @@ class PublishOptions:
     force: bool = False
     canary: list[str] = field(default_factory=list)
     skip_existing: bool = False
-    rollout: Policy | None = None  # in waves (registry.releases.waves) instead of to every node
+    rollout: WavePolicy | None = None  # in waves (registry.releases.waves) instead of to every node
 
 
 @dataclass(frozen=True)

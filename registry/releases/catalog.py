@@ -35,7 +35,7 @@ def check_name(name: str) -> None:
 
 
 @dataclass(frozen=True)
-class Node:
+class RolloutNode:
     """A subscriber as rollouts see it: canary targets name node ids, ``region:R`` or ``tier:T``."""
 
     node_id: str
@@ -72,7 +72,7 @@ class ModelPlan:
     wave: Target | None = None
     cutoff: float = 0.0
 
-    def desired(self, node: Node) -> Target | None:
+    def desired(self, node: RolloutNode) -> Target | None:
         if self.canary is not None and node.matches(self.canary_targets):
             return self.canary
         if self.wave is not None:
@@ -89,7 +89,7 @@ class Plan:
 
     models: list[ModelPlan]
 
-    def desired(self, node: Node) -> list[Target]:
+    def desired(self, node: RolloutNode) -> list[Target]:
         return [t for m in self.models if (t := m.desired(node)) is not None]
 
 
@@ -177,7 +177,7 @@ class Catalog:
     def rollouts(self, model: str) -> list[dict[str, Any]]:
         return list(self.db.query("SELECT * FROM rollouts WHERE model = ? ORDER BY id", [model]))
 
-    def desired(self, node: Node) -> list[Target]:
+    def desired(self, node: RolloutNode) -> list[Target]:
         """Per model, what ``node`` should run: the canary if its rollout targets the node, the
         version of a wave rollout that admitted it, else production. Models with none of these
         for this node are left out."""
@@ -227,7 +227,7 @@ class Catalog:
 
     def create_version(self, manifest: Manifest, canary: list[str] | None = None,
                        signer: Signer | None = None,
-                       rollout: waves.Policy | None = None) -> int:
+                       rollout: waves.WavePolicy | None = None) -> int:
         """Record version N+1 with its artifacts, aliases, rollout, signature and audit record,
         atomically.
 

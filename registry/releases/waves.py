@@ -62,7 +62,7 @@ Z95 = 1.959964
 SHARE = re.compile(r"(\d+(?:\.\d+)?)%")
 
 
-class Policy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class WavePolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How one rollout proceeds; stored with it (JSON), defaults from ``RegistrySettings``."""
 
     waves: tuple[float, ...]  # cumulative shares of the edges, ascending, the last 1.0
@@ -77,7 +77,7 @@ class Policy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_drift_share: float = 0.25  # more of the wave's nodes in drift than of the others'
     max_p99_ratio: float = 2.0  # median p99 against the previous version's
 
-    def check(self) -> Policy:
+    def check(self) -> WavePolicy:
         """This policy, or a RegistryError saying what is wrong with it."""
         shares = self.waves
         if not 1 <= len(shares) <= MAX_WAVES:
@@ -135,7 +135,7 @@ class Rollout:
     model: str
     version: int
     previous: int | None
-    policy: Policy
+    policy: WavePolicy
     wave: int
     cutoff: float
     state: str
@@ -151,7 +151,7 @@ class Rollout:
     def of(cls, row: sqlite3.Row | tuple[Any, ...]) -> Rollout:
         (id_, model, version, previous, policy, wave, cutoff, state, wave_started, admitted_at,
          installed_at, reason, figures, created_at, updated_at) = row
-        return cls(id_, model, version, previous, msgspec.json.decode(policy, type=Policy),
+        return cls(id_, model, version, previous, msgspec.json.decode(policy, type=WavePolicy),
                    wave, cutoff, state, wave_started, admitted_at, installed_at, reason,
                    json.loads(figures) if figures else {}, created_at, updated_at)
 
@@ -191,7 +191,7 @@ def unfinished(conn: sqlite3.Connection, model: str | None = None) -> list[Rollo
 
 
 def start(conn: sqlite3.Connection, model: str, version: int, previous: int | None,
-          policy: Policy, at: float) -> None:
+          policy: WavePolicy, at: float) -> None:
     """Record a rollout of ``version`` (inside the publish's transaction); ``tick`` admits its
     first nodes."""
     conn.execute("INSERT INTO waves (model, version, previous, policy, wave, cutoff, state, "
@@ -201,7 +201,7 @@ def start(conn: sqlite3.Connection, model: str, version: int, previous: int | No
                   _first_admit(policy, 0, at), timestamp(), timestamp()])
 
 
-def _first_admit(policy: Policy, wave: int, at: float) -> float:
+def _first_admit(policy: WavePolicy, wave: int, at: float) -> float:
     """``admitted_at`` at a wave's start: one node's worth earlier, so the first goes at once."""
     rate = policy.rate(wave)
     return at - 60.0 / rate if rate > 0 else at
@@ -225,7 +225,7 @@ def _set(conn: sqlite3.Connection, rollout_id: int, **values: Any) -> None:
 # -- what the nodes said -----------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class Seen:
+class EdgeAtGate:
     """One edge as the gate sees it: connected, its state for the model, its last report."""
 
     node_id: str
@@ -257,13 +257,13 @@ class Seen:
         return self.report if self.report.get("version") == version else None
 
 
-def edges(conn: sqlite3.Connection, model: str) -> list[tuple[float, Seen]]:
+def edges(conn: sqlite3.Connection, model: str) -> list[tuple[float, EdgeAtGate]]:
     """Every edge this registry knows, with what it said about ``model``, by position."""
     rows = conn.execute(
         "SELECT n.node_id, n.connected, m.version, m.state, m.reason, m.report FROM nodes n "
         "LEFT JOIN node_models m ON m.node_id = n.node_id AND m.model = ? WHERE n.tier = "
         "'edge'", [model]).fetchall()
-    seen = [(position(model, node_id), Seen(node_id, bool(connected), version, state or "",
+    seen = [(position(model, node_id), EdgeAtGate(node_id, bool(connected), version, state or "",
                                             reason or "", report))
             for node_id, connected, version, state, reason, report in rows]
     seen.sort(key=lambda p: p[0])
@@ -279,8 +279,8 @@ class Verdict:
     figures: dict[str, Any]
 
 
-def judge(policy: Policy, version: int, previous: int | None, wave: list[Seen],
-          others: list[Seen], baseline: dict[str, Any] | None) -> Verdict:
+def judge(policy: WavePolicy, version: int, previous: int | None, wave: list[EdgeAtGate],
+          others: list[EdgeAtGate], baseline: dict[str, Any] | None) -> Verdict:
     """The gate after a wave: ``wave`` are its nodes, ``others`` the edges outside it (on the
     previous version); ``baseline``: the previous version's figures from an earlier gate, used
     when no other edge reports it any more (the last wave)."""

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf.json_format import MessageToDict
 
 from registry.fleet import budgets, nodes
-from registry.fleet.budgets import Policy, Seen
-from registry.fleet.nodes import STATES, Measured
+from registry.fleet.budgets import CascadePolicy, LastReport
+from registry.fleet.nodes import STATES, AckedFidelity
 from registry.server.metrics import SyncMetrics
 from registry.settings import RegistrySettings
 from serving.protocol.visible import visible
@@ -48,8 +48,8 @@ class Intake:
         # every report changes the split, and a split covers every node: O(nodes) per report,
         # O(nodes²) per report interval; what arrives within a second is split once
         self.splits = Coalesced(self.rebalance, rebalance_every_s)
-        self.seen: dict[str, dict[str, Seen]] = {}  # model -> node id -> its last report
-        self.policies: dict[str, Policy] = {}  # model -> the operator's cascade policy
+        self.seen: dict[str, dict[str, LastReport]] = {}  # model -> node id -> its last report
+        self.policies: dict[str, CascadePolicy] = {}  # model -> the operator's cascade policy
         self.known: set[str] = set()  # the models in the catalog (reloaded with the policies)
         self._said: dict[str, tuple[float, int]] = {}  # node id -> (last logged, drops since)
 
@@ -100,7 +100,7 @@ class Intake:
                     ack.fidelity_rows <= probe.MAX_ROWS):
                 self._drop(session, "ack", "malformed", ack.model)
                 return
-            measured = Measured(ack.fidelity, ack.fidelity_rows, platform(ack.platform))
+            measured = AckedFidelity(ack.fidelity, ack.fidelity_rows, platform(ack.platform))
         self.writes.add(nodes.ack(session.node, ack.model, ack.version, state, reason,
                                   measured, seq))
 
@@ -125,7 +125,7 @@ class Intake:
                             data)
         self.writes.add(nodes.quality(n.node_id, report.model, data))
         seen = self.seen.setdefault(report.model, {})
-        seen[n.node_id] = Seen.of(n.node_id, n.tier, time.monotonic(), data,
+        seen[n.node_id] = LastReport.of(n.node_id, n.tier, time.monotonic(), data,
                                   seen.get(n.node_id), self.settings.report_interval_s)
         self.splits.soon(report.model)
 
@@ -139,7 +139,7 @@ class Intake:
     def rebalance(self, model: str) -> None:
         """Recompute ``model``'s escalation budgets; push those that moved enough."""
         seen = self.seen.get(model, {})
-        policy = self.policies.get(model, Policy(split=self.settings.budget_split))
+        policy = self.policies.get(model, CascadePolicy(split=self.settings.budget_split))
         found = budgets.split(policy, list(seen.values()),
                               time.monotonic(), 3 * self.settings.report_interval_s)
         for node_id, budget in found.items():

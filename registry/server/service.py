@@ -23,7 +23,7 @@ from registry.errors import NotPrimary
 from registry.fleet import nodes
 from registry.fleet.nodes import Held
 from registry.releases import waves
-from registry.releases.catalog import Node, Target
+from registry.releases.catalog import RolloutNode, Target
 from registry.server.fetch import Artifacts
 from registry.server.intake import Intake, platform
 from registry.server.limits import Refusals
@@ -34,7 +34,7 @@ from registry.settings import RegistrySettings
 from registry.store import chain
 from registry.store.chain import Head
 from registry.trust import keys, tuf, witness_check
-from serving.config.tokens import NODE_ID, Verifier
+from serving.config.tokens import NODE_ID, TokenVerifier
 from serving.protocol.keepalive import KEEPALIVE, Keepalive
 from serving.protocol.wire import Malformed, ParseInterceptor
 from serving.release.manifest import is_valid_name
@@ -139,7 +139,7 @@ class SyncService(pb_grpc.SyncServicer):
                                     f"provision` to change its {what})")
         held = [Held(h.model, sorted(h.versions), h.active or None) for h in hello.held
                 if is_valid_name(h.model)]
-        session = Session(Node(token.node_id, token.tier, token.region), context.peer(),
+        session = Session(RolloutNode(token.node_id, token.tier, token.region), context.peer(),
                           {h.model: h.active for h in held if h.active}, token.generation,
                           root_version=max(0, hello.root_version))
         superseded = self.sessions.get(session.node.node_id)
@@ -324,7 +324,7 @@ class SyncServer:
                              "REGISTRY_TOKEN_FILE)")
         self.settings, self.keepalive = settings, keepalive
         self.generations: dict[str, int] = {}  # node id -> token generation, if not 1
-        self.verifier = Verifier(settings.token.get_secret_value(),
+        self.verifier = TokenVerifier(settings.token.get_secret_value(),
                                  lambda node_id: self.generations.get(node_id, 1))
         self.metrics = metrics or SyncMetrics()
         self.db = Database(settings)

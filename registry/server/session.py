@@ -15,7 +15,7 @@ from registry.fleet import nodes
 from registry.fleet.nodes import NodeBook
 from registry.ha import changes
 from registry.releases import waves
-from registry.releases.catalog import Catalog, Node, Target
+from registry.releases.catalog import Catalog, RolloutNode, Target
 from registry.settings import RegistrySettings
 from registry.store import chain
 from registry.store.chain import Head
@@ -55,7 +55,7 @@ class Database:
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
-    def desired(self, nodes: list[Node]) -> tuple[list[list[Target]], Head | None]:
+    def desired(self, nodes: list[RolloutNode]) -> tuple[list[list[Target]], Head | None]:
         """Every node's desired releases and the audit chain's head, from one snapshot (a
         read transaction): the head signed into each directive is the one they came from."""
         with read(self.catalog.db) as conn:
@@ -138,7 +138,7 @@ class WriteBehind:
 
 @dataclass
 class Session:
-    node: Node
+    node: RolloutNode
     peer: str
     active: dict[str, int]  # what the node said it serves at hello
     generation: int  # of the token it connected with

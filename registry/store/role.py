@@ -19,7 +19,7 @@ ROLES = ("standalone", "primary", "standby")
 
 
 @dataclass(frozen=True)
-class State:
+class RoleState:
     role: str
     term: int
     registry_id: str | None
@@ -35,14 +35,14 @@ class State:
                                               self.lease_until > time.time())
 
 
-def state(conn: sqlite3.Connection) -> State:
+def state(conn: sqlite3.Connection) -> RoleState:
     row = conn.execute("SELECT role, term, registry_id, leader, lease_until, async_commits, "
                        "history_term FROM replication_state WHERE id = 1").fetchone()
-    return State(str(row[0]), int(row[1]), row[2], row[3], float(row[4]), int(row[5]),
+    return RoleState(str(row[0]), int(row[1]), row[2], row[3], float(row[4]), int(row[5]),
                  int(row[6]))
 
 
-def read_state(database: Path) -> State | None:
+def read_state(database: Path) -> RoleState | None:
     """The replication state of the database file at ``database``, opened read-only (another
     process's registry, or one not opened yet); None when there is none to read."""
     try:

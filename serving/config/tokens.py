@@ -120,7 +120,7 @@ def check_node_token(token: str, node_id: str, tier: str | None = None,
     return token
 
 
-class Verifier:
+class TokenVerifier:
     """Checks node tokens against the registry's secret and the nodes' generations."""
 
     def __init__(self, secret: str, generations: Generations) -> None:

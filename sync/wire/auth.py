@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 
-from serving.config.tokens import NodeToken, TokenError, Verifier, parse
+from serving.config.tokens import NodeToken, TokenError, TokenVerifier, parse
 from serving.fleet.discovery import REGISTRY_TLS_NAME
 
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
@@ -43,7 +43,7 @@ def proven(context: grpc.aio.ServicerContext) -> NodeToken | None:
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, verifier: Verifier, on_denied: OnDenied) -> None:
+    def __init__(self, verifier: TokenVerifier, on_denied: OnDenied) -> None:
         self.verifier = verifier
         self.on_denied = on_denied
 

@@ -46,7 +46,7 @@ class Directive:
         return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
-class Signer(Protocol):
+class DirectiveSigner(Protocol):
     def sign(self, data: bytes) -> bytes: ...
 
 
@@ -56,7 +56,7 @@ class Checker(Protocol):
     def check(self, data: bytes, signature: bytes | None, signed_by: str = "") -> None: ...
 
 
-def sign(signer: Signer, directive: Directive) -> tuple[bytes, bytes]:
+def sign(signer: DirectiveSigner, directive: Directive) -> tuple[bytes, bytes]:
     data = directive.encode()
     return data, signer.sign(data)
 

@@ -27,7 +27,7 @@ from cryptography.x509.oid import NameOID
 from harness.processes import BIN, free_port, start_registry, start_tier
 from registry.trust import pki
 from serving.config import bundle as bundles
-from serving.config.tokens import Verifier, node_token, parse
+from serving.config.tokens import TokenVerifier, node_token, parse
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 from tests import streams
@@ -522,7 +522,7 @@ def test_registry_node_provision_writes_one_bundle_that_proves_the_node(
     token = parse(made.token)
     assert (token.node_id, token.generation, token.tier, token.region) == \
         ("edge-eu-7", 2, "edge", "eu")
-    assert Verifier(SECRET, lambda node: 2).node(made.token) == token
+    assert TokenVerifier(SECRET, lambda node: 2).node(made.token) == token
     cert, ca = (x509.load_pem_x509_certificate(p.encode()) for p in (made.cert, made.ca))
     cert.verify_directly_issued_by(ca)  # chains to the fleet CA (made in <home>/tls)
     assert (cli.home / "tls" / "ca.pem").read_text() == made.ca

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from registry.fleet import nodes
-from registry.releases.catalog import Node
+from registry.releases.catalog import RolloutNode
 from registry.server.intake import Coalesced
 from registry.server.service import SyncService
 from registry.server.session import Database, Session
@@ -22,14 +22,14 @@ from sync.gen import sync_pb2 as pb
 from tests.unit.registry.test_push import run
 from tests.unit.registry.test_rollout import manifest
 
-CENTER = Node("center-1", "center", "eu")
+CENTER = RolloutNode("center-1", "center", "eu")
 
 
-def edge(i: int) -> Node:
-    return Node(f"edge-{i}", "edge", "eu")
+def edge(i: int) -> RolloutNode:
+    return RolloutNode(f"edge-{i}", "edge", "eu")
 
 
-def session(service: SyncService, node: Node, version: int = 1) -> Session:
+def session(service: SyncService, node: RolloutNode, version: int = 1) -> Session:
     s = Session(node, "ipv4:127.0.0.1:1", {}, generation=0, sent={"m": version})
     service.sessions[node.node_id] = s
     service.writes.add(nodes.hello(node, s.peer, []))

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from registry.releases.catalog import Node
+from registry.releases.catalog import RolloutNode
 from registry.server.metrics import SyncMetrics
 from registry.server.service import SyncService
 from registry.server.session import Database, Session
@@ -17,8 +17,8 @@ from sync.gen import sync_pb2 as pb
 from sync.wire import directive
 from tests.unit.registry.test_rollout import manifest
 
-EDGE = Node("edge-1", "edge", "eu")
-OTHER = Node("edge-2", "edge", "us")
+EDGE = RolloutNode("edge-1", "edge", "eu")
+OTHER = RolloutNode("edge-2", "edge", "us")
 
 
 def queued(session: Session) -> list[tuple[str, int]]:
@@ -43,7 +43,7 @@ def run(tmp_path: Path, scenario: Callable[[SyncService, Database], Awaitable[No
     asyncio.run(main())
 
 
-def session(node: Node, active: dict[str, int] | None = None) -> Session:
+def session(node: RolloutNode, active: dict[str, int] | None = None) -> Session:
     return Session(node, "ipv4:127.0.0.1:1", dict(active or {}), generation=0)
 
 

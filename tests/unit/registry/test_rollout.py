@@ -9,7 +9,7 @@ import pytest
 
 from registry.fleet import nodes as node_writes
 from registry.fleet.nodes import Held, NodeBook
-from registry.releases.catalog import Catalog, Node
+from registry.releases.catalog import Catalog, RolloutNode
 from registry.store import chain
 from registry.store.db import connect
 from serving.release.manifest import (
@@ -21,9 +21,9 @@ from serving.release.manifest import (
     TensorSpec,
 )
 
-EU_EDGE = Node("edge-1", "edge", "eu")
-US_EDGE = Node("edge-2", "edge", "us")
-CENTER = Node("center-1", "center", "eu")
+EU_EDGE = RolloutNode("edge-1", "edge", "eu")
+US_EDGE = RolloutNode("edge-2", "edge", "us")
+CENTER = RolloutNode("center-1", "center", "eu")
 
 
 def manifest(name: str = "m", seed: int = 0) -> Manifest:
@@ -45,7 +45,7 @@ def catalog(tmp_path: Path) -> Catalog:
     return Catalog(connect(tmp_path / "r.sqlite3"), "tester")
 
 
-def desired(catalog: Catalog, node: Node) -> dict[str, tuple[int, str]]:
+def desired(catalog: Catalog, node: RolloutNode) -> dict[str, tuple[int, str]]:
     return {t.model: (t.version, t.alias) for t in catalog.desired(node)}
 
 

@@ -17,17 +17,17 @@ from registry.fleet import nodes as node_writes
 from registry.fleet.nodes import NodeBook
 from registry.ha import changes
 from registry.releases import evidence, waves
-from registry.releases.catalog import Catalog, Node
-from registry.releases.waves import Policy
+from registry.releases.catalog import Catalog, RolloutNode
+from registry.releases.waves import WavePolicy
 from registry.store import chain, role
 from registry.store.db import connect, transaction
 from registry.trust.anchor import audited
 from tests.unit.registry.test_rollout import manifest
 
 MODEL = "m"
-EDGES = [Node(f"edge-{i:02d}", "edge", "eu") for i in range(20)]
-CENTER = Node("center-1", "center", "eu")
-FAST = Policy((0.05, 0.25, 1.0), bake_s=10, install_timeout_s=60, min_audit_rows=100)
+EDGES = [RolloutNode(f"edge-{i:02d}", "edge", "eu") for i in range(20)]
+CENTER = RolloutNode("center-1", "center", "eu")
+FAST = WavePolicy((0.05, 0.25, 1.0), bake_s=10, install_timeout_s=60, min_audit_rows=100)
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def catalog(tmp_path: Path) -> Catalog:
     return Catalog(connect(tmp_path / "r.sqlite3"), "tester")
 
 
-def fleet(catalog: Catalog, nodes: list[Node] = EDGES) -> NodeBook:
+def fleet(catalog: Catalog, nodes: list[RolloutNode] = EDGES) -> NodeBook:
     book = NodeBook(catalog.db)
     for node in [*nodes, CENTER]:
         book.write([node_writes.hello(node, "peer", [])])
@@ -47,7 +47,7 @@ def tick(catalog: Catalog, at: float) -> list[str]:
         return waves.tick(conn, at, "registry:waves")
 
 
-def running(catalog: Catalog, node: Node) -> int | None:
+def running(catalog: Catalog, node: RolloutNode) -> int | None:
     return next((t.version for t in catalog.desired(node) if t.model == MODEL), None)
 
 
@@ -84,7 +84,7 @@ def actions(catalog: Catalog) -> list[str]:
     return [r.action for r in chain.records(catalog.db)]
 
 
-def publish_waves(catalog: Catalog, policy: Policy = FAST) -> int:
+def publish_waves(catalog: Catalog, policy: WavePolicy = FAST) -> int:
     return catalog.create_version(manifest(seed=2), rollout=policy)
 
 
@@ -97,9 +97,9 @@ def test_wave_shares_parse_and_a_bad_policy_is_refused_before_anything_is_writte
     for shares, match in (((0.5, 0.1, 1.0), "must grow"), ((0.1, 0.5), "last wave"),
                           ((0.0, 1.0), "must grow"), ((), "1 to 20")):
         with pytest.raises(RegistryError, match=match):
-            Policy(shares).check()
+            WavePolicy(shares).check()
     with pytest.raises(RegistryError, match="growth"):
-        Policy((1.0,), growth=0.5).check()
+        WavePolicy((1.0,), growth=0.5).check()
 
 
 def test_positions_are_stable_per_model_and_spread(catalog: Catalog) -> None:
@@ -142,7 +142,7 @@ def test_a_worse_release_halts_at_the_first_gate_and_its_nodes_go_back(catalog: 
     book = fleet(catalog)
     catalog.create_version(manifest(seed=1))
     # 15% of 20: three nodes, the least a side's agreement is judged on (min_audit_nodes)
-    new = publish_waves(catalog, Policy((0.15, 0.5, 1.0), bake_s=10, min_audit_rows=100))
+    new = publish_waves(catalog, WavePolicy((0.15, 0.5, 1.0), bake_s=10, min_audit_rows=100))
     at = time.time()
     for _ in range(10):
         at += 6
@@ -174,7 +174,7 @@ def test_each_gate_halts_on_its_own(catalog: Catalog, what: str, kwargs: dict[st
                                      match: str) -> None:
     book = fleet(catalog)
     catalog.create_version(manifest(seed=1))
-    new = publish_waves(catalog, Policy((0.25, 1.0), bake_s=5, min_audit_rows=100))
+    new = publish_waves(catalog, WavePolicy((0.25, 1.0), bake_s=5, min_audit_rows=100))
     at = time.time()
     for _ in range(8):
         at += 6
@@ -200,7 +200,7 @@ def test_without_audit_rows_the_gate_waits_another_bake_then_passes_unmeasured(
         catalog: Catalog) -> None:
     book = fleet(catalog)
     catalog.create_version(manifest(seed=1))
-    new = publish_waves(catalog, Policy((0.25, 1.0), bake_s=30, min_audit_rows=100))
+    new = publish_waves(catalog, WavePolicy((0.25, 1.0), bake_s=30, min_audit_rows=100))
     at = time.time()
     at += 1
     tick(catalog, at)  # admitted
@@ -221,7 +221,7 @@ def test_without_audit_rows_the_gate_waits_another_bake_then_passes_unmeasured(
 def test_the_pace_admits_nodes_a_minute_growing_per_wave(catalog: Catalog) -> None:
     book = fleet(catalog)
     catalog.create_version(manifest(seed=1))
-    new = publish_waves(catalog, Policy((0.5, 1.0), pace=6, growth=2, bake_s=0,
+    new = publish_waves(catalog, WavePolicy((0.5, 1.0), pace=6, growth=2, bake_s=0,
                                         min_audit_rows=1))
     at = time.time()
     tick(catalog, at)
@@ -244,12 +244,12 @@ def test_the_pace_admits_nodes_a_minute_growing_per_wave(catalog: Catalog) -> No
 def test_a_node_joining_later_gets_what_its_position_says_never_more(catalog: Catalog) -> None:
     book = fleet(catalog)
     catalog.create_version(manifest(seed=1))
-    new = publish_waves(catalog, Policy((0.25, 1.0), bake_s=1000))
+    new = publish_waves(catalog, WavePolicy((0.25, 1.0), bake_s=1000))
     at = time.time()
     tick(catalog, at)
     r = waves.latest(catalog.db.conn, MODEL)
     assert r is not None
-    late = [Node(f"late-{i}", "edge", "us") for i in range(200)]
+    late = [RolloutNode(f"late-{i}", "edge", "us") for i in range(200)]
     inside = [n for n in late if waves.position(MODEL, n.node_id) < r.cutoff]
     outside = [n for n in late if waves.position(MODEL, n.node_id) >= r.cutoff]
     assert inside and outside
@@ -332,8 +332,8 @@ def test_a_rollout_is_replicated_and_a_standby_cannot_steer_it(catalog: Catalog)
 
 # -- one node's word: bounded (issue 46) -------------------------------------------------------
 
-def first_gate(catalog: Catalog, policy: Policy, says: Callable[[Node, bool], dict[str, Any]
-                                                                | None],
+def first_gate(catalog: Catalog, policy: WavePolicy,
+               says: Callable[[RolloutNode, bool], dict[str, Any] | None],
                silent: Collection[str] = ()) -> waves.Rollout:
     """Publish version 2 in waves over EDGES on version 1 and step to its first gate's verdict.
     ``says(node, in_wave)``: the node's report of what it runs (None: none); a node in
@@ -360,7 +360,7 @@ def first_gate(catalog: Catalog, policy: Policy, says: Callable[[Node, bool], di
     raise AssertionError("no verdict")
 
 
-def wave_of(policy: Policy) -> list[str]:
+def wave_of(policy: WavePolicy) -> list[str]:
     """The node ids of the first wave of ``policy`` over EDGES, by position."""
     ranked = sorted(EDGES, key=lambda n: waves.position(MODEL, n.node_id))
     return [n.node_id for n in ranked[:waves._target(policy.waves[0], len(EDGES))]]
@@ -370,7 +370,7 @@ def fresh(tmp_path: Path, name: object) -> Catalog:
     return Catalog(connect(tmp_path / f"{name}.sqlite3"), "tester")
 
 
-THREE = Policy((0.15, 1.0), bake_s=10, install_timeout_s=60, min_audit_rows=100)  # 3 of 20
+THREE = WavePolicy((0.15, 1.0), bake_s=10, install_timeout_s=60, min_audit_rows=100)  # 3 of 20
 LIE = {"audit_rows": 10**12, "audit_agreement": 1.0}
 
 
@@ -382,7 +382,7 @@ def test_a_liar_in_the_wave_claiming_a_trillion_perfect_rows_cannot_pass_a_flipp
         catalog: Catalog) -> None:
     liar = wave_of(THREE)[0]
 
-    def says(node: Node, new: bool) -> dict[str, Any]:
+    def says(node: RolloutNode, new: bool) -> dict[str, Any]:
         if node.node_id == liar:
             return {**honest(0.9), **LIE}
         return honest(0.3 if new else 0.9)  # the flipped release agrees with nobody
@@ -404,7 +404,7 @@ def test_a_liar_outside_the_wave_claiming_the_old_version_perfect_cannot_halt_a_
     outside = [n.node_id for n in EDGES if n.node_id not in inside]
     liar, reporting = outside[0], set(outside[:3])  # the least quorum: the liar and two others
 
-    def says(node: Node, new: bool) -> dict[str, Any] | None:
+    def says(node: RolloutNode, new: bool) -> dict[str, Any] | None:
         if node.node_id == liar:
             return {**honest(0.9), **LIE}
         return honest(0.9) if new or node.node_id in reporting else None
@@ -453,7 +453,7 @@ def test_one_node_moves_a_sides_agreement_no_further_than_the_others_range() -> 
 
 def test_agreement_needs_min_audit_nodes_distinct_nodes_on_a_side(tmp_path: Path) -> None:
     for nodes, halted in ((3, True), (4, False)):  # a wave of 3 nodes: 3 is just inside
-        policy = Policy((0.15, 1.0), bake_s=10, min_audit_rows=100, min_audit_nodes=nodes)
+        policy = WavePolicy((0.15, 1.0), bake_s=10, min_audit_rows=100, min_audit_nodes=nodes)
         r = first_gate(fresh(tmp_path, nodes),
                        policy, lambda node, new: honest(0.3 if new else 0.9))
         assert (r.state == "halted") is halted, r.figures
@@ -467,7 +467,7 @@ def test_agreement_needs_min_audit_rows_not_just_some(tmp_path: Path) -> None:
     """(Mutation W2: judging on any audited rows above zero.) Three wave nodes with 33 audited
     rows each count 99: judged at min_audit_rows 99, not at 100."""
     for least, halted in ((99, True), (100, False)):
-        policy = Policy((0.15, 1.0), bake_s=10, min_audit_rows=least)
+        policy = WavePolicy((0.15, 1.0), bake_s=10, min_audit_rows=least)
         r = first_gate(fresh(tmp_path, least),
                        policy, lambda node, new: honest(0.3, 33) if new else honest(0.9))
         assert (r.state == "halted") is halted, r.figures
@@ -480,7 +480,7 @@ def test_connected_wave_nodes_that_never_answer_the_install_count_as_failed(
         tmp_path: Path) -> None:
     """(Mutation W3: counting them as successes.) A wave of 5 with max_failures 20%: one
     silent node passes the gate, two halt it."""
-    policy = Policy((0.25, 1.0), bake_s=5, install_timeout_s=30, min_audit_rows=100,
+    policy = WavePolicy((0.25, 1.0), bake_s=5, install_timeout_s=30, min_audit_rows=100,
                     max_failures=0.2)
     for count, halted in ((1, False), (2, True)):
         silent = wave_of(policy)[:count]
@@ -498,7 +498,7 @@ def test_a_two_edge_fleet_still_rolls_out_and_says_agreement_was_not_measured(
     two = EDGES[:2]
     book = fleet(catalog, two)
     catalog.create_version(manifest(seed=1))
-    new = publish_waves(catalog, Policy((0.5, 1.0), bake_s=10, min_audit_rows=100))
+    new = publish_waves(catalog, WavePolicy((0.5, 1.0), bake_s=10, min_audit_rows=100))
     at = time.time()
     for _ in range(20):
         at += 6

@@ -10,7 +10,7 @@ from serving.config import settings, tokens
 from serving.config.tokens import (
     NodeToken,
     TokenError,
-    Verifier,
+    TokenVerifier,
     check_node_token,
     node_token,
     parse,
@@ -25,7 +25,7 @@ def edge(node_id: str, generation: int = 1, region: str = "local") -> str:
 
 def test_a_token_proves_its_node_and_generation_only() -> None:
     generations = {"edge-eu-1": 1, "edge-us-1": 3}
-    verifier = Verifier(SECRET, lambda node: generations.get(node, 1))
+    verifier = TokenVerifier(SECRET, lambda node: generations.get(node, 1))
     eu = edge("edge-eu-1", region="eu")
     proven = verifier.node(eu)
     assert proven is not None and proven.node_id == "edge-eu-1"
@@ -46,7 +46,7 @@ def test_a_token_proves_its_node_and_generation_only() -> None:
 def test_the_tier_and_region_are_under_the_mac() -> None:
     """An edge's token edited to say center (or another region) proves nothing: the registry
     believes a node's tier and region only as it issued them."""
-    verifier = Verifier(SECRET, lambda _: 1)
+    verifier = TokenVerifier(SECRET, lambda _: 1)
     token = node_token(SECRET, "edge-eu-1", "edge", "eu")
     assert parse(token) == NodeToken("edge-eu-1", 1, "edge", "eu", token[-64:])
     node, generation, _, _, mac = token.rsplit(".", 4)
@@ -72,7 +72,7 @@ def test_a_token_from_before_tiers_and_regions_says_to_re_provision() -> None:
     with pytest.raises(TokenError, match=r"made before tiers and regions.*registry node "
                                          r"provision edge-eu-1"):
         parse(old)
-    assert Verifier(SECRET, lambda _: 1).node(old) is None
+    assert TokenVerifier(SECRET, lambda _: 1).node(old) is None
 
 
 def test_the_region_pattern_is_the_settings_one() -> None:
@@ -84,7 +84,7 @@ def test_short_secrets_are_refused(secret: str) -> None:
     with pytest.raises(ValueError, match="at least 16"):
         node_token(secret, "edge-1", "edge", "local")
     with pytest.raises(ValueError, match="at least 16"):
-        Verifier(secret, lambda _: 1)
+        TokenVerifier(secret, lambda _: 1)
 
 
 def test_node_ids_in_tokens_may_hold_dots() -> None:
@@ -129,7 +129,7 @@ def test_a_center_url_names_its_protocol(url: str) -> None:
 def test_a_mac_wrong_in_any_one_hex_digit_is_refused() -> None:
     """The whole MAC is compared, not a prefix (nor a suffix): a token whose MAC differs from
     the right one in a single hex digit, the last included, proves nothing."""
-    verifier = Verifier(SECRET, lambda _: 1)
+    verifier = TokenVerifier(SECRET, lambda _: 1)
     token = node_token(SECRET, "edge-eu-1", "edge", "eu")
     proven = verifier.node(token)
     assert proven is not None and proven.node_id == "edge-eu-1"
