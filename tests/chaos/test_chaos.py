@@ -12,7 +12,7 @@ import pytest
 
 from bench.chaos.replay import Plan
 from bench.chaos.run import Outcome, session, tables
-from bench.markdown import table_markdown
+from harness.markdown import table_markdown
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REQUESTS = 300

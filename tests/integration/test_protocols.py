@@ -415,8 +415,8 @@ def test_the_protocol_benchmark_measures_all_three_encodings(pair: Pair) -> None
     """``bench.protocols`` in miniature: every encoding answers every request of each run."""
     import asyncio
 
-    from bench.markdown import table_markdown
     from bench.protocols import CONCURRENCY, PROTOCOLS, ROWS, measure, summary, table
+    from harness.markdown import table_markdown
 
     results = asyncio.run(measure(pair.edge.server.url, pair.edge.grpc, pair.edge.server.pid,
                                   TEXTS * 6, seconds=0.3, warmup=0.05, model="tiny"))
