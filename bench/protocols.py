@@ -38,17 +38,16 @@ from tritonclient.grpc import service_pb2 as pb
 from bench.harness import (
     MODEL,
     TEXTS,
-    Load,
     bench_parser,
     console,
     parse_bench_args,
-    process_cpu_s,
     pull,
     review_texts,
     server,
 )
 from bench.kit import machine
 from bench.markdown import Shown
+from harness.load import Load, process_cpu_s
 from harness.processes import free_port
 from serving.protocol import v2
 

@@ -22,18 +22,8 @@ import httpx
 import numpy as np
 
 from bench.cascade.curve import GOAL_ESCALATION, GOAL_TOLERANCE, Curve, Point, points
-from bench.harness import (
-    BIN,
-    MODEL,
-    SPLIT_SEED,
-    Cpu,
-    Load,
-    Plan,
-    Release,
-    console,
-    process_cpu_s,
-    wrk,
-)
+from bench.harness import BIN, MODEL, SPLIT_SEED, Cpu, Plan, Release, console, wrk
+from harness.load import Load, process_cpu_s
 from harness.processes import TierProcess, start_tier
 
 SELECTED = (0.0, 0.10, 0.20, 0.35, 0.50, 1.0)  # escalation rates shown in the tables

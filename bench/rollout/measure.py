@@ -26,17 +26,10 @@ from typing import Any
 import httpx
 
 from bench.fleet.sim import Sim, make_sim, subscribe
-from bench.harness import (
-    MODEL,
-    Cpu,
-    Load,
-    Plan,
-    console,
-    process_cpu_s,
-    wrk,
-)
+from bench.harness import MODEL, Cpu, Plan, console, wrk
 from bench.kit import ROOT
 from bench.loadgen import MIB
+from harness.load import Load, process_cpu_s
 from harness.processes import (
     BIN,
     RegistryProcess,
