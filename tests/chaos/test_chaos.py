@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos.replay import Plan
-from bench.chaos.run import Outcome, session, tables
+from harness.chaos.replay import Plan
+from harness.chaos.run import Outcome, session, tables
 from harness.markdown import table_markdown
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
