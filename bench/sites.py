@@ -50,9 +50,9 @@ from rich.table import Table
 
 from bench.kit import machine_line
 from bench.markdown import Shown
-from bench.rollout.measure import metric
-from bench.wan import DelayProxy
 from examples.sentiment.variants import head_only, recalibrated
+from harness.metrics import metric
+from harness.wan import DelayProxy
 from tiered.commands import BIN, tier_argv
 from tiered.netns import Network
 from tiered.sites import CENTER_PORT, CORE, EDGE_PORT, Sites
