@@ -58,6 +58,11 @@ class ProbeError(ValueError):
     """The probe file is not a probe this node can run."""
 
 
+class ModelFailed(ValueError):
+    """A model run over fixed inputs (``serving.model.runner``) failed on them, or answered what
+    no classifier may: not a logits tensor, the wrong shape, NaN or infinite values."""
+
+
 class FidelityRefused(RuntimeError):
     """The model agrees with its reference below the floor on this node's hardware."""
 
