@@ -92,7 +92,7 @@ def prepare(release: Path, work: Path) -> int:
 
     from registry.export import export_onnx
     from registry.source import load_source
-    from registry.validate import text_inputs
+    from serving.model.runner import text_inputs
     from serving.model.text import pad
 
     source = load_source(release)
