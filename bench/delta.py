@@ -44,10 +44,10 @@ from rich.table import Table
 
 from bench.kit import ROOT, machine_line
 from bench.markdown import Shown
-from bench.rollout.measure import metric
 from examples.sentiment.quick import QuickConfig, build_quick
 from examples.sentiment.release import EDGE, TOKENIZER
 from examples.sentiment.variants import recalibrated
+from harness.metrics import metric
 from harness.processes import RegistryProcess, TierProcess, start_registry, start_tier
 from serving.model import torchscript
 from serving.release import chunks

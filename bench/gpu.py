@@ -20,17 +20,9 @@ from pathlib import Path
 
 from rich.table import Table
 
-from bench.harness import (
-    Load,
-    Plan,
-    console,
-    counters,
-    ensure_wrk,
-    pull,
-    review_texts,
-    wrk,
-)
+from bench.harness import Plan, console, counters, ensure_wrk, pull, review_texts, wrk
 from bench.kit import write_bodies
+from harness.load import Load
 from harness.processes import start_tier
 
 CONCURRENCY = (1, 4, 16, 64, 128, 256)

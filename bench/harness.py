@@ -1,6 +1,6 @@
 """The library the benchmarks share: the demo release pulled into stores, the review texts,
-tier servers under wrk, the servers' /metrics counters, CPU accounting from /proc (a server
-with its worker processes), and the
+tier servers under wrk, the servers' /metrics counters, CPU accounting (the machine, this
+process, a server with its worker processes; per process from ``harness.load``), and the
 options every benchmark takes. ``bench.tiers`` is the benchmark built on it."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import httpx
 from rich.console import Console
 
 from bench.loadgen import wrk_summary
+from harness.load import CLOCK_TICKS, Load, tree_cpu_s
 from harness.processes import TierProcess, start_tier
 
 HERE = Path(__file__).resolve().parent
@@ -32,28 +33,11 @@ LUA = HERE / "v2_infer.lua"
 MODEL = "sentiment"
 TEXTS = 200
 SPLIT_SEED = 7
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 console = Console(width=None if sys.stdout.isatty() else 132)
 
 
 # --- results ---------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Load:
-    """What wrk saw during one run."""
-
-    requests: int
-    seconds: float
-    p50_ms: float
-    p99_ms: float
-    mean_ms: float
-    errors: int
-
-    @property
-    def rps(self) -> float:
-        return self.requests / self.seconds if self.seconds else 0.0
-
 
 @dataclass(frozen=True)
 class Counters:
@@ -114,40 +98,6 @@ class Cpu:
 class Usage:
     server_cores: float
     other_cores: float
-
-
-def descendants(pid: int) -> list[int]:
-    """``pid`` and every live process below it (from /proc/*/stat parent ids)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    tree, i = [pid], 0
-    while i < len(tree):
-        tree.extend(children.get(tree[i], []))
-        i += 1
-    return tree
-
-
-def tree_cpu_s(pid: int) -> float:
-    total = 0.0
-    for p in descendants(pid):
-        try:
-            total += process_cpu_s(p)
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
-
-
-def process_cpu_s(pid: int) -> float:
-    """utime + stime of a live process (all its threads), from /proc/PID/stat."""
-    after_name = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(after_name[11]) + int(after_name[12])) / CLOCK_TICKS
 
 
 @dataclass(frozen=True)

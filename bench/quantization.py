@@ -92,7 +92,7 @@ def prepare(release: Path, work: Path) -> int:
 
     from registry.publish.export import export_onnx
     from registry.publish.source import load_source
-    from registry.publish.validate import text_inputs
+    from serving.model.runner import text_inputs
     from serving.model.text import pad
 
     source = load_source(release)

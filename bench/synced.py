@@ -10,7 +10,6 @@ seeds: every artifact but the tokenizer differs; built in ~15 s).
 from __future__ import annotations
 
 import contextlib
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,7 +17,8 @@ from pathlib import Path
 
 import httpx
 
-from harness.processes import BIN, RegistryProcess, TierProcess, start_registry, start_tier
+from harness.processes import RegistryProcess, TierProcess, start_registry, start_tier
+from harness.stores import publish
 from registry.releases.catalog import Catalog
 from registry.store.db import connect
 
@@ -27,7 +27,6 @@ DEMO = ROOT / "var" / "demo" / "release"
 MODEL = "sentiment"
 TOKEN = "bench-reliability-token-0123456789"
 SYNC_FLAGS = ("--sync-backoff-max-s", "1")
-PUBLISH_TIMEOUT_S = 600
 
 
 def releases(work: Path, demo: Path = DEMO) -> tuple[Path, Path, str]:
@@ -93,20 +92,13 @@ def wait_serving(nodes: tuple[TierProcess, ...], version: int, timeout: float = 
     return took
 
 
-def publish(home: Path, release: Path, model: str = MODEL) -> None:
-    subprocess.run([str(BIN / "registry"), "--home", str(home), "publish", str(release),
-                    "--name", model], check=True, capture_output=True, timeout=PUBLISH_TIMEOUT_S,
-                   env={"PATH": str(BIN), "REGISTRY_ACTOR": "bench@reliability",
-                        "HOME": str(home)})
-
-
 @contextlib.contextmanager
 def fleet(work: Path, first: Path, second: Path, *edge_flags: str) -> Iterator[Fleet]:
     """Publish ``first`` (v1) and ``second`` (v2), start the fleet from empty stores, wait
     until both nodes serve version 2; stop every process by PID on the way out."""
     home = work / "registry"
-    publish(home, first)
-    publish(home, second)
+    publish(home, first, MODEL)
+    publish(home, second, MODEL)
     processes: list[TierProcess | RegistryProcess] = []
     try:
         registry = start_registry(home, work, TOKEN)

@@ -25,7 +25,6 @@ from bench.harness import (
     TEXTS,
     Counters,
     Cpu,
-    Load,
     Plan,
     Release,
     Usage,
@@ -41,6 +40,7 @@ from bench.harness import (
 )
 from bench.kit import BUSY_OTHERS, cores, machine, write_bodies, wrk_version
 from bench.markdown import Shown
+from harness.load import Load
 from harness.processes import TierProcess
 
 RAW_BATCHES = (1, 8, 32)

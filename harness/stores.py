@@ -10,6 +10,8 @@ from pathlib import Path
 
 from harness.processes import BIN, TierProcess, start_tier
 
+PUBLISH_TIMEOUT_S = 600
+
 
 def _registry(home: Path, *args: str | Path) -> None:
     subprocess.run([str(BIN / "registry"), *map(str, args)], check=True, capture_output=True,
@@ -23,6 +25,13 @@ def fill_stores(root: Path, release: Path, model: str = "tiny") -> None:
     _registry(home, "publish", release, "--name", model)
     for tier in ("center", "edge"):
         _registry(home, "pull", model, "--tier", tier, "--store", root / tier)
+
+
+def publish(home: Path, release: Path, model: str, actor: str = "bench@reliability") -> None:
+    """``registry publish`` of ``release`` as ``model`` into the registry at ``home``."""
+    subprocess.run([str(BIN / "registry"), "--home", str(home), "publish", str(release),
+                    "--name", model], check=True, capture_output=True, timeout=PUBLISH_TIMEOUT_S,
+                   env={"PATH": str(BIN), "REGISTRY_ACTOR": actor, "HOME": str(home)})
 
 
 @contextmanager

@@ -53,6 +53,11 @@ class ProbeError(ValueError):
     """The probe file is not a probe this node can run."""
 
 
+class ModelFailed(ValueError):
+    """A model run over fixed inputs (``serving.model.runner``) failed on them, or answered what
+    no classifier may: not a logits tensor, the wrong shape, NaN or infinite values."""
+
+
 class InvalidInstance(ValueError):
     """A service entry from Consul with a value outside what Tiered registers."""
 

@@ -22,18 +22,8 @@ import httpx
 import numpy as np
 
 from bench.cascade.curve import GOAL_ESCALATION, GOAL_TOLERANCE, Curve, Point, points
-from bench.harness import (
-    BIN,
-    MODEL,
-    SPLIT_SEED,
-    Cpu,
-    Load,
-    Plan,
-    Release,
-    console,
-    process_cpu_s,
-    wrk,
-)
+from bench.harness import BIN, MODEL, SPLIT_SEED, Cpu, Plan, Release, console, wrk
+from harness.load import Load, process_cpu_s
 from harness.processes import TierProcess, start_tier
 
 SELECTED = (0.0, 0.10, 0.20, 0.35, 0.50, 1.0)  # escalation rates shown in the tables
@@ -116,11 +106,12 @@ class Offline:
 
 
 def offline_logits(edge: Release, center: Release, texts: list[str]) -> Offline:
-    """Both models over the texts with ``registry publish``'s runners and batch size."""
-    from registry.publish.validate import (
+    """Both models over the texts with the runner and batch size ``registry publish`` validates
+    with (``serving.model.runner``)."""
+    from serving.model import torchscript
+    from serving.model.runner import (
         BATCH,
         Inputs,
-        load_torchscript,
         onnx_session,
         run_onnx,
         run_torchscript,
@@ -129,8 +120,8 @@ def offline_logits(edge: Release, center: Release, texts: list[str]) -> Offline:
 
     inputs = text_inputs(center.tokenizer, center.max_length, texts)
     warm = Inputs(inputs.batches[:1], inputs.kind)
-    module = load_torchscript(center.model_file, "center")
-    session = onnx_session(edge.model_file, "edge")
+    module = torchscript.load(center.model_file).eval()
+    session = onnx_session(edge.model_file)
 
     def timed(run: Callable[[Any], np.ndarray]) -> tuple[np.ndarray, float]:
         run(warm)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from bench.chaos.replay import Plan
-from bench.chaos.run import session, tables
 from bench.markdown import Shown
+from harness.chaos.replay import Plan
+from harness.chaos.run import session, tables
 from tiered.cli import LOOPBACK_ENTRY
 
 

@@ -21,8 +21,9 @@ from typing import Any
 import httpx
 
 from bench.fleet.worker import Plan, Status
-from bench.harness import console, process_cpu_s
+from bench.harness import console
 from bench.rollout.measure import MODEL, Busy, Cli, percentile, push_times
+from harness.load import process_cpu_s
 from harness.processes import RegistryProcess, start_registry
 
 TOKEN = "bench-fleet-token-0123456789"

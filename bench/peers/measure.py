@@ -22,19 +22,9 @@ from pathlib import Path
 
 import httpx
 
-from bench.harness import (
-    MODEL,
-    Cpu,
-    Load,
-    Plan,
-    Release,
-    Usage,
-    console,
-    descendants,
-    tree_cpu_s,
-    wrk,
-)
+from bench.harness import MODEL, Cpu, Plan, Release, Usage, console, wrk
 from bench.kit import ROOT
+from harness.load import Load, descendants, tree_cpu_s
 from harness.processes import free_port, start_tier
 from serving.transport.workers import threads_per_worker
 

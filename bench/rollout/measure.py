@@ -11,7 +11,6 @@ import json
 import math
 import re
 import shutil
-import ssl
 import subprocess
 import threading
 import time
@@ -26,17 +25,11 @@ from typing import Any
 import httpx
 
 from bench.fleet.sim import Sim, make_sim, subscribe
-from bench.harness import (
-    MODEL,
-    Cpu,
-    Load,
-    Plan,
-    console,
-    process_cpu_s,
-    wrk,
-)
+from bench.harness import MODEL, Cpu, Plan, console, wrk
 from bench.kit import ROOT
 from bench.loadgen import MIB
+from harness.load import Load, process_cpu_s
+from harness.metrics import metric, samples
 from harness.processes import (
     BIN,
     RegistryProcess,
@@ -60,7 +53,6 @@ FANOUT_TIMEOUT_S = 180.0
 GOAL_PUSH_S = 1.0
 GOAL_FANOUT_S = 10.0
 PUSHING = re.compile(r"pushing (\S+) version (\d+) \((\w+)\) to (\S+)")
-SAMPLE = re.compile(r"^(\w+)(?:\{(.*)\})?\s+(\S+)$")
 
 
 # --- results ---------------------------------------------------------------------------------
@@ -268,20 +260,6 @@ def served(http: httpx.Client, url: str) -> int | None:
     except httpx.HTTPError:
         return None
     return int(response.json()["version"]) if response.status_code == 200 else None
-
-
-def samples(url: str, verify: ssl.SSLContext | bool = True) -> list[tuple[str, str, float]]:
-    """(name, labels, value) of every sample a /metrics page shows (``verify``: the CA
-    context for a node serving HTTPS with its own certificate)."""
-    found = []
-    for line in httpx.get(url, timeout=10, verify=verify).text.splitlines():
-        if (match := SAMPLE.match(line)) is not None:
-            found.append((match[1], match[2] or "", float(match[3])))
-    return found
-
-
-def metric(url: str, name: str, verify: ssl.SSLContext | bool = True) -> float:
-    return sum(value for n, _, value in samples(url, verify) if n == name)
 
 
 def successes_by_version(edge: TierProcess) -> dict[str, float]:

@@ -11,10 +11,10 @@ replaces the centers' own, and the split. Changing it is an audited action (``ca
 the budgets computed from it move with every report and are not audited.
 
 What a node reports is its own word, and one node's token may be in an attacker's hands. So a
-report's figures are clamped before they count (``LastReport.of``): rows at most ``MAX_REQUEST_ROWS``
-per request, a window of at least ``MIN_WINDOW_S`` (or the report interval, if shorter), a
-node's first figure at most ``START_ROWS_S`` and each later one at most twice the last per
-report interval (falling figures count at once: a center under load must be able to say so).
+report's figures are clamped before they count (``LastReport.of``): rows at most
+``MAX_REQUEST_ROWS`` per request, a window of at least ``MIN_WINDOW_S`` (or the report interval, if
+shorter), a node's first figure at most ``START_ROWS_S`` and each later one at most twice the last
+per report interval (falling figures count at once: a center under load must be able to say so).
 The operator's ceiling (``max_capacity_rows_s``) bounds the capacity the centers' reports add
 up to, and in a traffic split no edge counts more than ``MAX_SKEW`` (2) times the median of the
 other edges' traffic. So one edge's claims, however large, take at most about 2/(n+1) of the

@@ -7,10 +7,7 @@ NaN or infinite outputs, center and edge disagreeing on the number of labels.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import onnxruntime as ort
@@ -18,28 +15,18 @@ import torch
 
 from registry.errors import InvalidRelease
 from registry.publish.export import INPUT_NAMES
-from serving.model import torchscript
-from serving.model.text import Encoded, encode, load_tokenizer
+from serving.errors import ModelFailed
+from serving.model import runner, torchscript
+from serving.model.runner import BATCH, Inputs, text_inputs
+from serving.model.text import Encoded
 
-BATCH = 32
+# the batches, the runs and the checks of their outputs are serving.model.runner's (the
+# benchmarks run models with it too); this adds the release's own checks and InvalidRelease
+__all__ = ["Inputs", "generated_inputs", "load_torchscript", "onnx_session", "run_onnx",
+           "run_torchscript", "text_inputs"]
+
 GENERATED_ROWS = 256
 GENERATED_VOCAB = 100  # generated token ids stay below this, so any real vocabulary fits
-
-
-@dataclass(frozen=True)
-class Inputs:
-    batches: list[Encoded]
-    kind: Literal["calibration", "generated"]
-
-    @property
-    def rows(self) -> int:
-        return sum(len(b.input_ids) for b in self.batches)
-
-
-def text_inputs(tokenizer: Path, max_length: int, texts: list[str]) -> Inputs:
-    tok = load_tokenizer(tokenizer, max_length)
-    return Inputs([encode(tok, texts[i:i + BATCH]) for i in range(0, len(texts), BATCH)],
-                  "calibration")
 
 
 def generated_inputs(seed: int = 0) -> Inputs:
@@ -71,7 +58,7 @@ def load_torchscript(path: Path, role: str) -> torch.jit.ScriptModule:
 
 def onnx_session(path: Path, role: str) -> ort.InferenceSession:
     try:
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        session = runner.onnx_session(path)
     except Exception as exc:
         raise InvalidRelease(f"{path}: the {role} model is not a loadable ONNX file") from exc
     names = [i.name for i in session.get_inputs()]
@@ -82,36 +69,14 @@ def onnx_session(path: Path, role: str) -> ort.InferenceSession:
 
 
 def run_torchscript(module: torch.jit.ScriptModule, inputs: Inputs, role: str) -> np.ndarray:
-    def run(batch: Encoded) -> np.ndarray:
-        with torch.inference_mode():
-            out = module(torch.from_numpy(batch.input_ids), torch.from_numpy(batch.attention_mask))
-        if not isinstance(out, torch.Tensor):
-            raise InvalidRelease(f"the {role} model returns {type(out).__name__}, expected a "
-                                 f"logits tensor")
-        return out.float().numpy()
-
-    return _collect((run(b) for b in inputs.batches), inputs, role)
+    try:
+        return runner.run_torchscript(module, inputs, role)
+    except ModelFailed as exc:
+        raise InvalidRelease(str(exc)) from exc
 
 
 def run_onnx(session: ort.InferenceSession, inputs: Inputs, role: str) -> np.ndarray:
-    def run(batch: Encoded) -> np.ndarray:
-        try:
-            return np.asarray(session.run(None, batch.feeds())[0], dtype=np.float32)
-        except Exception as exc:
-            raise InvalidRelease(f"the {role} model failed on calibration inputs: {exc}") from exc
-
-    return _collect((run(b) for b in inputs.batches), inputs, role)
-
-
-def _collect(outputs: Iterator[np.ndarray], inputs: Inputs, role: str) -> np.ndarray:
-    parts = []
-    for batch, out in zip(inputs.batches, outputs, strict=True):
-        rows = len(batch.input_ids)
-        if out.ndim != 2 or out.shape[0] != rows or out.shape[1] < 2:
-            raise InvalidRelease(f"the {role} model returned shape {list(out.shape)} for "
-                                 f"{rows} rows; expected [{rows}, labels>=2]")
-        if not np.isfinite(out).all():
-            raise InvalidRelease(f"the {role} model returned NaN or infinite outputs on "
-                                 f"{inputs.kind} inputs")
-        parts.append(out)
-    return np.concatenate(parts)
+    try:
+        return runner.run_onnx(session, inputs, role)
+    except ModelFailed as exc:
+        raise InvalidRelease(str(exc)) from exc

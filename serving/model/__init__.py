@@ -1,2 +1,3 @@
 """Model-facing numerics with no serving machinery: tokenization, scores from logits, TorchScript
-in and out (the registry's publish pipeline uses them too)."""
+in and out, a model run over fixed rows (the registry's publish pipeline and the benchmarks use
+them too)."""

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos.replay import Plan
-from bench.chaos.run import Outcome, session, tables
-from bench.markdown import table_markdown
+from harness.chaos.replay import Plan
+from harness.chaos.run import Outcome, session, tables
+from harness.markdown import table_markdown
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 REQUESTS = 300

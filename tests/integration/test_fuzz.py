@@ -1,10 +1,10 @@
 """Schemathesis against both tiers' OpenAPI document, and what an error may show a client.
 
-A bounded run of ``bench.fuzz`` (the longer one is ``python -m bench.fuzz``) against a real
+A bounded run of ``harness.fuzz`` (the longer one is ``python -m bench.fuzz``) against a real
 center and edge serving a tiny release: no 5xx, every response as documented (4xx bodies are
 ``{"error": "..."}``). Then the regressions it led to, and checks that no error, however it
 arises, carries a traceback, a file path or the exception's text (debug is off). Hostile
-bodies (``bench.fuzz.hostile_bodies``: deep nesting, huge declared shapes, near-limit token
+bodies (``harness.fuzz.hostile_bodies``: deep nesting, huge declared shapes, near-limit token
 bodies, numbers no INT64 holds; ``hostile_binary_bodies``: the binary extension's framing
 lies) get a 4xx, log no traceback, and never starve the health check.
 """
@@ -22,11 +22,11 @@ import numpy as np
 import pytest
 from litestar.testing import TestClient
 
-from bench.fuzz import MAX_BODY, fuzz_hostile, fuzz_tier, hostile_binary_bodies, hostile_bodies
 from center.build import build_service as build_center
 from center.settings import CenterSettings
 from edge.build import build_service as build_edge
 from edge.settings import EdgeSettings
+from harness.fuzz import MAX_BODY, fuzz_hostile, fuzz_tier, hostile_binary_bodies, hostile_bodies
 from harness.processes import BIN, TierProcess
 from harness.stores import fill_stores, tiers
 from serving.dataplane import DataPlane

@@ -412,11 +412,12 @@ def test_tracing_off_the_clients_trace_context_still_reaches_the_center_and_the_
 
 
 def test_the_protocol_benchmark_measures_all_three_encodings(pair: Pair) -> None:
-    """``bench.protocols`` in miniature: every encoding answers every request of each run."""
+    """``python -m bench.protocols`` in miniature (its runs, ``harness.protocols``): every
+    encoding answers every request of each run."""
     import asyncio
 
-    from bench.markdown import table_markdown
-    from bench.protocols import CONCURRENCY, PROTOCOLS, ROWS, measure, summary, table
+    from harness.markdown import table_markdown
+    from harness.protocols import CONCURRENCY, PROTOCOLS, ROWS, measure, summary, table
 
     results = asyncio.run(measure(pair.edge.server.url, pair.edge.grpc, pair.edge.server.pid,
                                   TEXTS * 6, seconds=0.3, warmup=0.05, model="tiny"))
@@ -461,7 +462,7 @@ def test_an_edge_escalating_over_grpc_answers_as_one_escalating_over_rest(
         # bench.protocols' escalation table in miniature: both edges, every row escalated
         import asyncio
 
-        from bench.protocols import CONCURRENCY, ROWS, measure_escalation
+        from harness.protocols import CONCURRENCY, ROWS, measure_escalation
         runs = asyncio.run(measure_escalation(
             {"REST": (pair.edge.server.url, pair.edge.server.pid), "gRPC": (edge.url, edge.pid)},
             TEXTS * 6, seconds=0.2, warmup=0.05, model="tiny"))

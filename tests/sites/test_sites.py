@@ -1,7 +1,7 @@
 """Three sites on separate hosts (network namespaces, their own addresses), clients at both edge
 sites sending through their site's entry and retrying a failure once, through partitions 1-5
 and the registry group's faults (6a-6c: its primary's host killed, the two registry hosts cut
-from each other, the primary cut from Consul; ``bench/sites.py`` drives them).
+from each other, the primary cut from Consul; ``harness/sites.py`` drives them).
 ``make sites-test`` (root, ~5 min; not in ``make test``).
 
 The tests share one fleet and run in file order: each partition starts from where the previous
@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.sites import CHUNK, Event, Run, running, table
+from harness.sites import CHUNK, Event, Run, running, table
 from tiered import netns
 
 pytestmark = [pytest.mark.sites, pytest.mark.integration, pytest.mark.slow]
@@ -88,7 +88,7 @@ def test_every_link_between_sites_is_authenticated_and_secrets_stay_off_argv(run
 
 
 def test_start_traffic(run: Run) -> None:
-    from bench.sites import Traffic
+    from harness.sites import Traffic
 
     run.traffic = Traffic({s: run.sites.entry(s) for s in run.sites.edge_sites}).start()
 

@@ -4,7 +4,7 @@ host at site us), the images delivered with ``docker save | docker load``, the s
 ``deploy/swarm/stack.yml`` deployed with its secrets as Docker secrets, clients at both edge
 sites through their site's entry (retrying a failure once), while a release is published, the
 edge image is rolled, eu's edge host is lost and the center's node is drained
-(``bench/swarm.py`` drives them).
+(``harness/swarm.py`` drives them).
 
 ``make swarm-test`` (root; ~10 min warm, plus the images' build when cold; not in ``make
 test``). The tests share one swarm and run in file order.
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.sites import Event
-from bench.swarm import EDGES, STACK_NAME, SwarmRun, running, setup_table, table
+from harness.sites import Event
+from harness.swarm import EDGES, STACK_NAME, SwarmRun, running, setup_table, table
 from tiered import netns
 
 pytestmark = [pytest.mark.swarm, pytest.mark.integration, pytest.mark.slow,
@@ -112,7 +112,7 @@ def test_credentials_are_docker_secrets_never_environment(run: SwarmRun) -> None
 
 
 def test_start_traffic(run: SwarmRun) -> None:
-    from bench.sites import Traffic
+    from harness.sites import Traffic
 
     run.traffic = Traffic({s: run.entry(s) for s in EDGES}).start()
 

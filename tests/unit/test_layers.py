@@ -1,6 +1,7 @@
 """The code stays in rooms a newcomer can find: every module of ``serving/`` sits in a layer of
-the import-linter contract, no product package imports the test harness, and no product class
-grows past ~150 lines or ~10 methods without saying why in its docstring."""
+the import-linter contract, no product package imports the test harness, tests take their
+fixtures from the harness and never from ``bench``, and no product class grows past ~150 lines
+or ~10 methods without saying why in its docstring."""
 
 from __future__ import annotations
 
@@ -91,6 +92,46 @@ def test_the_harness_sits_above_every_product_package() -> None:
     below = {name.strip() for layer in layers[layers.index("harness") + 1:]
              for name in layer.split("|")}
     assert set(PRODUCT) <= below
+
+
+# Tests start processes, drive traffic and make hostile bodies with ``harness``; only the unit
+# tests of the benchmarks' own logic import ``bench``.
+BENCH_UNIT_TESTS = ROOT / "tests" / "unit" / "bench"
+
+
+def bench_imports(source: str) -> list[str]:
+    """The modules of ``bench`` a module's source imports, at any depth (a test function's
+    local import too)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        else:
+            continue
+        found += [name for name in names if name == "bench" or name.startswith("bench.")]
+    return sorted(found)
+
+
+def bench_importers() -> list[str]:
+    return [f"{path.relative_to(ROOT)}: {name}"
+            for path in sorted((ROOT / "tests").rglob("*.py"))
+            if not path.is_relative_to(BENCH_UNIT_TESTS)
+            for name in bench_imports(path.read_text(encoding="utf-8"))]
+
+
+def test_no_test_outside_tests_unit_bench_imports_bench() -> None:
+    assert not bench_importers(), (
+        "tests importing bench (what they need belongs in harness/):\n"
+        + "\n".join(bench_importers()))
+
+
+def test_the_bench_import_check_sees_every_form_of_import() -> None:
+    source = ("import bench\nimport benchmark\nfrom harness import bench as b\n"
+              "from bench import sites\n\n\ndef test_x() -> None:\n"
+              "    import bench.swarm\n    from bench.sites import Traffic\n")
+    assert bench_imports(source) == ["bench", "bench", "bench.sites", "bench.swarm"]
 
 
 def is_settings(node: ast.ClassDef) -> bool:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from bench.markdown import table_markdown
+from harness.markdown import table_markdown
 
 
 def test_a_rich_table_becomes_a_markdown_table_without_markup() -> None:

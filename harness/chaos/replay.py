@@ -24,8 +24,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from bench.chaos import faults
-from bench.chaos.record import Recorded, labels_of
+from harness.chaos import faults
+from harness.chaos.record import Recorded, labels_of
 from harness.processes import BIN
 from tiered.stack import Child, Stack
 

@@ -1,6 +1,6 @@
 """One chaos session: a fresh stack (Consul, registry serve, a center, two edges, nginx) with a
 release published, the recording made through nginx, the replay with faults and kills, then the
-registry checked. Used by ``python -m bench.chaos`` and ``tests/chaos``."""
+registry checked; its tables. Used by ``python -m bench.chaos`` and ``tests/chaos``."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from pathlib import Path
 
 from rich.table import Table
 
-from bench.chaos import record
-from bench.chaos.replay import Chaos, Kill, Plan, Tally, replay
-from bench.synced import publish
+from harness.chaos import record
+from harness.chaos.replay import Chaos, Kill, Plan, Tally, replay
 from harness.processes import BIN, free_port
+from harness.stores import publish
 from registry.store.db import connect, integrity_check
 from tiered.stack import Stack
 

@@ -1,0 +1,79 @@
+"""A classifier run over a fixed set of token rows, outside any server: the rows in batches of
+``BATCH`` (tokenized texts), a TorchScript module or an ONNX session run over each batch, and
+the logits checked (``[rows, labels >= 2]``, finite) and joined. ``registry publish``
+validates a release's models with it (``registry.publish.validate``); the benchmarks measure models
+with it, on the batches publish uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import onnxruntime as ort
+import torch
+
+from serving.errors import ModelFailed
+from serving.model.text import Encoded, encode, load_tokenizer
+
+BATCH = 32
+
+
+@dataclass(frozen=True)
+class Inputs:
+    batches: list[Encoded]
+    kind: Literal["calibration", "generated"]
+
+    @property
+    def rows(self) -> int:
+        return sum(len(b.input_ids) for b in self.batches)
+
+
+def text_inputs(tokenizer: Path, max_length: int, texts: list[str]) -> Inputs:
+    tok = load_tokenizer(tokenizer, max_length)
+    return Inputs([encode(tok, texts[i:i + BATCH]) for i in range(0, len(texts), BATCH)],
+                  "calibration")
+
+
+def onnx_session(path: Path) -> ort.InferenceSession:
+    """A CPU session over the ONNX file at ``path``, onnxruntime's default options."""
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def run_torchscript(module: torch.jit.ScriptModule, inputs: Inputs, role: str) -> np.ndarray:
+    def run(batch: Encoded) -> np.ndarray:
+        with torch.inference_mode():
+            out = module(torch.from_numpy(batch.input_ids), torch.from_numpy(batch.attention_mask))
+        if not isinstance(out, torch.Tensor):
+            raise ModelFailed(f"the {role} model returns {type(out).__name__}, expected a "
+                              f"logits tensor")
+        return out.float().numpy()
+
+    return _collect((run(b) for b in inputs.batches), inputs, role)
+
+
+def run_onnx(session: ort.InferenceSession, inputs: Inputs, role: str) -> np.ndarray:
+    def run(batch: Encoded) -> np.ndarray:
+        try:
+            return np.asarray(session.run(None, batch.feeds())[0], dtype=np.float32)
+        except Exception as exc:
+            raise ModelFailed(f"the {role} model failed on calibration inputs: {exc}") from exc
+
+    return _collect((run(b) for b in inputs.batches), inputs, role)
+
+
+def _collect(outputs: Iterator[np.ndarray], inputs: Inputs, role: str) -> np.ndarray:
+    parts = []
+    for batch, out in zip(inputs.batches, outputs, strict=True):
+        rows = len(batch.input_ids)
+        if out.ndim != 2 or out.shape[0] != rows or out.shape[1] < 2:
+            raise ModelFailed(f"the {role} model returned shape {list(out.shape)} for "
+                              f"{rows} rows; expected [{rows}, labels>=2]")
+        if not np.isfinite(out).all():
+            raise ModelFailed(f"the {role} model returned NaN or infinite outputs on "
+                              f"{inputs.kind} inputs")
+        parts.append(out)
+    return np.concatenate(parts)
