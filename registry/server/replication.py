@@ -104,11 +104,31 @@ class ReplicationService(pb_grpc.ReplicationServicer):
 
     async def Follow(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         replica = await _registry_only(context)
+        hello = await self._hello(replica, context)
+        reason = await self.db.run(self._misfit, hello)
+        if reason is not None:
+            log.info("standby %s must resync: %s", replica, reason)
+            await context.write(pb.PrimaryMessage(resync=pb.Resync(reason=reason)))
+            return
+        reader = asyncio.create_task(self._acks(replica, context))
+        self.streams += 1
+        log.info("standby %s following from change %d", replica, hello.position)
+        try:
+            await self._stream(context, hello.position, reader)
+        finally:
+            self.streams -= 1
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    async def _hello(self, replica: str, context: grpc.aio.ServicerContext) -> pb.FollowHello:
+        """The standby's first message, refused unless it is the token's registry, this one
+        is not a standby itself, and both sign with the same key."""
         first = await context.read()
         if first is grpc.aio.EOF or first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be "
                                 "a hello")
-        hello = first.hello
+        hello: pb.FollowHello = first.hello
         if hello.registry_id != replica:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"this token is registry "
                                 f"{replica!r}'s")
@@ -121,38 +141,29 @@ class ReplicationService(pb_grpc.ReplicationServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"this registry signs with "
                                 f"key {ours}, the standby holds {hello.signing_key_id[:40]!r}: "
                                 f"every registry of a group needs the same signing key")
-        reason = await self.db.run(self._misfit, hello)
-        if reason is not None:
-            log.info("standby %s must resync: %s", replica, reason)
-            await context.write(pb.PrimaryMessage(resync=pb.Resync(reason=reason)))
-            return
-        reader = asyncio.create_task(self._acks(replica, context))
-        self.streams += 1
-        log.info("standby %s following from change %d", replica, hello.position)
-        try:
-            at, beat = hello.position, 0.0
-            while not reader.done():
-                found = await self.db.run(self._after, at)
-                if found is None:
-                    await context.write(pb.PrimaryMessage(resync=pb.Resync(
-                        reason=f"more than {MAX_BEHIND} changes behind")))
-                    return
-                if found:
-                    await self._send(context, found)
-                    at = found[-1].id
-                elif time.monotonic() - beat >= HEARTBEAT_S:
-                    term = await self.db.run(lambda: role.state(
-                        self.db.catalog.db.conn).term)
-                    await context.write(pb.PrimaryMessage(heartbeat=pb.Heartbeat(
-                        position=at, term=term, registry_id=self.registry_id())))
-                    beat = time.monotonic()
-                else:
-                    await asyncio.sleep(POLL_S)
-        finally:
-            self.streams -= 1
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+        return hello
+
+    async def _stream(self, context: grpc.aio.ServicerContext, at: int,
+                      reader: asyncio.Task[None]) -> None:
+        """The changes after ``at`` as they are written, a heartbeat a second when there are
+        none, until the standby hangs up (or falls too far behind)."""
+        beat = 0.0
+        while not reader.done():
+            found = await self.db.run(self._after, at)
+            if found is None:
+                await context.write(pb.PrimaryMessage(resync=pb.Resync(
+                    reason=f"more than {MAX_BEHIND} changes behind")))
+                return
+            if found:
+                await self._send(context, found)
+                at = found[-1].id
+            elif time.monotonic() - beat >= HEARTBEAT_S:
+                term = await self.db.run(lambda: role.state(self.db.catalog.db.conn).term)
+                await context.write(pb.PrimaryMessage(heartbeat=pb.Heartbeat(
+                    position=at, term=term, registry_id=self.registry_id())))
+                beat = time.monotonic()
+            else:
+                await asyncio.sleep(POLL_S)
 
     def _misfit(self, hello: pb.FollowHello) -> str | None:
         """Why the standby cannot go on from where it is (None: it can)."""
