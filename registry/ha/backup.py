@@ -202,9 +202,62 @@ def snapshot(database: Path, target: Path, pause_s: float = 0.002) -> None:
         os.fsync(f.fileno())
 
 
+class Laps:
+    """Each step's time, as the time since the step before it (for the timings a backup or a
+    restore reports)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self.clock = clock
+        self.started = self.mark = clock()
+        self.timings: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        t = self.clock()
+        self.timings[name] = t - self.mark
+        self.mark = t
+
+    def total(self) -> None:
+        self.timings["total"] = self.clock() - self.started
+
+
+@dataclass
+class Contents:
+    """What a backup's database snapshot holds, for its manifest."""
+
+    head: chain.Head | None
+    blobs: list[tuple[str, int]]
+    counts: dict[str, int]
+    tables: list[str]
+
+
 def backup(settings: RegistrySettings, dest: Path,
            clock: Callable[[], float] = time.perf_counter) -> BackupResult:
     """Write a backup of the registry home ``settings.home`` into the new folder ``dest``."""
+    home = settings.home
+    check_backup_target(settings, dest)
+    with staging(dest, "partial") as tmp:
+        laps = Laps(clock)
+        # the signed head first: it only moves forward, after its commit, so the snapshot
+        # taken next holds every record it names (a head behind the chain still verifies)
+        signed = copy_signed_head(home, tmp)
+        snapshot(settings.database, tmp / DATABASE)
+        laps.lap("database")
+        contents = read_contents(tmp / DATABASE)
+        check_signed_head_is_in(signed, contents.head, home / anchor.FILE)
+        database = file_digest(tmp / DATABASE)
+        laps.lap("database_sha")
+        copy_blobs(contents.blobs, home, tmp, f"the registry home {home}")
+        laps.lap("blobs")
+        public = write_public_key(settings, tmp)
+        manifest = backup_manifest(home, contents, signed, database, public)
+        write_manifest(tmp / MANIFEST, manifest)
+        move_backup_into_place(tmp, dest)
+        laps.total()
+    return BackupResult(dest, manifest, laps.timings)
+
+
+def check_backup_target(settings: RegistrySettings, dest: Path) -> None:
+    """A home with a database to back up, and a new or empty ``dest`` outside it."""
     home, database = settings.home, settings.database
     if not database.is_file():
         raise NotFound(f"no registry database at {database} (REGISTRY_HOME {home})")
@@ -213,64 +266,82 @@ def backup(settings: RegistrySettings, dest: Path,
                             f"new one")
     if dest.resolve().is_relative_to(home.resolve()):
         raise BackupRefused(f"{dest} is inside the registry home {home}: back up elsewhere")
-    timings: dict[str, float] = {}
-    with staging(dest, "partial") as tmp:
-        started = clock()
-        # the signed head first: it only moves forward, after its commit, so the snapshot
-        # taken next holds every record it names (a head behind the chain still verifies)
-        head_file = home / anchor.FILE
-        signed = anchor.read(head_file)
-        if signed is not None:
-            shutil.copyfile(head_file, tmp / anchor.FILE)
-        snapshot(database, tmp / DATABASE)
-        timings["database"] = clock() - started
-        with closing(sqlite3.connect(tmp / DATABASE)) as conn:
-            head = chain.head(conn)
-            blobs = [(str(sha), int(size)) for sha, size in
-                     conn.execute("SELECT sha256, size FROM blobs ORDER BY sha256")]
-            tally = counts(conn)
-            tables = [r[0] for r in conn.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
-        if signed is not None and (head is None or signed.head.seq > head.seq):
-            raise IntegrityError(f"the signed head {head_file} names record {signed.head.seq} "
-                                 f"but the database ends at {head.seq if head else 0}: run "
-                                 f"`registry audit --verify` before backing up")
-        db_sha, db_size = file_digest(tmp / DATABASE)
-        timings["database_sha"] = clock() - started - timings["database"]
-        mark = clock()
-        copy_blobs(blobs, home, tmp, f"the registry home {home}")
-        timings["blobs"] = clock() - mark
-        public = keys.existing_public(settings)
-        if public is not None:
-            (tmp / PUBLIC_KEY).parent.mkdir()
-            (tmp / PUBLIC_KEY).write_bytes(public.public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-        manifest = {
-            "format": FORMAT,
-            "created_at": now(),
-            "source_home": str(home.resolve()),
-            "audit_head": None if head is None else {"seq": head.seq, "hash": head.hash},
-            "signed_head": None if signed is None else {"seq": signed.head.seq,
-                                                        "hash": signed.head.hash},
-            "database": {"file": DATABASE, "sha256": db_sha, "size": db_size},
-            "blobs": [{"sha256": sha, "size": size} for sha, size in blobs],
-            "blob_bytes": sum(size for _, size in blobs),
-            "key_id": None if public is None else key_id(public),
-            "counts": tally,
-            "tables": tables,
-        }
-        with (tmp / MANIFEST).open("x") as f:
-            json.dump(manifest, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        fsync_tree(tmp)
-        if dest.exists():
-            dest.rmdir()  # empty (checked above); rename wants it gone or empty
-        os.rename(tmp, dest)
-        fsync_folder(dest.parent)
-        timings["total"] = clock() - started
-    return BackupResult(dest, manifest, timings)
+
+
+def copy_signed_head(home: Path, tmp: Path) -> anchor.SignedHead | None:
+    head_file = home / anchor.FILE
+    signed = anchor.read(head_file)
+    if signed is not None:
+        shutil.copyfile(head_file, tmp / anchor.FILE)
+    return signed
+
+
+def read_contents(database: Path) -> Contents:
+    with closing(sqlite3.connect(database)) as conn:
+        return Contents(
+            chain.head(conn),
+            [(str(sha), int(size)) for sha, size in
+             conn.execute("SELECT sha256, size FROM blobs ORDER BY sha256")],
+            counts(conn),
+            [r[0] for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")])
+
+
+def check_signed_head_is_in(signed: anchor.SignedHead | None, head: chain.Head | None,
+                            head_file: Path) -> None:
+    """The signed head names no record past the snapshot's chain (else the home is damaged)."""
+    if signed is not None and (head is None or signed.head.seq > head.seq):
+        raise IntegrityError(f"the signed head {head_file} names record {signed.head.seq} "
+                             f"but the database ends at {head.seq if head else 0}: run "
+                             f"`registry audit --verify` before backing up")
+
+
+def write_public_key(settings: RegistrySettings, tmp: Path) -> Ed25519PublicKey | None:
+    """The signing key's public half, when there is a key (never the private key)."""
+    public = keys.existing_public(settings)
+    if public is not None:
+        (tmp / PUBLIC_KEY).parent.mkdir()
+        (tmp / PUBLIC_KEY).write_bytes(public.public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    return public
+
+
+def backup_manifest(home: Path, contents: Contents, signed: anchor.SignedHead | None,
+                    database: tuple[str, int], public: Ed25519PublicKey | None
+                    ) -> dict[str, Any]:
+    head, blobs = contents.head, contents.blobs
+    db_sha, db_size = database
+    return {
+        "format": FORMAT,
+        "created_at": now(),
+        "source_home": str(home.resolve()),
+        "audit_head": None if head is None else {"seq": head.seq, "hash": head.hash},
+        "signed_head": None if signed is None else {"seq": signed.head.seq,
+                                                    "hash": signed.head.hash},
+        "database": {"file": DATABASE, "sha256": db_sha, "size": db_size},
+        "blobs": [{"sha256": sha, "size": size} for sha, size in blobs],
+        "blob_bytes": sum(size for _, size in blobs),
+        "key_id": None if public is None else key_id(public),
+        "counts": contents.counts,
+        "tables": contents.tables,
+    }
+
+
+def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    with path.open("x") as f:
+        json.dump(manifest, f, indent=2)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def move_backup_into_place(tmp: Path, dest: Path) -> None:
+    """Everything on disk first, then one rename: a backup is complete or absent."""
+    fsync_tree(tmp)
+    if dest.exists():
+        dest.rmdir()  # empty (checked above); rename wants it gone or empty
+    os.rename(tmp, dest)
+    fsync_folder(dest.parent)
 
 
 # -- restore -----------------------------------------------------------------------------------
@@ -439,102 +510,149 @@ def restore(settings: RegistrySettings, src: Path, home: Path, force: bool = Fal
             clock: Callable[[], float] = time.perf_counter) -> RestoreResult:
     """Rebuild the registry home ``home`` from the backup folder ``src`` (see the module)."""
     manifest = read_manifest(src)
+    check_restore_target(src, home, force)
+    with staging(home, "restoring") as tmp:
+        laps = Laps(clock)
+        copy_database(src, tmp / DATABASE, manifest["database"])
+        laps.lap("database_copy_sha")
+        with closing(sqlite3.connect(tmp / DATABASE, isolation_level=None)) as conn:
+            check_integrity(conn)
+            laps.lap("integrity_check")
+            db = sqlite_utils.Database(conn)
+            checked = check_chain(db)
+            laps.lap("chain_verify")
+            head = check_chain_end(conn, manifest["audit_head"])
+            check_signed_head(settings, src, home, tmp, db)
+            laps.lap("head_check")
+            blobs = listed_blobs(conn, manifest)
+            copy_blobs(blobs, src, tmp, f"the backup {src}")
+            laps.lap("blob_verify")
+            missing = compare_with(home / DATABASE, conn, head) if force else None
+            after_restore(conn)
+        result = RestoreResult(home, head.seq if head else 0, checked, len(blobs),
+                               missing=missing, timings=laps.timings)
+        if force and home.exists():
+            result.carried += carry_secrets(home, tmp)
+        add_keys(settings, src, home, tmp, manifest.get("key_id"), result)
+        fsync_tree(tmp)
+        move_home_into_place(tmp, home, force, result)
+        laps.total()
+    return result
+
+
+def check_restore_target(src: Path, home: Path, force: bool) -> None:
+    """A new or empty home (any home with ``force``) that does not overlap the backup."""
     if home.exists() and (not home.is_dir() or any(home.iterdir())) and not force:
         raise BackupRefused(f"{home} exists and is not empty: restore into a new home, or "
                             f"give --force to move it aside ({home.name}.replaced-<time>)")
     if home.resolve().is_relative_to(src.resolve()) or \
             src.resolve().is_relative_to(home.resolve()):
         raise BackupRefused(f"the backup {src} and the home {home} overlap")
-    timings: dict[str, float] = {}
-    with staging(home, "restoring") as tmp:
-        started = mark = clock()
 
-        def lap(name: str) -> None:
-            nonlocal mark
-            t = clock()
-            timings[name] = t - mark
-            mark = t
 
-        expected = manifest["database"]
-        source_db = src / DATABASE
-        if not source_db.is_file():
-            raise IntegrityError(f"{DATABASE} is missing from the backup {src}")
-        sha, size = copy_hashed(source_db, tmp / DATABASE)
-        if size != expected["size"]:
-            raise IntegrityError(f"{DATABASE} in the backup is {size} bytes, the manifest says "
-                                 f"{expected['size']}")
-        if sha != expected["sha256"]:
-            raise IntegrityError(f"{DATABASE} in the backup does not match the manifest: "
-                                 f"sha256 {sha[:16]}…, expected {expected['sha256'][:16]}…")
-        lap("database_copy_sha")
-        conn = sqlite3.connect(tmp / DATABASE, isolation_level=None)
-        with closing(conn):
-            verdict = conn.execute("PRAGMA integrity_check").fetchone()[0]
-            if verdict != "ok":
-                raise IntegrityError(f"{DATABASE}: PRAGMA integrity_check says {verdict}")
-            lap("integrity_check")
-            db = sqlite_utils.Database(conn)
-            checked, finding = chain.verify(db)
-            if finding is not None:
-                raise IntegrityError(f"{DATABASE}: the audit chain is broken at record "
-                                     f"{finding.seq}: {finding.reason}")
-            lap("chain_verify")
-            head = chain.head(conn)
-            want = manifest["audit_head"]
-            if (head is None) != (want is None) or (head is not None and (
-                    head.seq != want["seq"] or head.hash != want["hash"])):
-                raise IntegrityError(f"the audit chain ends at record "
-                                     f"{head.seq if head else 0}, the manifest says "
-                                     f"{want['seq'] if want else 0}")
-            if (src / anchor.FILE).is_file():
-                shutil.copyfile(src / anchor.FILE, tmp / anchor.FILE)
-            public, key_path = load_public(settings, home, src)
-            _, problem = anchor.check(db, tmp / anchor.FILE, public, key_path)
-            if problem is not None:
-                raise IntegrityError(f"signed head: {problem}")
-            _, rewound = anchor.witnessed(db)
-            if rewound is not None:
-                raise IntegrityError(rewound)
-            lap("head_check")
-            blobs = [(b["sha256"], b["size"]) for b in manifest["blobs"]]
-            listed = {(str(s), int(n)) for s, n in conn.execute("SELECT sha256, size FROM blobs")}
-            if listed != set(blobs):
-                raise IntegrityError(f"the manifest lists {len(blobs)} blobs, the database's "
-                                     f"blobs table {len(listed)} others")
-            copy_blobs(blobs, src, tmp, f"the backup {src}")
-            lap("blob_verify")
-            missing = compare_with(home / DATABASE, conn, head) if force else None
-            after_restore(conn)
-        result = RestoreResult(home, head.seq if head else 0, checked, len(blobs),
-                               missing=missing, timings=timings)
-        if force and home.exists():
-            for name in CARRIED:
-                if (home / name).is_dir():
-                    shutil.copytree(home / name, tmp / name)
-                    result.carried.append(name)
-        if "keys" not in result.carried and (src / PUBLIC_KEY).is_file():
-            # public material only: enough for `audit --verify` and for the nodes' release key
-            (tmp / PUBLIC_KEY).parent.mkdir(mode=0o700, exist_ok=True)
-            shutil.copyfile(src / PUBLIC_KEY, tmp / PUBLIC_KEY)
-        key = manifest.get("key_id")
-        if key and "keys" not in result.carried and settings.signing_key is None:
-            result.warnings.append(f"the signing key is not in a backup: put the private key "
-                                   f"(key id {key}) at {home / 'keys' / keys.PRIVATE} or set "
-                                   f"REGISTRY_SIGNING_KEY before publishing (a new key would "
-                                   f"be made, and nodes refuse its releases)")
-        fsync_tree(tmp)
-        if force and home.exists():
-            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-            result.replaced = home.with_name(f"{home.name}.replaced-{stamp}")
-            os.rename(home, result.replaced)
-        elif home.exists():
-            home.rmdir()  # an empty folder (checked above)
-        try:
-            os.rename(tmp, home)
-        except OSError as exc:  # put the old home back: nothing half-restored
-            if result.replaced is not None:
-                os.rename(result.replaced, home)
-            raise RegistryError(f"could not move the restored home into place: {exc}") from exc
-        fsync_folder(home.parent)
-        timings["total"] = clock() - started
-    return result
+def copy_database(src: Path, target: Path, expected: dict[str, Any]) -> None:
+    """Copy the backup's database, checking its size and sha256 against the manifest."""
+    source_db = src / DATABASE
+    if not source_db.is_file():
+        raise IntegrityError(f"{DATABASE} is missing from the backup {src}")
+    sha, size = copy_hashed(source_db, target)
+    if size != expected["size"]:
+        raise IntegrityError(f"{DATABASE} in the backup is {size} bytes, the manifest says "
+                             f"{expected['size']}")
+    if sha != expected["sha256"]:
+        raise IntegrityError(f"{DATABASE} in the backup does not match the manifest: "
+                             f"sha256 {sha[:16]}…, expected {expected['sha256'][:16]}…")
+
+
+def check_integrity(conn: sqlite3.Connection) -> None:
+    verdict = conn.execute("PRAGMA integrity_check").fetchone()[0]
+    if verdict != "ok":
+        raise IntegrityError(f"{DATABASE}: PRAGMA integrity_check says {verdict}")
+
+
+def check_chain(db: sqlite_utils.Database) -> int:
+    """Walk the audit chain; return how many records it checked."""
+    checked, finding = chain.verify(db)
+    if finding is not None:
+        raise IntegrityError(f"{DATABASE}: the audit chain is broken at record "
+                             f"{finding.seq}: {finding.reason}")
+    return checked
+
+
+def check_chain_end(conn: sqlite3.Connection, want: dict[str, Any] | None) -> chain.Head | None:
+    """The chain ends at the record the manifest names (none: no records); return its head."""
+    head = chain.head(conn)
+    if (head is None) != (want is None) or (head is not None and want is not None and (
+            head.seq != want["seq"] or head.hash != want["hash"])):
+        raise IntegrityError(f"the audit chain ends at record "
+                             f"{head.seq if head else 0}, the manifest says "
+                             f"{want['seq'] if want else 0}")
+    return head
+
+
+def check_signed_head(settings: RegistrySettings, src: Path, home: Path, tmp: Path,
+                      db: sqlite_utils.Database) -> None:
+    """The backup's signed head (copied into the new home) verifies with this registry's key
+    and matches the chain, and the chain was not rewound past what was witnessed."""
+    if (src / anchor.FILE).is_file():
+        shutil.copyfile(src / anchor.FILE, tmp / anchor.FILE)
+    public, key_path = load_public(settings, home, src)
+    _, problem = anchor.check(db, tmp / anchor.FILE, public, key_path)
+    if problem is not None:
+        raise IntegrityError(f"signed head: {problem}")
+    _, rewound = anchor.witnessed(db)
+    if rewound is not None:
+        raise IntegrityError(rewound)
+
+
+def listed_blobs(conn: sqlite3.Connection, manifest: dict[str, Any]) -> list[tuple[str, int]]:
+    """The manifest's blobs, which must be the database's ``blobs`` table exactly."""
+    blobs = [(b["sha256"], b["size"]) for b in manifest["blobs"]]
+    listed = {(str(s), int(n)) for s, n in conn.execute("SELECT sha256, size FROM blobs")}
+    if listed != set(blobs):
+        raise IntegrityError(f"the manifest lists {len(blobs)} blobs, the database's "
+                             f"blobs table {len(listed)} others")
+    return blobs
+
+
+def carry_secrets(home: Path, tmp: Path) -> list[str]:
+    """Copy what a backup never holds (keys, TLS) from the home being replaced."""
+    carried = []
+    for name in CARRIED:
+        if (home / name).is_dir():
+            shutil.copytree(home / name, tmp / name)
+            carried.append(name)
+    return carried
+
+
+def add_keys(settings: RegistrySettings, src: Path, home: Path, tmp: Path, key: str | None,
+             result: RestoreResult) -> None:
+    """Without the replaced home's keys: the backup's public key, and a warning that the
+    private key must be put back before publishing."""
+    if "keys" not in result.carried and (src / PUBLIC_KEY).is_file():
+        # public material only: enough for `audit --verify` and for the nodes' release key
+        (tmp / PUBLIC_KEY).parent.mkdir(mode=0o700, exist_ok=True)
+        shutil.copyfile(src / PUBLIC_KEY, tmp / PUBLIC_KEY)
+    if key and "keys" not in result.carried and settings.signing_key is None:
+        result.warnings.append(f"the signing key is not in a backup: put the private key "
+                               f"(key id {key}) at {home / 'keys' / keys.PRIVATE} or set "
+                               f"REGISTRY_SIGNING_KEY before publishing (a new key would "
+                               f"be made, and nodes refuse its releases)")
+
+
+def move_home_into_place(tmp: Path, home: Path, force: bool, result: RestoreResult) -> None:
+    """Move an existing home aside (``force``), then rename the new one into place; on a
+    failure, put the old one back: nothing half-restored."""
+    if force and home.exists():
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+        result.replaced = home.with_name(f"{home.name}.replaced-{stamp}")
+        os.rename(home, result.replaced)
+    elif home.exists():
+        home.rmdir()  # an empty folder (checked above)
+    try:
+        os.rename(tmp, home)
+    except OSError as exc:
+        if result.replaced is not None:
+            os.rename(result.replaced, home)
+        raise RegistryError(f"could not move the restored home into place: {exc}") from exc
+    fsync_folder(home.parent)

@@ -28,7 +28,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import grpc
 
@@ -104,11 +104,31 @@ class ReplicationService(pb_grpc.ReplicationServicer):
 
     async def Follow(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         replica = await _registry_only(context)
+        hello = await self._hello(replica, context)
+        reason = await self.db.run(self._misfit, hello)
+        if reason is not None:
+            log.info("standby %s must resync: %s", replica, reason)
+            await context.write(pb.PrimaryMessage(resync=pb.Resync(reason=reason)))
+            return
+        reader = asyncio.create_task(self._acks(replica, context))
+        self.streams += 1
+        log.info("standby %s following from change %d", replica, hello.position)
+        try:
+            await self._stream(context, hello.position, reader)
+        finally:
+            self.streams -= 1
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+
+    async def _hello(self, replica: str, context: grpc.aio.ServicerContext) -> pb.FollowHello:
+        """The standby's first message, refused unless it is the token's registry, this one
+        is not a standby itself, and both sign with the same key."""
         first = await context.read()
         if first is grpc.aio.EOF or first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first message must be "
                                 "a hello")
-        hello = first.hello
+        hello: pb.FollowHello = first.hello
         if hello.registry_id != replica:
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"this token is registry "
                                 f"{replica!r}'s")
@@ -121,38 +141,29 @@ class ReplicationService(pb_grpc.ReplicationServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"this registry signs with "
                                 f"key {ours}, the standby holds {hello.signing_key_id[:40]!r}: "
                                 f"every registry of a group needs the same signing key")
-        reason = await self.db.run(self._misfit, hello)
-        if reason is not None:
-            log.info("standby %s must resync: %s", replica, reason)
-            await context.write(pb.PrimaryMessage(resync=pb.Resync(reason=reason)))
-            return
-        reader = asyncio.create_task(self._acks(replica, context))
-        self.streams += 1
-        log.info("standby %s following from change %d", replica, hello.position)
-        try:
-            at, beat = hello.position, 0.0
-            while not reader.done():
-                found = await self.db.run(self._after, at)
-                if found is None:
-                    await context.write(pb.PrimaryMessage(resync=pb.Resync(
-                        reason=f"more than {MAX_BEHIND} changes behind")))
-                    return
-                if found:
-                    await self._send(context, found)
-                    at = found[-1].id
-                elif time.monotonic() - beat >= HEARTBEAT_S:
-                    term = await self.db.run(lambda: role.state(
-                        self.db.catalog.db.conn).term)
-                    await context.write(pb.PrimaryMessage(heartbeat=pb.Heartbeat(
-                        position=at, term=term, registry_id=self.registry_id())))
-                    beat = time.monotonic()
-                else:
-                    await asyncio.sleep(POLL_S)
-        finally:
-            self.streams -= 1
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+        return hello
+
+    async def _stream(self, context: grpc.aio.ServicerContext, at: int,
+                      reader: asyncio.Task[None]) -> None:
+        """The changes after ``at`` as they are written, a heartbeat a second when there are
+        none, until the standby hangs up (or falls too far behind)."""
+        beat = 0.0
+        while not reader.done():
+            found = await self.db.run(self._after, at)
+            if found is None:
+                await context.write(pb.PrimaryMessage(resync=pb.Resync(
+                    reason=f"more than {MAX_BEHIND} changes behind")))
+                return
+            if found:
+                await self._send(context, found)
+                at = found[-1].id
+            elif time.monotonic() - beat >= HEARTBEAT_S:
+                term = await self.db.run(lambda: role.state(self.db.catalog.db.conn).term)
+                await context.write(pb.PrimaryMessage(heartbeat=pb.Heartbeat(
+                    position=at, term=term, registry_id=self.registry_id())))
+                beat = time.monotonic()
+            else:
+                await asyncio.sleep(POLL_S)
 
     def _misfit(self, hello: pb.FollowHello) -> str | None:
         """Why the standby cannot go on from where it is (None: it can)."""
@@ -253,20 +264,167 @@ class Resync(Exception):
     """The primary asked for a snapshot."""
 
 
+class BlobFetch:
+    """The blobs a standby lacks, from the primary: each into a temporary file, its size and
+    digest checked, then stored."""
+
+    def __init__(self, settings: RegistrySettings, token: str) -> None:
+        self.settings, self.token = settings, token
+        self.store = BlobStore(settings.blobs)
+
+    async def hold(self, stub: pb_grpc.ReplicationStub, sha: str, size: int) -> None:
+        """Make sure this registry holds blob ``sha`` (fetched unless it does already)."""
+        if not self.store.has(sha):
+            await self.fetch(stub, sha, size)
+
+    async def fetch(self, stub: pb_grpc.ReplicationStub, sha: str, size: int) -> None:
+        tmp = self.settings.blobs / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=tmp, prefix="replica-")
+        path = Path(name)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                got, digest = await self._download(stub, sha, size, out)
+            if got != size or digest != sha:
+                raise changes.BadChange(f"blob {sha}: {got} bytes with digest "
+                                        f"{digest[:16]}, not what was listed")
+            await asyncio.get_running_loop().run_in_executor(None, self.store.put, path)
+        finally:
+            path.unlink(missing_ok=True)
+
+    async def _download(self, stub: pb_grpc.ReplicationStub, sha: str, size: int,
+                        out: BinaryIO) -> tuple[int, str]:
+        """Write the blob's chunks to ``out``, each checked as a node's download checks it;
+        return how many bytes came and their digest."""
+        digest, got = hashlib.sha256(), 0
+        async for chunk in stub.Blob(pb.FetchRequest(sha256=sha, offset=0),
+                                     metadata=auth.metadata(self.token)):
+            problem = misfit(chunk, got, size)
+            if problem is not None:
+                raise changes.BadChange(f"blob {sha}: {problem}")
+            digest.update(chunk.data)
+            await asyncio.to_thread(out.write, chunk.data)
+            got += len(chunk.data)
+        return got, digest.hexdigest()
+
+
+class Resyncer:
+    """A standby's resync: a snapshot of the primary's database, checked first, replaces this
+    registry's; the database it replaces is kept in ``<home>/replaced/``."""
+
+    def __init__(self, settings: RegistrySettings, db: Database, registry_id: str, token: str,
+                 blobs: BlobFetch) -> None:
+        self.settings, self.db, self.registry_id, self.token = settings, db, registry_id, token
+        self.blobs = blobs
+
+    async def resync(self, stub: pb_grpc.ReplicationStub, target: str, reason: str) -> int:
+        """Replace the database; return the newest change the snapshot holds."""
+        tmp = self.settings.home / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=tmp, prefix="snapshot-in-", suffix=".sqlite3")
+        path = Path(name)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                position = await self._download(stub, out)
+            wanted = await asyncio.get_running_loop().run_in_executor(
+                None, _checked_snapshot, path, target)
+            for sha, size in wanted:
+                await self.blobs.hold(stub, sha, size)
+            kept = await self.db.run(self._swap, path, reason)
+            log.warning("replaced this registry's database with the primary's snapshot "
+                        "(up to change %d)%s", position,
+                        f"; the one it replaced is kept at {kept}" if kept else "")
+            return position
+        finally:
+            path.unlink(missing_ok=True)
+
+    async def _download(self, stub: pb_grpc.ReplicationStub, out: BinaryIO) -> int:
+        """Write the snapshot's chunks to ``out`` (fsynced) and check them against the digest
+        that ends the stream; return the newest change the snapshot holds."""
+        digest, got, last = hashlib.sha256(), 0, None
+        async for chunk in stub.Snapshot(pb.SnapshotRequest(registry_id=self.registry_id),
+                                         metadata=auth.metadata(self.token)):
+            if chunk.sha256:
+                last = chunk
+                break
+            if chunk.offset != got:
+                raise changes.BadChange("snapshot chunks out of order")
+            digest.update(chunk.data)
+            out.write(chunk.data)
+            got += len(chunk.data)
+        out.flush()
+        os.fsync(out.fileno())
+        if last is None or last.size != got or last.sha256 != digest.hexdigest():
+            raise changes.BadChange("the snapshot does not match its digest")
+        return int(last.position)
+
+    def _swap(self, path: Path, reason: str) -> Path | None:
+        """On the database thread: close, move the old database (and its signed head) aside,
+        put the snapshot in place, reopen."""
+        db = self.db
+        conn = db.catalog.db.conn
+        head = chain.head(conn)
+        conn.close()
+        kept = None if head is None else self._keeping(reason)
+        for suffix in ("", "-wal", "-shm"):
+            _set_aside(Path(f"{self.settings.database}{suffix}"), kept)
+        _set_aside(self.settings.home / anchor.FILE, kept)
+        os.replace(path, self.settings.database)
+        db.reopen()
+        db.anchor.create(db.catalog.db)
+        return kept
+
+    def _keeping(self, reason: str) -> Path:
+        """A new folder for the database being replaced, saying why."""
+        kept = self.settings.home / "replaced" / time.strftime("%Y%m%dT%H%M%S")
+        kept.mkdir(parents=True, exist_ok=True)
+        (kept / "why.txt").write_text(f"{reason}\n")
+        return kept
+
+
+def _set_aside(old: Path, kept: Path | None) -> None:
+    """Move ``old`` into ``kept`` (None: an empty database, nothing worth keeping: delete)."""
+    if not old.exists():
+        return
+    if kept is not None:
+        shutil.move(old, kept / old.name)
+    else:
+        old.unlink()
+
+
+class PendingRead:
+    """The changes of one read of the primary, which may come in several messages: applied
+    together once the last is in."""
+
+    def __init__(self) -> None:
+        self.changes: list[Change] = []
+        self.size = 0
+
+    def add(self, message: pb.Batch) -> list[Change] | None:
+        """Take one message's changes; the whole read when this was its last message."""
+        for c in message.changes:
+            self.changes.append(Change(c.id, c.table, c.op, c.row))
+            self.size += len(c.row)
+        if self.size > MAX_PENDING_BYTES:
+            raise Resync("one read of the primary is larger than a standby holds")
+        if not (message.last and self.changes):
+            return None
+        found, self.changes, self.size = self.changes, [], 0
+        return found
+
+
 class Follower:
     """The standby's side: one stream to the primary at a time, re-opened with backoff; a
     snapshot when the primary says so. ``target()`` names the primary now (Consul's lock
-    holder, or the static ``--follow``).
-
-    Why one class: following, fetching blobs and resyncing share one position, one token and
-    one database handle that a resync replaces under the others; the metrics read its state."""
+    holder, or the static ``--follow``). The metrics read its positions and snapshots."""
 
     def __init__(self, settings: RegistrySettings, db: Database, registry_id: str,
                  target: Callable[[], str | None], on_replaced: Callable[[], None] | None = None
                  ) -> None:
         self.settings, self.db, self.registry_id, self.target = settings, db, registry_id, target
         self.token = token(settings, registry_id)
-        self.blobs = BlobStore(settings.blobs)
+        self.blobs = BlobFetch(settings, self.token)
+        self.resyncer = Resyncer(settings, db, registry_id, self.token, self.blobs)
         self.primary_position = 0
         self.position = 0
         self.applied_at = 0.0  # when the last batch was committed here (monotonic)
@@ -314,6 +472,8 @@ class Follower:
                                   signing_key_id=self.db.anchor.signer.key_id)
 
     async def follow(self, target: str) -> None:
+        """Say how far this registry is, then apply what the primary streams until the
+        stream ends or the primary moves."""
         async with self._channel(target) as channel:
             stub = pb_grpc.ReplicationStub(channel)
             hello = await self.db.run(self._hello)
@@ -321,151 +481,64 @@ class Follower:
             call = stub.Follow(metadata=auth.metadata(self.token))
             await call.write(pb.FollowerMessage(hello=hello))
             self.following = target
-            pending: list[Change] = []
-            size = 0
             try:
-                while True:
-                    # the primary sends at least a heartbeat a second: silence is a dead link
-                    # (a cut that drops packets ends no TCP connection by itself)
-                    try:
-                        message = await asyncio.wait_for(call.read(), SILENCE_S)
-                    except TimeoutError:
-                        raise ConnectionError(f"nothing from the primary for {SILENCE_S:g}s: "
-                                              f"reconnecting") from None
-                    if message is grpc.aio.EOF:
-                        return
-                    if self.target() != target:
-                        return  # the primary moved
-                    kind = message.WhichOneof("kind")
-                    if kind == "resync":
-                        raise Resync(message.resync.reason)
-                    if kind == "heartbeat":  # answered: the primary sees who follows
-                        self.primary_position = message.heartbeat.position
-                        await call.write(pb.FollowerMessage(applied=pb.Applied(
-                            position=self.position)))
-                        continue
-                    for c in message.batch.changes:
-                        pending.append(Change(c.id, c.table, c.op, c.row))
-                        size += len(c.row)
-                    if size > MAX_PENDING_BYTES:
-                        raise Resync("one read of the primary is larger than a standby holds")
-                    if message.batch.last and pending:
-                        await self._apply(stub, pending)
-                        self.primary_position = max(self.primary_position, self.position)
-                        await call.write(pb.FollowerMessage(applied=pb.Applied(
-                            position=self.position)))
-                        pending, size = [], 0
+                await self._stream(stub, call, target)
             finally:
                 self.following = None
                 call.cancel()
 
+    async def _stream(self, stub: pb_grpc.ReplicationStub, call: Any, target: str) -> None:
+        pending = PendingRead()
+        while (message := await self._next(call)) is not None:
+            if self.target() != target:
+                return  # the primary moved
+            kind = message.WhichOneof("kind")
+            if kind == "resync":
+                raise Resync(message.resync.reason)
+            if kind == "heartbeat":  # answered: the primary sees who follows
+                self.primary_position = message.heartbeat.position
+                await self._ack(call)
+                continue
+            found = pending.add(message.batch)
+            if found is not None:
+                await self._apply(stub, found)
+                self.primary_position = max(self.primary_position, self.position)
+                await self._ack(call)
+
+    async def _next(self, call: Any) -> pb.PrimaryMessage | None:
+        """The primary's next message; None when it ended the stream."""
+        # the primary sends at least a heartbeat a second: silence is a dead link (a cut that
+        # drops packets ends no TCP connection by itself)
+        try:
+            message = await asyncio.wait_for(call.read(), SILENCE_S)
+        except TimeoutError:
+            raise ConnectionError(f"nothing from the primary for {SILENCE_S:g}s: "
+                                  f"reconnecting") from None
+        return None if message is grpc.aio.EOF else message
+
+    async def _ack(self, call: Any) -> None:
+        await call.write(pb.FollowerMessage(applied=pb.Applied(position=self.position)))
+
     async def _apply(self, stub: pb_grpc.ReplicationStub, found: list[Change]) -> None:
+        """Fetch the blobs the changes record, then commit them in one transaction and sign
+        the new audit head."""
         for sha, size in changes.blobs_in(found):
             if not SHA256.fullmatch(sha):
                 raise changes.BadChange(f"a blob named {sha[:70]!r}")
-            if not self.blobs.has(sha):
-                await self._blob(stub, sha, size)
+            await self.blobs.hold(stub, sha, size)
         db = self.db
         self.position = await db.run(changes.apply, db.catalog.db, found)
         await db.run(db.anchor.advance, db.catalog.db)
         self.applied_at = time.monotonic()
 
-    async def _blob(self, stub: pb_grpc.ReplicationStub, sha: str, size: int) -> None:
-        """Fetch one blob into a temporary file, check its size and digest, then store it."""
-        tmp = self.settings.blobs / "tmp"
-        tmp.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=tmp, prefix="replica-")
-        path = Path(name)
-        try:
-            digest, got = hashlib.sha256(), 0
-            with os.fdopen(fd, "wb") as out:
-                async for chunk in stub.Blob(pb.FetchRequest(sha256=sha, offset=0),
-                                             metadata=auth.metadata(self.token)):
-                    problem = misfit(chunk, got, size)  # what a node's download checks
-                    if problem is not None:
-                        raise changes.BadChange(f"blob {sha}: {problem}")
-                    digest.update(chunk.data)
-                    await asyncio.to_thread(out.write, chunk.data)
-                    got += len(chunk.data)
-            if got != size or digest.hexdigest() != sha:
-                raise changes.BadChange(f"blob {sha}: {got} bytes with digest "
-                                            f"{digest.hexdigest()[:16]}, not what was listed")
-            await asyncio.get_running_loop().run_in_executor(None, self.blobs.put, path)
-        finally:
-            path.unlink(missing_ok=True)
-
     async def resync(self, target: str, reason: str) -> None:
-        """Replace this registry's database with a snapshot of the primary's, checked first;
-        the database it replaces is kept in ``<home>/replaced/``."""
         async with self._channel(target) as channel:
-            stub = pb_grpc.ReplicationStub(channel)
-            tmp = self.settings.home / "tmp"
-            tmp.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(dir=tmp, prefix="snapshot-in-", suffix=".sqlite3")
-            path = Path(name)
-            try:
-                digest, got, last = hashlib.sha256(), 0, None
-                with os.fdopen(fd, "wb") as out:
-                    async for chunk in stub.Snapshot(pb.SnapshotRequest(
-                            registry_id=self.registry_id), metadata=auth.metadata(self.token)):
-                        if chunk.sha256:
-                            last = chunk
-                            break
-                        if chunk.offset != got:
-                            raise changes.BadChange("snapshot chunks out of order")
-                        digest.update(chunk.data)
-                        out.write(chunk.data)
-                        got += len(chunk.data)
-                    out.flush()
-                    os.fsync(out.fileno())
-                if last is None or last.size != got or last.sha256 != digest.hexdigest():
-                    raise changes.BadChange("the snapshot does not match its digest")
-                wanted = await asyncio.get_running_loop().run_in_executor(
-                    None, _checked_snapshot, path, target)
-                for sha, size in wanted:
-                    if not self.blobs.has(sha):
-                        await self._blob(stub, sha, size)
-                kept = await self.db.run(self._swap, path, reason)
-                self.snapshots += 1
-                self.position = last.position
-                log.warning("replaced this registry's database with the primary's snapshot "
-                            "(up to change %d)%s", last.position,
-                            f"; the one it replaced is kept at {kept}" if kept else "")
-                if self.on_replaced is not None:
-                    self.on_replaced()
-            finally:
-                path.unlink(missing_ok=True)
-
-    def _swap(self, path: Path, reason: str) -> Path | None:
-        """On the database thread: close, move the old database (and its signed head) aside,
-        put the snapshot in place, reopen."""
-        db = self.db
-        conn = db.catalog.db.conn
-        head = chain.head(conn)
-        conn.close()
-        home = self.settings.home
-        kept = None
-        if head is not None:
-            kept = home / "replaced" / time.strftime("%Y%m%dT%H%M%S")
-            kept.mkdir(parents=True, exist_ok=True)
-            (kept / "why.txt").write_text(f"{reason}\n")
-        for suffix in ("", "-wal", "-shm"):
-            old = Path(f"{self.settings.database}{suffix}")
-            if old.exists():
-                if kept is not None:
-                    shutil.move(old, kept / old.name)
-                else:
-                    old.unlink()
-        head_file = home / anchor.FILE
-        if head_file.exists():
-            if kept is not None:
-                shutil.move(head_file, kept / anchor.FILE)
-            else:
-                head_file.unlink()
-        os.replace(path, self.settings.database)
-        db.reopen()
-        db.anchor.create(db.catalog.db)
-        return kept
+            position = await self.resyncer.resync(pb_grpc.ReplicationStub(channel), target,
+                                                  reason)
+        self.snapshots += 1
+        self.position = position
+        if self.on_replaced is not None:
+            self.on_replaced()
 
 
 def _checked_snapshot(path: Path, leader: str) -> list[tuple[str, int]]:

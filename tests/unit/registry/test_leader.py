@@ -69,16 +69,9 @@ class Consul:
         self.session = Sessions(sessions or [])
 
 
-async def election(tmp_path: Path, consul: Consul) -> leader.Leadership:
-    async def unused(*_: Any) -> Any:
-        raise AssertionError("not in these tests")
-
+async def election(tmp_path: Path, consul: Consul) -> leader.LockSession:
     settings = RegistrySettings(home=tmp_path, ha=True, consul_http_addr="127.0.0.1:1")
-    ours = leader.Leadership(settings, ID, "10.0.0.2:50051", unused, unused,  # type: ignore[arg-type]
-                             unused, unused)
-    await ours.consul.close()
-    ours.consul = consul
-    return ours
+    return leader.LockSession(settings, ID, consul)
 
 
 def entry(registry_id: str, term: int, position: int, session: str | None = "s-1",
@@ -101,7 +94,7 @@ def entry(registry_id: str, term: int, position: int, session: str | None = "s-1
 def test_the_election_goes_to_the_newest_then_the_longest_history(
         tmp_path: Path, peer: dict[str, Any], wins: bool) -> None:
     async def better() -> str | None:
-        return await (await election(tmp_path, Consul([peer])))._better(OURS)
+        return await (await election(tmp_path, Consul([peer]))).better(OURS)
 
     assert asyncio.run(better()) == (json.loads(peer["Value"])["registry_id"] if wins else None)
 
@@ -119,7 +112,7 @@ def test_a_restarted_registry_ends_its_predecessors_leftovers_and_nobody_else_s(
                   {"ID": "peer", "Name": "tiered registry registry-c"},
                   {"ID": "other", "Name": f"tiered registry {ID}-x"}])
 
-    async def clear() -> leader.Leadership:
+    async def clear() -> leader.LockSession:
         ours = await election(tmp_path, consul)
         consul.agent.listed[ours.check_id] = {"Service": lock}  # this process's own
         await ours.clear_predecessors()
