@@ -88,12 +88,12 @@ def _list_in_tuf_targets(conn: sqlite3.Connection, final: Manifest, body: bytes,
                          signer: Signer) -> dict[str, Any]:
     """A new TUF targets version listing the release, signed by this publisher (refused when
     the key is not a targets key: the whole publish is rolled back); what the audit says."""
-    audited: dict[str, Any] = {"key_id": signer.key_id}
+    said: dict[str, Any] = {"key_id": signer.key_id}
     verdict = tuf.add_release(conn, final, body, signer)
     if verdict is not None:
-        audited["tuf_targets"] = {"version": verdict.version, "complete": verdict.complete,
+        said["tuf_targets"] = {"version": verdict.version, "complete": verdict.complete,
                                   "missing": verdict.missing}
-    return audited
+    return said
 
 
 def _store_version(conn: sqlite3.Connection, final: Manifest, body: bytes, digest: str) -> None:
