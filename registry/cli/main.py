@@ -24,7 +24,8 @@ from registry.fleet.nodes import NodeBook
 from registry.ha import changes
 from registry.publish.pull import pull
 from registry.releases import waves
-from registry.releases.catalog import Catalog, check_name
+from registry.releases.catalog import Catalog
+from registry.releases.names import check_name
 from registry.settings import RegistrySettings
 from registry.store import chain, role
 from registry.store.blobs import BlobStore

@@ -12,7 +12,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
-from registry.releases.catalog import VersionRow
+from registry.releases.reads import VersionRow
 from registry.store.chain import Finding, Record
 from registry.trust.anchor import SignedHead
 from serving.protocol.visible import visible

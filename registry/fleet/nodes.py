@@ -20,7 +20,8 @@ from typing import Any
 import sqlite_utils
 
 from registry.errors import NotPrimary
-from registry.releases.catalog import Catalog, RolloutNode
+from registry.releases.catalog import Catalog
+from registry.releases.plan import RolloutNode
 from registry.store import chain
 from registry.store.clock import now
 from registry.store.db import transaction

@@ -29,7 +29,8 @@ from registry.publish.validate import (
     run_torchscript,
     text_inputs,
 )
-from registry.releases.catalog import Catalog, check_name
+from registry.releases.catalog import Catalog
+from registry.releases.names import check_name
 from registry.releases.waves import WavePolicy
 from registry.settings import RegistrySettings
 from registry.store.blobs import BlobStore

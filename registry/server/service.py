@@ -23,7 +23,7 @@ from registry.errors import NotPrimary
 from registry.fleet import nodes
 from registry.fleet.nodes import Held
 from registry.releases import waves
-from registry.releases.catalog import RolloutNode, Target
+from registry.releases.plan import RolloutNode, Target
 from registry.server.fetch import Artifacts
 from registry.server.intake import Intake, platform
 from registry.server.limits import Refusals

@@ -15,7 +15,8 @@ from registry.fleet import nodes
 from registry.fleet.nodes import NodeBook
 from registry.ha import changes
 from registry.releases import waves
-from registry.releases.catalog import Catalog, RolloutNode, Target
+from registry.releases.catalog import Catalog
+from registry.releases.plan import RolloutNode, Target
 from registry.settings import RegistrySettings
 from registry.store import chain
 from registry.store.chain import Head

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from registry.fleet import nodes
-from registry.releases.catalog import RolloutNode
+from registry.releases.plan import RolloutNode
 from registry.server.intake import Coalesced
 from registry.server.service import SyncService
 from registry.server.session import Database, Session

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from registry.releases.catalog import RolloutNode
+from registry.releases.plan import RolloutNode
 from registry.server.metrics import SyncMetrics
 from registry.server.service import SyncService
 from registry.server.session import Database, Session

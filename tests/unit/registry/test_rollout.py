@@ -9,7 +9,8 @@ import pytest
 
 from registry.fleet import nodes as node_writes
 from registry.fleet.nodes import Held, NodeBook
-from registry.releases.catalog import Catalog, RolloutNode
+from registry.releases.catalog import Catalog
+from registry.releases.plan import RolloutNode
 from registry.store import chain
 from registry.store.db import connect
 from serving.release.manifest import (

@@ -17,7 +17,8 @@ from registry.fleet import nodes as node_writes
 from registry.fleet.nodes import NodeBook
 from registry.ha import changes
 from registry.releases import evidence, waves
-from registry.releases.catalog import Catalog, RolloutNode
+from registry.releases.catalog import Catalog
+from registry.releases.plan import RolloutNode
 from registry.releases.waves import WavePolicy
 from registry.store import chain, role
 from registry.store.db import connect, transaction
