@@ -1,0 +1,152 @@
+"""``registry publish``, ``list``, ``show`` and ``pull``: releases into the catalog and out to a
+model store."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+import msgspec
+
+from registry.cli import tables
+from registry.cli.context import Context, emit, err, json_flag, out, pass_ctx, split_ref
+from registry.publish.pull import pull
+from registry.releases import waves
+from registry.releases.names import check_name
+from registry.settings import RegistrySettings
+from registry.store.blobs import BlobStore
+from serving.config.flags import options as settings_options
+from serving.release.store import ModelStore
+
+WAVE_FLAGS = ("wave_pace", "wave_growth", "wave_bake_s", "wave_install_timeout_s",
+              "wave_max_failures", "wave_max_agreement_drop", "wave_min_audit_rows",
+              "wave_min_audit_nodes", "wave_max_drift_share", "wave_max_p99_ratio")
+
+
+def wave_policy(settings: RegistrySettings, shares: str, given: dict[str, Any]) -> waves.WavePolicy:
+    """A rollout's policy: ``shares`` (``1%,10%,100%``), each gate setting from its flag when
+    given, else from the settings."""
+    values = {key: given.get(key, getattr(settings, key)) for key in WAVE_FLAGS}
+    return waves.WavePolicy(waves.parse_waves(shares), **{
+        key.removeprefix("wave_"): value for key, value in values.items()}).check()
+
+
+@click.command("publish")
+@click.argument("path", type=click.Path(path_type=Path))
+@click.option("--name", required=True, help="Model name: [a-z0-9][a-z0-9._-]*.")
+@click.option("--canary", default="", help="Comma-separated node ids: roll out to these only "
+              "(alias 'canary') until `registry promote`.")
+@click.option("--waves", default=None, metavar="SHARES", help="Roll out to the edges in waves, "
+              "e.g. 1%,10%,50%,100%, with a gate after each (`registry rollout`).")
+@settings_options(RegistrySettings, WAVE_FLAGS)
+@settings_options(RegistrySettings, ("min_fidelity", "tolerance", "confidence"))
+@click.option("--force", is_flag=True, help="Publish even when fidelity is below the floor.")
+@click.option("--skip-existing", is_flag=True,
+              help="Do nothing if the latest version was built from identical source files.")
+@click.option("--tokenizer", type=click.Path(path_type=Path), default=None,
+              help="Single TorchScript file only: tokenizer.json to ship with it.")
+@click.option("--labels", default=None, help="Single TorchScript file only: comma-separated "
+              "label names (default: output indices).")
+@click.option("--calibration", type=click.Path(path_type=Path), default=None,
+              help="Single TorchScript file only: labelled JSON Lines split to calibrate on.")
+@click.option("--max-length", type=click.IntRange(1, 4096), default=128, show_default=True,
+              help="Single TorchScript file only: tokens kept per input.")
+@json_flag
+@pass_ctx
+def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | None,
+                min_fidelity: float | None, tolerance: float | None, confidence: float | None,
+                force: bool, skip_existing: bool, tokenizer: Path | None, labels: str | None,
+                calibration: Path | None, max_length: int, as_json: bool,
+                **wave_flags: Any) -> None:
+    """Build a release from PATH and record it as the next version of NAME.
+
+    PATH is a release folder with a tiered.json (center TorchScript, edge TorchScript or fp32
+    ONNX, tokenizer, labels, labelled calibration split) or a single TorchScript file, which
+    is then both the center and, quantized to INT8, the edge.
+    """
+    from registry.publish.source import load_source
+
+    check_name(name)
+    settings = ctx.settings
+    given = {key: value for key, value in wave_flags.items() if value is not None}
+    if given and waves is None:
+        raise click.UsageError(f"--{next(iter(given)).replace('_', '-')} applies to --waves only")
+    if waves is not None and canary:
+        raise click.UsageError("--canary and --waves exclude each other")
+    rollout = None if waves is None else wave_policy(settings, waves, given)
+    source = load_source(path, tokenizer=tokenizer,
+                         labels=labels.split(",") if labels else None,
+                         calibration=calibration, max_length=max_length)
+    # torch and onnxruntime load here only: list/show/audit, and a refused PATH, stay fast
+    from registry.publish.pipeline import PublishOptions, publish
+
+    options = PublishOptions(
+        name=name, force=force, skip_existing=skip_existing,
+        min_fidelity=settings.min_fidelity if min_fidelity is None else min_fidelity,
+        tolerance=settings.tolerance if tolerance is None else tolerance,
+        confidence=settings.confidence if confidence is None else confidence,
+        canary=[n for n in canary.split(",") if n], rollout=rollout)
+    result = publish(settings, ctx.catalog, source, options, step=_step)
+    emit(as_json, {"created": result.created, "manifest": msgspec.to_builtins(result.manifest),
+                   "edge_fp32_size": result.edge_fp32_size, "seconds": result.seconds},
+         lambda: tables.publish_summary(out, result))
+
+
+@contextmanager
+def _step(name: str) -> Iterator[None]:
+    with err.status(f"{name} …"):
+        yield
+    err.print(f"[green]✓[/] {name}")
+
+
+@click.command("list")
+@json_flag
+@pass_ctx
+def list_cmd(ctx: Context, as_json: bool) -> None:
+    """List models with their latest, production and canary versions."""
+    models = ctx.catalog.models()
+    emit(as_json, models, lambda: tables.models_table(out, models))
+
+
+@click.command("show")
+@click.argument("ref")
+@json_flag
+@pass_ctx
+def show_cmd(ctx: Context, ref: str, as_json: bool) -> None:
+    """Show NAME (all versions) or NAME@VERSION / NAME@ALIAS (its manifest)."""
+    name, version = split_ref(ref)
+    if version is None:
+        rows = ctx.catalog.versions(name)
+        emit(as_json, [tables.version_dict(r) for r in rows],
+             lambda: tables.versions_table(out, name, rows))
+    else:
+        row = ctx.catalog.resolve(name, version)
+        emit(as_json, tables.version_dict(row, full=True), lambda: tables.version_detail(out, row))
+
+
+@click.command("pull")
+@click.argument("ref")
+@click.option("--tier", type=click.Choice(["edge", "center"]), required=True,
+              help="Which artifact to materialize: INT8 ONNX (edge) or TorchScript (center).")
+@click.option("--store", type=click.Path(path_type=Path), required=True,
+              help="Model store folder, e.g. ./var/edge.")
+@click.option("--no-activate", is_flag=True, help="Install without pointing CURRENT at it.")
+@json_flag
+@pass_ctx
+def pull_cmd(ctx: Context, ref: str, tier: str, store: Path, no_activate: bool,
+             as_json: bool) -> None:
+    """Materialize NAME[@VERSION] (default: production) into a tier's model store."""
+    name, version = split_ref(ref)
+    row = ctx.catalog.resolve(name, version)
+    folder = pull(BlobStore(ctx.settings.blobs), row.manifest, "edge" if tier == "edge"
+                  else "center", ModelStore(store), activate=not no_activate,
+                  raw=row.manifest_bytes or None, signature=row.signature)
+    emit(as_json, {"model": name, "version": row.version, "tier": tier, "path": str(folder)},
+         lambda: out.print(f"{name} version {row.version} ({tier}) -> {folder}"))
+
+
+# registered on the ``registry`` group by registry.cli.main
+COMMANDS = (publish_cmd, list_cmd, show_cmd, pull_cmd)

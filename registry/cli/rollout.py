@@ -1,0 +1,115 @@
+"""``registry promote``, ``rollback`` and ``rollout show|pause|resume|abort``: which version
+the nodes run."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+
+from registry.cli import tables
+from registry.cli.context import Context, emit, json_flag, out, pass_ctx
+from registry.errors import RegistryError
+from registry.releases import waves
+from registry.trust import anchor
+
+
+@click.command("promote")
+@click.argument("name")
+@click.option("--version", type=click.IntRange(min=1), default=None,
+              help="Version to make production (default: the canary).")
+@json_flag
+@pass_ctx
+def promote_cmd(ctx: Context, name: str, version: int | None, as_json: bool) -> None:
+    """Point the production alias at the canary (or VERSION) and roll it out to all nodes."""
+    target = ctx.catalog.promote(name, version)
+    emit(as_json, {"model": name, "production": target},
+         lambda: out.print(f"{name}: production -> version {target}"))
+
+
+@click.command("rollback")
+@click.argument("name")
+@click.option("--to", "to", type=click.IntRange(min=1), default=None,
+              help="Version to go back to (default: the one before production).")
+@json_flag
+@pass_ctx
+def rollback_cmd(ctx: Context, name: str, to: int | None, as_json: bool) -> None:
+    """Point the production alias back to an earlier version."""
+    previous, target = ctx.catalog.rollback(name, to)
+    emit(as_json, {"model": name, "from": previous, "production": target},
+         lambda: out.print(f"{name}: production version {previous} -> {target}"))
+
+
+def rollout_state(ctx: Context, name: str) -> dict[str, Any] | None:
+    """The model's newest wave rollout (``Rollout.to_json``) with its current wave's nodes."""
+    conn = ctx.catalog.db.conn
+    r = waves.latest(conn, name)
+    if r is None:
+        return None
+    fleet = waves.edges(conn, name)
+    inside = [s for pos, s in fleet if pos < r.cutoff]
+    return r.to_json() | {"nodes": {
+        "edges": len(fleet), "wave": len(inside),
+        "installed": sum(s.installed(r.version) for s in inside),
+        "failed": sum(s.failed(r.version) for s in inside),
+        "connected": sum(s.connected for s in inside)}}
+
+
+@click.group("rollout")
+def rollout_group() -> None:
+    """Wave rollouts (`registry publish --waves`): where one is, pause, resume or abort it."""
+
+
+@rollout_group.command("show")
+@click.argument("name")
+@json_flag
+@pass_ctx
+def rollout_show_cmd(ctx: Context, name: str, as_json: bool) -> None:
+    """The model's newest wave rollout: each wave's state and its gate's figures."""
+    ctx.catalog.versions(name)  # the model exists
+    rollout = rollout_state(ctx, name)
+    if rollout is None:
+        raise RegistryError(f"{name} has never been rolled out in waves")
+    emit(as_json, rollout, lambda: tables.rollout_view(out, rollout))
+
+
+def _steer(ctx: Context, name: str, action: str, as_json: bool) -> None:
+    ctx.catalog.versions(name)  # the model exists
+    with anchor.audited(ctx.catalog.db, ctx.catalog.anchor) as conn:
+        r = waves.steer(conn, name, action, ctx.settings.actor, time.time())
+    emit(as_json, r.to_json(), lambda: out.print(
+        f"{name}: rollout of version {r.version} {r.state} at wave {r.wave + 1}/"
+        f"{len(r.policy.waves)}" + (" (every node goes back to version "
+                                    f"{r.previous})" if r.state == "aborted" else "")))
+
+
+@rollout_group.command("pause")
+@click.argument("name")
+@json_flag
+@pass_ctx
+def rollout_pause_cmd(ctx: Context, name: str, as_json: bool) -> None:
+    """Hold the rollout where it is: admitted nodes keep the new version, no gate runs."""
+    _steer(ctx, name, "pause", as_json)
+
+
+@rollout_group.command("resume")
+@click.argument("name")
+@json_flag
+@pass_ctx
+def rollout_resume_cmd(ctx: Context, name: str, as_json: bool) -> None:
+    """Go on with a paused or halted rollout: its current wave is admitted and judged again."""
+    _steer(ctx, name, "resume", as_json)
+
+
+@rollout_group.command("abort")
+@click.argument("name")
+@json_flag
+@pass_ctx
+def rollout_abort_cmd(ctx: Context, name: str, as_json: bool) -> None:
+    """End the rollout: every node goes back to production."""
+    _steer(ctx, name, "abort", as_json)
+
+
+# registered on the ``registry`` group by registry.cli.main
+COMMANDS = (promote_cmd, rollback_cmd, rollout_group)
