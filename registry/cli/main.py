@@ -1,5 +1,6 @@
 """The ``registry`` command: the group, its global flags, and the commands of each module
-(``releases``, ``rollout``, ``fleet``, ``trust``, ``audit``, ``serve``) registered on it."""
+(``release_commands``, ``rollout_commands``, ``fleet_commands``, ``key_commands``,
+``audit_commands``, ``serve_commands``) registered on it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from registry.cli import audit, fleet, releases, rollout, serve, trust
+from registry.cli import (
+    audit_commands,
+    fleet_commands,
+    key_commands,
+    release_commands,
+    rollout_commands,
+    serve_commands,
+)
 from registry.cli.context import Context, pass_ctx, run
 from registry.settings import RegistrySettings
 from serving.config.flags import options as settings_options
@@ -35,7 +43,8 @@ def _after(ctx: Context, *_: Any, **__: Any) -> None:
     ctx.replicated()
 
 
-for module in (releases, trust, rollout, audit, fleet, serve):
+for module in (release_commands, key_commands, rollout_commands, audit_commands, fleet_commands,
+               serve_commands):
     for command in module.COMMANDS:
         cli.add_command(command)
 

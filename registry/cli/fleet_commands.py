@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from registry.cli import tables
 from registry.cli.context import Context, emit, err, json_flag, out, pass_ctx
-from registry.cli.rollout import rollout_state
+from registry.cli.rollout_commands import rollout_state
 from registry.fleet import budgets
 from registry.fleet.nodes import NodeBook
 from registry.releases import waves
