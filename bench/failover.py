@@ -31,9 +31,10 @@ from bench.kit import cpu, machine_line
 from registry import audit, pki, replication
 from registry.blobs import BlobStore
 from registry.db import connect, transaction
+from tiered.children import Child
 from tiered.commands import registry_argv
 from tiered.processes import free_port
-from tiered.stack import Child, Stack
+from tiered.stack import Stack
 
 SECRET = "bench-failover-0123456789"
 EXTRA: dict[str, str] = {}  # settings every registry of the run gets (REGISTRY_LOCK_TTL_S)

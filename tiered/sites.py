@@ -37,9 +37,10 @@ from registry import pki
 from registry.replication import read_state
 from serving.config.tokens import write_secret
 from serving.fleet.discovery import SERVICES
+from tiered.children import Child
 from tiered.commands import BIN, nginx_argv, registry_argv, tier_argv
 from tiered.netns import Host, Network
-from tiered.stack import Child, Stack
+from tiered.stack import Stack
 from tiered.views import registry_database
 
 CORE = "core"
@@ -74,7 +75,8 @@ class Sites(Stack):
     without_consul: set[str] = field(default_factory=set)  # nodes given static addresses
     gossip_key: str = field(default_factory=lambda: base64.b64encode(
         secrets.token_bytes(32)).decode())
-    standbys: int = 1  # registries beside the primary, each on a host of its own
+    standbys: int = field(default=1, kw_only=True)  # registries beside the primary, each on
+    # a host of its own
     # (registry-2, ...): every registry runs --ha, one is elected primary; 0: one standalone
 
     # -- where things are --------------------------------------------------------------
@@ -168,9 +170,9 @@ class Sites(Stack):
         files = self.consul_files()
         for host in self.server_hosts:
             self.start_agent(host, files, server=True)
-        self._wait(lambda: self.leader() is not None, 60,
+        self.children.wait(lambda: self.leader() is not None, 60,
                    "a Consul leader elected by the three servers")
-        self._wait(lambda: self.acl.setup(self.consul), 30, "Consul's ACL system")
+        self.children.wait(lambda: self.acl.setup(self.consul), 30, "Consul's ACL system")
         for name in (*self.registry_homes(), "center", *(f"{s}-gw" for s in self.edge_sites)):
             self.start_agent(self.host(name), files)
         self.start_registry()
@@ -352,16 +354,11 @@ class Sites(Stack):
                 os.killpg(child.pid, signal.SIGKILL)
             child.process.wait(timeout=10)
 
-    def revive(self, *names: str) -> None:
-        """Start children again as they were (same host, argv, ports, data)."""
-        for name in names:
-            child = self.children[name]
-            self.spawn(name, child.argv, child.port, child.role)
-
     def revive_host(self, name: str) -> None:
         host = self.host(name)
         self.network.link(host, True)
-        self.revive(*(c.name for c in self.on(host)))
+        for child in self.on(host):
+            self.revive(child.name)
 
     # -- state and stopping ------------------------------------------------------------
 
