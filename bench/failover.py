@@ -33,9 +33,10 @@ from registry.store import chain, role
 from registry.store.blobs import BlobStore
 from registry.store.db import connect, transaction
 from registry.trust import pki
+from tiered.children import Child
 from tiered.commands import registry_argv
 from tiered.processes import free_port
-from tiered.stack import Child, Stack
+from tiered.stack import Stack
 
 SECRET = "bench-failover-0123456789"
 EXTRA: dict[str, str] = {}  # settings every registry of the run gets (REGISTRY_LOCK_TTL_S)

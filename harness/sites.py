@@ -46,7 +46,8 @@ from harness.metrics import metric
 from harness.wan import DelayProxy
 from tiered.commands import BIN, tier_argv
 from tiered.netns import Network
-from tiered.sites import CENTER_PORT, CORE, EDGE_PORT, Sites
+from tiered.site_map import CENTER_PORT, CORE, EDGE_PORT
+from tiered.sites import Sites
 
 MODEL = "tiny"
 FLOOR = "0.9"  # the tiny models' fidelity floor (as in the tests): INT8 agreement is per CPU
@@ -459,7 +460,7 @@ class Run:
         leader = self.sites.leader()
         assert leader is not None, "no Consul leader to kill"
         cut = time.monotonic()
-        self.sites.kill(leader.name)
+        self.sites.children[leader.name].kill_group()
 
         election = wait(lambda: self.sites.leader() not in (None, leader), 60,
                         "a new Consul leader")

@@ -30,9 +30,10 @@ from serving.fleet.discovery import SERVICES
 from tiered import demo as demo_run
 from tiered import netns, releases
 from tiered.commands import BIN, registry_cli
+from tiered.running import RunningFleet, load_state
 from tiered.settings import TieredSettings
 from tiered.sites import Sites
-from tiered.stack import Stack, load_state
+from tiered.stack import Stack
 from tiered.views import demo_view, registry_database, status_rows, status_view, summary_view
 
 out = Console(highlight=False)
@@ -83,18 +84,18 @@ def up_cmd(http_port: int | None, grpc_port: int | None, consul_port: int | None
     run_until_stopped(stack, start, "the stack")
 
 
-def run_until_stopped(stack: Stack, start: Callable[[], None], what: str) -> None:
+def run_until_stopped(stack: RunningFleet, start: Callable[[], None], what: str) -> None:
     """Start ``stack``; restart a registry, center or edge that exits; stop everything on
     Ctrl-C or SIGTERM (while starting too: that cancels the wait) or when Consul or nginx
     exits (exit 1)."""
-    stopping = stack.cancelled
+    stopping = stack.children.cancelled
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
     try:
         start()
         stack.supervise()
         while not stopping.wait(0.5):
-            dead = stack.dead()
+            dead = stack.children.dead()
             if dead:
                 err.print(f"[red]{dead[0].name} exited ({dead[0].process.returncode}); "
                           f"stopping {what}[/] (log: {dead[0].log})")

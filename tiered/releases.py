@@ -20,9 +20,10 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tiered.children import JOB
 from tiered.commands import BIN, registry_cli
 from tiered.settings import TieredSettings
-from tiered.stack import JOB, Stack
+from tiered.stack import Stack
 
 if TYPE_CHECKING:  # the registry is imported only when a release is chosen (tiered starts fast)
     from registry.releases.catalog import Catalog
@@ -154,20 +155,20 @@ class Behind(threading.Thread):
                               f"{self.stack.root / 'logs' / 'trainer.log'})")
         build = self.stack.spawn("trainer", ["nice", "-n", "19", *self.build], role=JOB)
         if build.process.wait() != 0:
-            if not self.stack.stopping.is_set():
+            if not self.stack.children.stopping.is_set():
                 self.note("failed", f"training exited with status {build.process.returncode}")
             return
         self.note("publishing", "the full release")
         publish = self.stack.spawn("publisher", publish_argv(self.s, self.s.release), role=JOB,
                                    env=self.publish_env)
         if publish.process.wait() != 0:
-            if not self.stack.stopping.is_set():
+            if not self.stack.children.stopping.is_set():
                 self.note("failed", f"publish exited with status {publish.process.returncode}")
             return
         version = published_version(self.s)
         self.note("rolling out", f"version {version}, the full release")
         started = time.monotonic()
-        while not self.stack.stopping.wait(1.0):
+        while not self.stack.children.stopping.wait(1.0):
             behind = self.lagging(version)
             if not behind:
                 self.note("live", f"version {version}, the full release, on every node in "
@@ -189,7 +190,7 @@ class Behind(threading.Thread):
         return [n for n in nodes if n not in active]
 
     def note(self, state: str, detail: str) -> None:
-        if self.stack.stopping.is_set():
+        if self.stack.children.stopping.is_set():
             return
         self.stack.notes["full release"] = {"state": state, "detail": detail,
                                             "since": time.strftime("%H:%M:%S")}

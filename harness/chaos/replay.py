@@ -27,7 +27,8 @@ import httpx
 from harness.chaos import faults
 from harness.chaos.record import Recorded, labels_of
 from harness.processes import BIN
-from tiered.stack import Child, Stack
+from tiered.children import Child
+from tiered.stack import Stack
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,8 @@ import pytest
 
 from harness.processes import BIN, free_port
 from tests.conftest import RegistryCli
-from tiered.stack import Child, Stack
+from tiered.children import Child
+from tiered.stack import Stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 BODY = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["fine film"]}]}

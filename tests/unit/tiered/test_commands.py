@@ -12,8 +12,9 @@ from serving.config.tokens import node_token
 from tiered import bundles, commands
 from tiered.cli import tracing_env
 from tiered.commands import BIN
+from tiered.fleet import EDGE_TLS
 from tiered.settings import TieredSettings
-from tiered.stack import EDGE_TLS, Stack
+from tiered.stack import Stack
 
 SECRET = "stack-secret-0123456789"
 
