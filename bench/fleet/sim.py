@@ -12,7 +12,6 @@ skipped: a node that does not fetch acks from a shared cache, which the report s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import hashlib
 import random
@@ -24,6 +23,7 @@ from typing import Any, Literal
 import grpc
 from prometheus_client import CollectorRegistry
 
+from serving import tasks
 from serving.config.tokens import node_token
 from serving.release import hardware
 from serving.release.manifest import Artifact, decode
@@ -225,10 +225,7 @@ async def _session(sim: Sim, rng: random.Random, backoff: Backoff) -> None:
                 sim.budgets += 1
         raise RuntimeError("the registry ended the stream")
     finally:
-        if reporter is not None:
-            reporter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reporter
+        await tasks.stop(reporter)
         call.cancel()
 
 
