@@ -18,11 +18,11 @@ from numpy._core._multiarray_umath import __cpu_features__
 
 from edge.runtime import OnnxRuntime
 from serving.release import probe
-from serving.release.store import ModelStore
+from serving.release.store import InstalledReleases
 
 
 def main(store: Path, model: str, version: int) -> None:
-    manifest = ModelStore(store).verify(model, version, "edge")
+    manifest = InstalledReleases(store).verify(model, version, "edge")
     folder = store / model / str(version)
     assert manifest.probe is not None, "the release has no probe"
     runtime = OnnxRuntime(folder / manifest.edge.file, threads=1)

@@ -12,7 +12,6 @@ skipped: a node that does not fetch acks from a shared cache, which the report s
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import hashlib
 import random
@@ -24,10 +23,11 @@ from typing import Any, Literal
 import grpc
 from prometheus_client import CollectorRegistry
 
+from serving import tasks
 from serving.config.tokens import node_token
 from serving.release import hardware
 from serving.release.manifest import Artifact, decode
-from serving.release.store import ModelStore
+from serving.release.store import InstalledReleases
 from serving.telemetry.quality import QualityWindow
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
@@ -153,7 +153,7 @@ def make_sim(node_id: str, target: str, secret: str, region: str, *,
     channel = auth.channel(target, None, OPTIONS)
     sim = Sim(node_id, tier, region, secret, channel, **kwargs)
     if store is not None:
-        model_store = ModelStore(store)
+        model_store = InstalledReleases(store)
         model_store.root.mkdir(parents=True, exist_ok=True)
         sim.metrics = CollectorRegistry()
         stub = pb_grpc.SyncStub(channel)
@@ -225,10 +225,7 @@ async def _session(sim: Sim, rng: random.Random, backoff: Backoff) -> None:
                 sim.budgets += 1
         raise RuntimeError("the registry ended the stream")
     finally:
-        if reporter is not None:
-            reporter.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reporter
+        await tasks.stop(reporter)
         call.cancel()
 
 

@@ -54,6 +54,7 @@ from registry.ha import changes
 from registry.settings import RegistrySettings
 from registry.store import chain, role
 from registry.store.db import transaction
+from serving import tasks
 from serving.fleet import discovery
 
 log = logging.getLogger(__name__)
@@ -338,9 +339,7 @@ class Leadership:
                         self.lock.forget()
                     await asyncio.sleep(0.5)
         finally:
-            passing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await passing
+            await tasks.stop(passing)
 
     async def _round(self) -> None:
         asked = time.time()

@@ -18,6 +18,7 @@ from registry.settings import RegistrySettings
 from registry.store.db import transaction
 from registry.store.role import set_role
 from registry.trust import anchor
+from serving import tasks
 from serving.fleet import discovery
 from serving.telemetry.logs import configure
 
@@ -139,11 +140,8 @@ class Roles:
         return self.primary_of
 
     async def _stop_following(self) -> None:
-        if self.following is not None:
-            self.following.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.following
-            self.following = None
+        await tasks.stop(self.following)
+        self.following = None
 
     async def _register(self, name: str) -> None:
         if not self.settings.consul_http_addr:
@@ -166,9 +164,7 @@ class Roles:
     async def _deregister(self) -> None:
         if self.registration is None or self.registering is None:
             return
-        self.registering.cancel()  # first, so it cannot register again
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.registering
+        await tasks.stop(self.registering)  # first, so it cannot register again
         with contextlib.suppress(*leader.ERRORS):
             await self.registration.deregister()
         await self.registration.consul.close()
@@ -192,14 +188,7 @@ class Roles:
             await asyncio.sleep(every_s)
 
     async def stop(self) -> None:
-        if self.pruning is not None:
-            self.pruning.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.pruning
-        if self.electing is not None:
-            self.electing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.electing
+        await tasks.stop(self.pruning, self.electing)
         if self.leadership is not None:
             await self.leadership.stop()
         await self._stop_following()

@@ -17,7 +17,6 @@ chain walk before it replaces anything, and the database it replaces is kept asi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import os
@@ -40,6 +39,7 @@ from registry.store import chain, role
 from registry.store.blobs import BlobStore, chunks
 from registry.store.db import integrity_check, read, transaction
 from registry.trust import anchor
+from serving import tasks
 from serving.config.tokens import node_token
 from serving.protocol.keepalive import KEEPALIVE
 from sync.gen import sync_pb2 as pb
@@ -117,9 +117,7 @@ class ReplicationService(pb_grpc.ReplicationServicer):
             await self._stream(context, hello.position, reader)
         finally:
             self.streams -= 1
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+            await tasks.stop(reader)
 
     async def _hello(self, replica: str, context: grpc.aio.ServicerContext) -> pb.FollowHello:
         """The standby's first message, refused unless it is the token's registry, this one

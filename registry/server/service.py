@@ -34,6 +34,7 @@ from registry.settings import RegistrySettings
 from registry.store import chain
 from registry.store.chain import Head
 from registry.trust import keys, tuf, witness_check
+from serving import tasks
 from serving.config.tokens import NODE_ID, TokenVerifier
 from serving.protocol.keepalive import KEEPALIVE, Keepalive
 from serving.protocol.wire import Malformed, ParseInterceptor
@@ -105,9 +106,7 @@ class SyncService(pb_grpc.SyncServicer):
             if session.error is not None:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, session.error)
         finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+            await tasks.stop(reader)
             await self._close(session)
 
     async def _open(self, hello: pb.Hello, context: grpc.aio.ServicerContext) -> Session:
@@ -508,27 +507,13 @@ class SyncServer:
     async def stop(self, grace: float = 5.0) -> None:
         for name in ("", SERVICE):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        for task in (self._trustee, self._teller):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        if self._steerer is not None:
-            self._steerer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._steerer
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watcher
+        await tasks.stop(self._trustee, self._teller, self._steerer, self._watcher)
         for session in list(self.service.sessions.values()):
             session.close()
         if self._server is not None:
             await self._server.stop(grace)
         if self._flusher is not None:
-            self._flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flusher
+            await tasks.stop(self._flusher)
             await self._write_refusals()  # the last interval's, once no call can add to it
         await self.service.intake.stop()
         await self.service.writes.stop()  # every stream has ended: its goodbye is queued too

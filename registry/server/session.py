@@ -4,7 +4,6 @@ messages written behind (``WriteBehind``) and one node's open stream (``Session`
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +22,7 @@ from registry.store.chain import Head
 from registry.store.db import connect, read
 from registry.trust import anchor
 from registry.trust.anchor import audited
+from serving import tasks
 from serving.protocol.budget import Budget
 from sync.gen import sync_pb2 as pb
 
@@ -129,11 +129,8 @@ class WriteBehind:
                 self.pending[:0] = again
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await tasks.stop(self._task)
+        self._task = None
         await self.flush()
 
 

@@ -6,13 +6,13 @@ subscriber). It imports neither the transports nor the sync package: the entry p
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
 import consul.aio
 
+from serving import tasks
 from serving.config.settings import ServingSettings
 from serving.fleet import discovery
 from serving.fleet.discovery import OnChange
@@ -99,11 +99,7 @@ class Node:
         self._tasks.append(asyncio.create_task(work))
 
     async def stop(self) -> None:
-        for task in self._tasks:  # first, so the registration loop cannot register again
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await tasks.stop(*self._tasks)  # first, so the registration loop cannot register again
         if self.registration is not None:
             await self.registration.deregister()
         for worker in self.workers if self.primary else []:

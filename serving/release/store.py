@@ -10,6 +10,9 @@ Ed25519 signature (base64). A store given a ``ReleaseCheck`` (the pinned key, or
 trust: the manifest must be in its trusted targets) refuses to install or verify a version
 whose signature is missing or does not verify; every manifest read or installed must name a
 valid model and only plain file names (no paths, no hidden files).
+
+``InstalledReleases`` reads and verifies what a store folder holds (what serving and the
+downloads need); ``ModelStore`` is that plus the writes: install, activate (CURRENT), prune.
 """
 
 from __future__ import annotations
@@ -91,12 +94,12 @@ def check_release(manifest: Manifest) -> None:
                          f"release's verified tokenizer artifact")
 
 
-class ModelStore:
-    """One store folder (the layout in the module's docstring): read, verify, install,
-    activate and prune its versions.
+class InstalledReleases:
+    """The versions installed in one store folder (the layout in the module's docstring),
+    read and verified; nothing here writes. ``ModelStore`` adds the writes.
 
     Why one class: every method is a path in that one layout plus the checks it keeps (valid
-    names, sizes, sha256s, signatures), and the reads and the install share them."""
+    names, sizes, sha256s, signatures), and the reads share them."""
 
     def __init__(self, root: Path, verifier: ReleaseCheck | None = None) -> None:
         """``verifier``: the key every version must be signed with (None: not checked)."""
@@ -125,11 +128,6 @@ class ModelStore:
         if not text.isdigit():
             raise StoreError(f"{marker} does not name a version: {text!r}")
         return int(text)
-
-    def set_current(self, model: str, version: int) -> None:
-        if not (self.version_dir(model, version) / MANIFEST).is_file():
-            raise StoreError(f"{model} version {version} is not in the store")
-        write_durably(self.model_dir(model) / CURRENT, f"{version}\n".encode())
 
     def manifest_bytes(self, model: str, version: int) -> bytes:
         path = self.version_dir(model, version) / MANIFEST
@@ -177,48 +175,19 @@ class ModelStore:
         except SigningError as exc:
             raise StoreError(f"{what}: {exc}") from exc
 
-    def install(self, manifest: Manifest, tier: Tier, fetch: Fetch, activate: bool = True,
-                raw: bytes | None = None, signature: bytes | None = None) -> Path:
-        """Stage the tier's files (``fetch`` writes each), verify them, rename into place.
-
-        ``raw`` is the manifest exactly as signed (default: ``manifest`` encoded) and is
-        written byte for byte, with ``signature`` beside it, so the signature stays checkable.
-        """
-        raw = encode(manifest) if raw is None else raw
-        if decode(raw) != manifest:
-            raise StoreError(f"{manifest.name} version {manifest.version}: the manifest bytes "
-                             f"do not match the manifest")
-        check_release(manifest)
-        if self.verifier is not None:
-            self._check_signature(raw, signature, f"{manifest.name} version {manifest.version}")
-        target = self.version_dir(manifest.name, manifest.version)
-        if not self.complete(manifest, tier, raw, signature):
-            target.parent.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
-            try:
-                for artifact in manifest.artifacts(tier):
-                    fetch(artifact, staging / artifact.file)
-                    _check(staging / artifact.file, artifact)
-                write_durably(staging / MANIFEST, raw)
-                if signature:
-                    write_durably(staging / SIGNATURE, encode_signature(signature).encode() +
-                                 b"\n")
-                if target.exists():  # incomplete, or laid out for the other tier
-                    shutil.rmtree(target)
-                os.replace(staging, target)
-            finally:
-                shutil.rmtree(staging, ignore_errors=True)
-        if activate:
-            self.set_current(manifest.name, manifest.version)
-        return target
-
-    def prune(self, model: str, keep: set[int]) -> list[int]:
-        """Delete the model's version folders not in ``keep`` (never CURRENT); return them."""
-        current = self.current(model)
-        doomed = [v for v in self.versions(model) if v not in keep and v != current]
-        for version in doomed:
-            shutil.rmtree(self.version_dir(model, version))
-        return doomed
+    def complete(self, manifest: Manifest, tier: Tier, raw: bytes | None = None,
+                 signature: bytes | None = None) -> bool:
+        """Is this exact release (these manifest bytes and signature, when given) installed
+        for the tier, every file verified?"""
+        model, version = manifest.name, manifest.version
+        try:
+            if self.verify(model, version, tier) != manifest:
+                return False
+            if raw is not None and self.manifest_bytes(model, version) != raw:
+                return False
+            return signature is None or self.signature(model, version) == signature
+        except (StoreError, OSError, ValueError):
+            return False
 
     def find(self, sha256: str) -> Path | None:
         """A file with this sha256 in some installed version (to copy instead of download)."""
@@ -244,19 +213,63 @@ class ModelStore:
                         seen.add(artifact.sha256)
                         yield artifact.sha256, path
 
-    def complete(self, manifest: Manifest, tier: Tier, raw: bytes | None = None,
-                 signature: bytes | None = None) -> bool:
-        """Is this exact release (these manifest bytes and signature, when given) installed
-        for the tier, every file verified?"""
-        model, version = manifest.name, manifest.version
+
+class ModelStore(InstalledReleases):
+    """The store a node (or ``registry pull``) changes: installs a release (staged, verified,
+    renamed into place), activates a version (CURRENT) and prunes old ones; every read is
+    ``InstalledReleases``'s."""
+
+    def install(self, manifest: Manifest, tier: Tier, fetch: Fetch, activate: bool = True,
+                raw: bytes | None = None, signature: bytes | None = None) -> Path:
+        """Stage the tier's files (``fetch`` writes each), verify them, rename into place.
+
+        ``raw`` is the manifest exactly as signed (default: ``manifest`` encoded) and is
+        written byte for byte, with ``signature`` beside it, so the signature stays checkable.
+        """
+        raw = encode(manifest) if raw is None else raw
+        if decode(raw) != manifest:
+            raise StoreError(f"{manifest.name} version {manifest.version}: the manifest bytes "
+                             f"do not match the manifest")
+        check_release(manifest)
+        if self.verifier is not None:
+            self._check_signature(raw, signature, f"{manifest.name} version {manifest.version}")
+        target = self.version_dir(manifest.name, manifest.version)
+        if not self.complete(manifest, tier, raw, signature):
+            self._stage(manifest, tier, fetch, raw, signature, target)
+        if activate:
+            self.set_current(manifest.name, manifest.version)
+        return target
+
+    def _stage(self, manifest: Manifest, tier: Tier, fetch: Fetch, raw: bytes,
+               signature: bytes | None, target: Path) -> None:
+        """Fill a hidden staging folder, check every file, then rename it to ``target``."""
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
         try:
-            if self.verify(model, version, tier) != manifest:
-                return False
-            if raw is not None and self.manifest_bytes(model, version) != raw:
-                return False
-            return signature is None or self.signature(model, version) == signature
-        except (StoreError, OSError, ValueError):
-            return False
+            for artifact in manifest.artifacts(tier):
+                fetch(artifact, staging / artifact.file)
+                _check(staging / artifact.file, artifact)
+            write_durably(staging / MANIFEST, raw)
+            if signature:
+                write_durably(staging / SIGNATURE, encode_signature(signature).encode() + b"\n")
+            if target.exists():  # incomplete, or laid out for the other tier
+                shutil.rmtree(target)
+            os.replace(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def set_current(self, model: str, version: int) -> None:
+        if not (self.version_dir(model, version) / MANIFEST).is_file():
+            raise StoreError(f"{model} version {version} is not in the store")
+        write_durably(self.model_dir(model) / CURRENT, f"{version}\n".encode())
+
+    def prune(self, model: str, keep: set[int]) -> list[int]:
+        """Delete the model's version folders not in ``keep`` (never CURRENT); return them."""
+        current = self.current(model)
+        doomed = [v for v in self.versions(model) if v not in keep and v != current]
+        for version in doomed:
+            shutil.rmtree(self.version_dir(model, version))
+        return doomed
 
 
 def _safe_file_name(name: str) -> None:

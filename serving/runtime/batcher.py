@@ -18,7 +18,6 @@ not yet answered gets the error.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from serving import tasks
 from serving.errors import NotReady, Overloaded
 from serving.model.text import Encoded, pad
 from serving.telemetry import tracing
@@ -128,11 +128,8 @@ class Batcher:
         deadline = time.monotonic() + grace
         while self._queued_rows and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await tasks.stop(self._task)
+        self._task = None
         while not self._queue.empty():
             pending = self._queue.get_nowait()
             if not pending.future.done():

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from serving import tasks
 from serving.config.settings import ServingSettings
 from serving.release import hardware
 from serving.release.manifest import Manifest, decode
@@ -101,12 +102,7 @@ class Converger:
 
     async def stop(self) -> None:
         """Cancel every worker and wait for it to end."""
-        workers = list(self._workers.values())
-        for worker in workers:
-            worker.cancel()
-        for worker in workers:
-            with contextlib.suppress(asyncio.CancelledError):
-                await worker
+        await tasks.stop(*self._workers.values())
         self._workers.clear()
 
     async def desire(self, release: pb.Release) -> None:

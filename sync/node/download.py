@@ -23,7 +23,7 @@ from typing import BinaryIO
 import grpc
 
 from serving.release.manifest import Artifact
-from serving.release.store import ModelStore, file_sha256
+from serving.release.store import InstalledReleases, file_sha256
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 from sync.node.chunked import ByChunks, Whole
@@ -42,7 +42,8 @@ CODES_NOT_RETRIED = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT
 
 class Downloader:
     def __init__(self, stub: Callable[[], pb_grpc.SyncStub], metadata: list[tuple[str, str]],
-                 store: ModelStore, metrics: DownloadMetrics, limit: Rate | None = None) -> None:
+                 store: InstalledReleases, metrics: DownloadMetrics,
+                 limit: Rate | None = None) -> None:
         """``stub`` gives the current registry's stub (it changes when discovery moves it);
         ``limit``: the most this node receives (its ``SYNC_MBIT_S``)."""
         self.stub, self.metadata, self.store, self.metrics = stub, metadata, store, metrics

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import grpc
 from prometheus_client import CollectorRegistry
 
+from serving import tasks
 from serving.config.settings import ServingSettings
 from serving.fleet.node import Node
 from serving.protocol.budget import Budget
@@ -152,10 +153,7 @@ class Subscriber:
                 elif kind == "witness":
                     await asyncio.to_thread(self.witnesses.offer, message.witness)
         finally:
-            for task in (reporter, watcher):
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await tasks.stop(reporter, watcher)
 
     def _hello(self) -> pb.Hello:
         s = self.settings

@@ -11,7 +11,7 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry, Counter
 
 from serving.release.manifest import Artifact
-from serving.release.store import ModelStore
+from serving.release.store import InstalledReleases
 from sync.gen import sync_pb2_grpc as pb_grpc
 from sync.wire.rate import Rate
 
@@ -41,7 +41,7 @@ class Fetcher(Protocol):
     folder: Path
     metrics: DownloadMetrics
     metadata: list[tuple[str, str]]
-    store: ModelStore
+    store: InstalledReleases
     limit: Rate | None
     stub: Callable[[], pb_grpc.SyncStub]
 

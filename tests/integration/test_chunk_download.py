@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from serving.release import chunks
 from serving.release.chunks import Chunk
 from serving.release.manifest import Artifact
-from serving.release.store import ModelStore
+from serving.release.store import InstalledReleases, ModelStore
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 from sync.node.download import Downloader
@@ -97,7 +97,7 @@ def _holding_v1(tmp_path: Path) -> ModelStore:
     return store
 
 
-async def _get(registry: Registry, store: ModelStore,
+async def _get(registry: Registry, store: InstalledReleases,
                artifact: Artifact) -> tuple[Path, CollectorRegistry]:
     server = grpc.aio.server()
     pb_grpc.add_SyncServicer_to_server(registry, server)
@@ -138,7 +138,7 @@ def test_a_node_holding_v1_fetches_only_the_chunks_v2_adds(tmp_path: Path) -> No
 def test_an_empty_store_gets_every_chunk(tmp_path: Path) -> None:
     artifact, cuts, index = _artifact(tmp_path, NEW)
     registry = Registry(NEW, cuts, index)
-    got, _ = asyncio.run(_get(registry, ModelStore(tmp_path / "empty"), artifact))
+    got, _ = asyncio.run(_get(registry, InstalledReleases(tmp_path / "empty"), artifact))
     assert got.read_bytes() == NEW
     assert sorted(p for call in registry.requests for p in call) == list(range(len(cuts)))
 
@@ -147,7 +147,7 @@ def test_a_damaged_chunk_is_refused_and_fetched_again(tmp_path: Path) -> None:
     artifact, cuts, index = _artifact(tmp_path, NEW)
     registry = Registry(NEW, cuts, index)
     registry.damage = {0, len(cuts) - 1}
-    got, metrics = asyncio.run(_get(registry, ModelStore(tmp_path / "empty"), artifact))
+    got, metrics = asyncio.run(_get(registry, InstalledReleases(tmp_path / "empty"), artifact))
     assert got.read_bytes() == NEW
     assert _metric(metrics, "chunks_refused") == 2
     assert sorted(registry.requests[1]) == [0, len(cuts) - 1]  # the second round: only those
@@ -168,7 +168,7 @@ def test_a_chunk_that_stays_damaged_ends_in_a_whole_fetch_never_in_bad_bytes(
                 yield message
 
     registry = Broken()
-    got, metrics = asyncio.run(_get(registry, ModelStore(tmp_path / "empty"), artifact))
+    got, metrics = asyncio.run(_get(registry, InstalledReleases(tmp_path / "empty"), artifact))
     assert got.read_bytes() == NEW and registry.whole == 1
     assert _metric(metrics, "chunks_refused") == 6  # the first try and five more, then whole
 
@@ -177,7 +177,7 @@ def test_a_cut_stream_resumes_with_the_chunks_not_yet_kept(tmp_path: Path) -> No
     artifact, cuts, index = _artifact(tmp_path, NEW)
     registry = Registry(NEW, cuts, index)
     registry.cut_after = 10
-    got, metrics = asyncio.run(_get(registry, ModelStore(tmp_path / "empty"), artifact))
+    got, metrics = asyncio.run(_get(registry, InstalledReleases(tmp_path / "empty"), artifact))
     assert got.read_bytes() == NEW and _metric(metrics, "fetch_resumed") == 1
     first, second = registry.requests
     assert len(first) == len(cuts) and sorted(second) == sorted(first[10:])
@@ -196,6 +196,6 @@ def test_a_chunk_not_asked_for_ends_the_transfer(tmp_path: Path) -> None:
 def test_an_index_that_is_not_the_manifest_s_means_a_whole_fetch(tmp_path: Path) -> None:
     artifact, cuts, index = _artifact(tmp_path, NEW)
     registry = Registry(NEW, cuts, index[:-1] + b"\0")
-    got, metrics = asyncio.run(_get(registry, ModelStore(tmp_path / "empty"), artifact))
+    got, metrics = asyncio.run(_get(registry, InstalledReleases(tmp_path / "empty"), artifact))
     assert got.read_bytes() == NEW and registry.whole == 1 and not registry.requests
     assert _metric(metrics, "chunks_refused") == 1

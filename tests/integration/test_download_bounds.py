@@ -19,7 +19,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from serving.release.manifest import Artifact
-from serving.release.store import ModelStore
+from serving.release.store import InstalledReleases
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
 from sync.node.download import Downloader
@@ -62,7 +62,7 @@ async def _download(tmp_path: Path, rogue: Rogue) -> TransferError:
     await server.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     stub = pb_grpc.SyncStub(channel)
-    downloads = Downloader(lambda: stub, [], ModelStore(tmp_path / "store"),
+    downloads = Downloader(lambda: stub, [], InstalledReleases(tmp_path / "store"),
                            DownloadMetrics("edge", CollectorRegistry()))
     try:
         with pytest.raises(TransferError) as failed:

@@ -18,7 +18,7 @@ from edge.runtime import OnnxRuntime
 from examples.sentiment import data
 from serving.model.scores import softmax
 from serving.model.text import load_tokenizer, pad, token_rows, unpadded
-from serving.release.store import ModelStore
+from serving.release.store import InstalledReleases
 from serving.runtime.batcher import Batcher, BatchStats
 from serving.runtime.repository import Runtime
 
@@ -35,7 +35,7 @@ def stores(tiny_stores: Path) -> Path:
 def runtime(stores: Path, tier: str) -> tuple[Runtime, list[list[np.ndarray]]]:
     """The tier's runtime as its server loads it, and requests of 1-3 rows of mixed lengths
     (review snippets cut to 1..40 words: the tiny model truncates at 32 tokens)."""
-    manifest = ModelStore(stores / tier).verify("tiny", 1, tier)  # type: ignore[arg-type]
+    manifest = InstalledReleases(stores / tier).verify("tiny", 1, tier)  # type: ignore[arg-type]
     folder = stores / tier / "tiny" / "1"
     served: Runtime = (OnnxRuntime(folder / manifest.edge.file, 1) if tier == "edge" else
                        TorchScriptRuntime(folder / manifest.center.file, torch.device("cpu"),

@@ -23,7 +23,7 @@ from harness.processes import BIN, start_registry, start_tier
 from registry.settings import RegistrySettings
 from registry.trust import keys
 from serving.release.signing import Verifier, load_public_key
-from serving.release.store import ModelStore
+from serving.release.store import InstalledReleases
 from tests.conftest import RegistryCli
 from tests.integration.test_sync import (
     BODY,
@@ -72,7 +72,7 @@ def test_publish_signs_and_a_pulled_store_verifies(home: Home) -> None:
     assert hashlib.sha256((folder / "release.json").read_bytes()).hexdigest() == \
         shown["manifest_sha256"]  # the signed bytes, not a re-encoding
     trusted = Verifier(load_public_key(Path(key["public_key_path"])))
-    assert ModelStore(store, trusted).verify("tiny", 1, "edge").version == 1
+    assert InstalledReleases(store, trusted).verify("tiny", 1, "edge").version == 1
 
 
 def test_a_release_signed_by_another_key_is_refused_and_the_old_one_keeps_serving(

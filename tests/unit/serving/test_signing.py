@@ -16,7 +16,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from registry.trust.keys import Signer, generate_key_pair, load_private_key
 from serving.release.manifest import Manifest, encode, is_valid_name
 from serving.release.signing import SigningError, Verifier, key_id, load_public_key
-from serving.release.store import SIGNATURE, ModelStore, StoreError, check_release
+from serving.release.store import (
+    SIGNATURE,
+    InstalledReleases,
+    ModelStore,
+    StoreError,
+    check_release,
+)
 from tests.unit.serving.test_store import manifest, write_good
 
 
@@ -113,7 +119,7 @@ def test_an_edited_manifest_is_not_verified(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="does not verify"):
         store.verify("sentiment", 1, "edge")
     assert not store.complete(manifest(), "edge")
-    assert ModelStore(tmp_path).verify("sentiment", 1, "edge")  # unchecked without a key
+    assert InstalledReleases(tmp_path).verify("sentiment", 1, "edge")  # unchecked without a key
 
 
 def test_a_swapped_file_with_a_rehashed_manifest_is_not_verified(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from serving.release.manifest import (
     Preprocessing,
     is_valid_name,
 )
-from serving.release.store import ModelStore, StoreError
+from serving.release.store import InstalledReleases, ModelStore, StoreError
 
 CONTENT = {"model.onnx": b"onnx bytes", "tokenizer.json": b"{}", "model.pt": b"torchscript"}
 
@@ -47,6 +47,9 @@ def test_install_stages_verifies_and_activates(tmp_path: Path) -> None:
                                                         "tokenizer.json"]
     assert store.current("sentiment") == 1
     assert store.verify("sentiment", 1, "edge") == manifest()
+    installed = InstalledReleases(tmp_path)  # what serving reads: the same folder, no writes
+    assert installed.current("sentiment") == 1 and installed.versions("sentiment") == [1]
+    assert installed.verify("sentiment", 1, "edge") == manifest()
     assert not any(p.name.startswith(".staging") for p in (tmp_path / "sentiment").iterdir())
 
 
@@ -69,7 +72,7 @@ def test_tampered_store_fails_verification(tmp_path: Path) -> None:
     folder = store.install(manifest(), "center", write_good)
     (folder / "model.pt").write_bytes(b"TORCHSCRIPT")
     with pytest.raises(StoreError, match="sha256"):
-        store.verify("sentiment", 1, "center")
+        InstalledReleases(tmp_path).verify("sentiment", 1, "center")
 
 
 def test_unsafe_names_are_refused(tmp_path: Path) -> None:
