@@ -173,7 +173,7 @@ def tables(results: list[SizeResult], info: dict[str, str], what: str,
             f"{fmt(r.pushed_first_s)} to {fmt(r.pushed_last_s)} s (its log) and the last node "
             f"held its directive at {fmt(r.directive_max_s)} s. Up to the first push: the "
             f"registry noticing the commit and computing the push for every node "
-            f"(SyncService.push_all); first to last: queueing each node's signed directive; "
+            f"(Pusher.push_all); first to last: queueing each node's signed directive; "
             f"after that: delivery.")
         for error in r.errors[:3]:
             out.append(f"N = {r.nodes}: {error}")

@@ -23,25 +23,27 @@ from registry.errors import NotPrimary
 from registry.fleet import nodes
 from registry.fleet.nodes import Held
 from registry.releases import waves
-from registry.releases.plan import RolloutNode, Target
+from registry.releases.plan import RolloutNode
 from registry.server.fetch import Artifacts
 from registry.server.intake import Intake, platform
 from registry.server.limits import Refusals
+from registry.server.metadata import TrustMetadata
 from registry.server.metrics import SyncMetrics
+from registry.server.push import Pusher
 from registry.server.replication import ReplicationService
 from registry.server.session import Database, Session, WriteBehind
+from registry.server.witness import Witnesses
 from registry.settings import RegistrySettings
 from registry.store import chain
 from registry.store.chain import Head
-from registry.trust import keys, tuf, witness_check
 from serving import tasks
-from serving.config.tokens import NODE_ID, TokenVerifier
+from serving.config.tokens import NODE_ID, NodeToken, TokenVerifier
 from serving.protocol.keepalive import KEEPALIVE, Keepalive
 from serving.protocol.wire import Malformed, ParseInterceptor
 from serving.release.manifest import is_valid_name
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
-from sync.wire import auth, directive
+from sync.wire import auth
 
 log = logging.getLogger(__name__)
 SERVICE = "tiered.sync.v1.Sync"
@@ -61,25 +63,19 @@ def _shown(text: str, limit: int = 40) -> str:
 
 
 class SyncService(pb_grpc.SyncServicer):
-    """The node streams: who may open one (its token's node, one stream per node), the releases
-    each is pushed; what nodes send up goes to ``Intake``, Fetch to ``Artifacts``.
-
-    Why one class: it is the one gRPC servicer of the Sync service, and its methods share the
-    open sessions (a standby's refusal included); the work behind them is already apart."""
+    """The one gRPC servicer of the Sync service; its parts share the open sessions."""
 
     def __init__(self, settings: RegistrySettings, db: Database, metrics: SyncMetrics) -> None:
         self.settings, self.db, self.metrics = settings, db, metrics
         self.sessions: dict[str, Session] = {}
+        self.generations: dict[str, int] = {}  # node id -> token generation, if not 1
+        self.refusing: str | None = None  # why nodes are turned away (a standby says whom to ask)
         self.writes = WriteBehind(db, settings.node_write_interval_s)
         self.intake = Intake(settings, db, metrics, self.sessions, self.writes)
-        self.refusing: str | None = None  # why nodes are turned away (a standby says whom to ask)
         self.artifacts = Artifacts(settings, db, metrics, self.sessions)
-        self.published: tuf.Published | None = None  # TUF metadata as nodes are sent it
-        self.director: keys.Signer | None = None  # signs directives: the online key
-        self._held_back: set[tuple[str, int]] = set()  # releases awaiting signatures, logged
-        self._trust_for: tuf.Published | None = None  # what _trust_messages were made of
-        self._trust_messages: dict[tuple[int, bool, bool], pb.ServerMessage] = {}
-        self.witness: pb.ServerMessage | None = None  # the chain's head as last told (signed)
+        self.metadata = TrustMetadata(settings, db, self.sessions)
+        self.pusher = Pusher(db, metrics, self.sessions, self.metadata)
+        self.witnesses = Witnesses(db, metrics, self.sessions, self.writes, self.metadata)
 
     async def Sync(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         first = await context.read()
@@ -96,10 +92,9 @@ class SyncService(pb_grpc.SyncServicer):
             await context.write(pb.ServerMessage(welcome=pb.Welcome(
                 registry=self.settings.actor,
                 report_interval_s=self.settings.report_interval_s)))
-            self.send_trust(session)
-            await self.push(session)
-            if self.witness is not None:  # after the releases: the head as last told
-                session.outbox.put_nowait(self.witness)
+            self.metadata.send(session)
+            await self.pusher.push(session)
+            self.witnesses.send(session)  # after the releases: the head as last told
             session.pushed.set()  # Fetch serves what ``sent`` holds from now on
             while (message := await session.outbox.get()) is not None:
                 await context.write(message)
@@ -110,32 +105,7 @@ class SyncService(pb_grpc.SyncServicer):
             await self._close(session)
 
     async def _open(self, hello: pb.Hello, context: grpc.aio.ServicerContext) -> Session:
-        """The node's session: its id, tier and region are its token's (the registry issued
-        them); a hello that says otherwise is refused, never believed."""
-        if not NODE_ID.fullmatch(hello.node_id):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid node id "
-                                f"{_shown(hello.node_id)}")
-        token = auth.proven(context)
-        proven = token.node_id if token else ""
-        if token is None or hello.node_id != proven:
-            log.warning("refused a hello as %s from %s: its token is node %s's",
-                        _shown(hello.node_id), context.peer(), proven)
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"this token is node "
-                                f"{proven!r}'s; it cannot say hello as {_shown(hello.node_id)}")
-        assert token is not None
-        if token.tier not in ("edge", "center"):
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"a {token.tier} token "
-                                f"opens replication only, not a node's stream")
-        for what, said, issued in (("tier", hello.tier, token.tier),
-                                   ("region", hello.region, token.region)):
-            if said != issued:
-                log.warning("refused a hello from node %s at %s: it says %s %s, its token was "
-                            "issued for %s %s", proven, context.peer(), what, _shown(said),
-                            what, issued)
-                await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"node {proven!r}'s "
-                                    f"token was issued for {what} {issued!r}; its hello says "
-                                    f"{_shown(said)} (re-provision it with `registry node "
-                                    f"provision` to change its {what})")
+        token = await _admitted(hello, context)
         held = [Held(h.model, sorted(h.versions), h.active or None) for h in hello.held
                 if is_valid_name(h.model)]
         session = Session(RolloutNode(token.node_id, token.tier, token.region), context.peer(),
@@ -152,34 +122,10 @@ class SyncService(pb_grpc.SyncServicer):
         self.metrics.connected.set(len(self.sessions))
         self.writes.add(nodes.hello(session.node, session.peer, held, platform(hello.platform)))
         if hello.HasField("witness"):
-            await self._witnessed(session, hello.witness)
+            await self.witnesses.shown(session, hello.witness)
         log.info("node %s (%s, %s) connected from %s holding %s", session.node.node_id,
                  session.node.tier, session.node.region, session.peer, session.active)
         return session
-
-    async def _witnessed(self, session: Session, message: pb.Witness) -> None:
-        """A node shows the newest audit witness it was told: believed once this registry's
-        own key verifies it, kept, and checked against the chain
-        (``registry.trust.witness_check``)."""
-        signers = [s for s in (self.director, self.db.anchor.signer) if s is not None]
-        seen = witness_check.verified(message, [s.key.public_key() for s in signers])
-        if seen is None:
-            log.warning("node %s showed an audit witness this registry did not sign; ignored",
-                        session.node.node_id)
-            return
-        self.writes.add(nodes.witnessed(session.node.node_id, seen.seq, seen.hash))
-        problem = await self.db.run(lambda: witness_check.conflict(
-            self.db.catalog.db.conn, seen, f"node {session.node.node_id}"))
-        if problem is not None:
-            self.metrics.witness_conflicts.inc()
-            log.error("the audit chain lost records: %s", problem)
-
-    def tell(self, head: Head, signer: keys.Signer) -> None:
-        """Sign ``head`` once and queue it to every connected node (and to those that connect
-        later, until the next)."""
-        self.witness = pb.ServerMessage(witness=witness_check.sign(signer, head))
-        for session in list(self.sessions.values()):
-            session.outbox.put_nowait(self.witness)
 
     async def _close(self, session: Session) -> None:
         node_id = session.node.node_id
@@ -191,78 +137,14 @@ class SyncService(pb_grpc.SyncServicer):
             self.intake.gone(node_id)
         self.metrics.connected.set(len(self.sessions))
 
-    async def push(self, session: Session) -> None:
-        """Queue every release whose desired version changed for this node since last time."""
-        (targets,), head = await self.db.run(self.db.desired, [session.node])
-        self._queue(session, targets, head)
-
-    async def push_all(self) -> None:
-        """After a change: every node's desired releases in one database call, then queued."""
-        sessions = list(self.sessions.values())
-        desired, head = await self.db.run(self.db.desired, [s.node for s in sessions])
-        for session, targets in zip(sessions, desired, strict=True):
-            self._queue(session, targets, head)
-
-    def send_trust(self, session: Session) -> None:
-        """Queue the TUF metadata for this node when it changed since it was last sent: roots
-        newer than the node's, the timestamp, and snapshot and targets when they changed."""
-        published = self.published
-        if published is None:
-            return
-        now = (published.timestamp_version, published.snapshot_sha, published.targets_sha)
-        last = session.trust_sent
-        if last == now:
-            return
-        # one message per kind of node, shared by their outboxes (a targets listing every
-        # release is large: not a copy per node)
-        kind = (session.root_version, last[1] != now[1], last[2] != now[2])
-        message = self._trust_messages.get(kind)
-        if message is None or self._trust_for is not published:
-            if self._trust_for is not published:
-                self._trust_messages.clear()
-                self._trust_for = published
-            message = self._trust_messages[kind] = pb.ServerMessage(trust=pb.Trust(
-                roots=published.roots_after(session.root_version),
-                timestamp=published.timestamp,
-                snapshot=published.snapshot if kind[1] else b"",
-                targets=published.targets if kind[2] else b""))
-        session.trust_sent = now
-        if published.roots:
-            session.root_version = max(session.root_version, published.roots[-1][0])
-        session.outbox.put_nowait(message)
-
-    def trust_all(self) -> None:
-        for session in list(self.sessions.values()):
-            self.send_trust(session)
-
-    def _queue(self, session: Session, targets: list[Target], head: Head | None) -> None:
-        waiting = self.published.waiting if self.published is not None else set()
-        for t in targets:
-            if session.sent.get(t.model) == t.version:
-                continue
-            if (t.model, t.version) in waiting:  # pushed once it has enough signatures
-                if (t.model, t.version) not in self._held_back:
-                    self._held_back.add((t.model, t.version))
-                    log.warning("%s version %s awaits publisher signatures (`registry sign`): "
-                                "not pushed until its targets metadata is complete", t.model,
-                                t.version)
-                continue
-            session.sent[t.model] = t.version
-            if session.active.pop(t.model, None) == t.version:
-                continue  # it already serves that version
-            release = pb.Release(model=t.model, version=t.version, alias=t.alias,
-                                 manifest=t.manifest, manifest_sha256=t.manifest_sha256,
-                                 signature=t.signature, signing_key_id=t.key_id)
-            if head is not None:  # there is always one: a desired release was audited
-                release.directive, release.directive_signature = directive.sign(
-                    self.director or self.db.anchor.signer, directive.Directive(
-                        session.node.node_id, t.model, t.version, t.manifest_sha256, head.seq,
-                        head.hash))
-                session.seqs[t.model] = head.seq
-            session.outbox.put_nowait(pb.ServerMessage(release=release))
-            self.metrics.pushes.inc()
-            log.info("pushing %s version %s (%s) to %s", t.model, t.version, t.alias,
-                     session.node.node_id)
+    async def load_generations(self) -> None:
+        """Token generations (raised by ``registry node revoke``): a revoked node's stream is
+        closed, and its old token refused from now on."""
+        self.generations = await self.db.run(self.db.nodes.generations)
+        for node_id, session in list(self.sessions.items()):
+            if self.generations.get(node_id, 1) != session.generation:
+                log.warning("node %s: token revoked; closing its stream", node_id)
+                session.close()
 
     async def _read(self, session: Session, context: grpc.aio.ServicerContext) -> None:
         try:
@@ -307,6 +189,7 @@ class SyncService(pb_grpc.SyncServicer):
                 yield chunk
 
 
+
 class SyncServer:
     """Explicit start/stop; the entry point (``registry serve``) owns the signals.
 
@@ -322,12 +205,11 @@ class SyncServer:
             raise ValueError("registry serve needs its secret: set REGISTRY_TOKEN (or "
                              "REGISTRY_TOKEN_FILE)")
         self.settings, self.keepalive = settings, keepalive
-        self.generations: dict[str, int] = {}  # node id -> token generation, if not 1
-        self.verifier = TokenVerifier(settings.token.get_secret_value(),
-                                 lambda node_id: self.generations.get(node_id, 1))
         self.metrics = metrics or SyncMetrics()
         self.db = Database(settings)
         self.service = SyncService(settings, self.db, self.metrics)
+        self.verifier = TokenVerifier(settings.token.get_secret_value(),
+                                      lambda node_id: self.service.generations.get(node_id, 1))
         self.registry_id = settings.registry_id or ""
         self.replication = ReplicationService(settings, self.db, lambda: self.registry_id)
         self.health = health.aio.HealthServicer()
@@ -340,13 +222,12 @@ class SyncServer:
         self._steerer: asyncio.Task[None] | None = None
         self._trustee: asyncio.Task[None] | None = None
         self._teller: asyncio.Task[None] | None = None
-        self._frozen = ""  # why the timestamp cannot be advanced (logged once per reason)
 
     async def start(self) -> int:
         await self.db.open()
         await self._advance()
         await self.db.run(self.db.nodes.all_disconnected)
-        await self._load_generations()
+        await self.service.load_generations()
         await self.service.intake.load_policies()
         server = grpc.aio.server(
             # the token is checked first; both see the tolerant deserializer (wire.py)
@@ -406,15 +287,6 @@ class SyncServer:
             log.exception("auditing %d refused-call rows failed; retrying", len(rows))
             self._unwritten = rows
 
-    async def _load_generations(self) -> None:
-        """Token generations (raised by ``registry node revoke``): a revoked node's stream is
-        closed, and its old token refused from now on."""
-        self.generations = await self.db.run(self.db.nodes.generations)
-        for node_id, session in list(self.service.sessions.items()):
-            if self.generations.get(node_id, 1) != session.generation:
-                log.warning("node %s: token revoked; closing its stream", node_id)
-                session.close()
-
     async def _watch(self) -> None:
         seen = await self.db.run(self.db.data_version)
         while True:
@@ -422,48 +294,19 @@ class SyncServer:
             try:
                 version = await self.db.run(self.db.data_version)
                 if version != seen and self.service.refusing is None:
-                    await self._load_generations()
+                    await self.service.load_generations()
                     await self._advance()  # before releases: nodes check them against it
-                    await self.service.push_all()
+                    await self.service.pusher.push_all()
                     await self.service.intake.load_policies()
                     seen = version  # only once pushed: a failed push is tried again
             except Exception:  # a bad moment must not end pushing for good
                 log.exception("pushing changes failed; retrying")
 
     async def _advance(self) -> None:
-        """Sign what the TUF metadata needs (root 1 on a registry from before TUF; snapshot
-        and timestamp with the online key) and send nodes what changed. A registry that may
-        not write (a standby) or whose online key is not root's serves what is stored."""
-        settings = self.settings
-        try:
-            director = await self.db.run(keys.online_signer, settings)
-            self.service.director = director
-            if self.service.refusing is None:
-                publisher = await self.db.run(keys.signer, settings)
-                db = self.db.catalog.db
-                await self.db.run(tuf.ensure, db, publisher, director.key.public_key())
-                await self.db.run(tuf.advance, db, director, settings.timestamp_expiry_s)
-            if self._frozen:
-                log.info("TUF timestamp advancing again")
-            self._frozen = ""
-        except NotPrimary:
-            pass
-        except tuf.Frozen as exc:
-            if str(exc) != self._frozen:
-                log.error("cannot advance the TUF timestamp: %s; nodes flag this registry "
-                          "stale when the timestamp they hold expires", exc)
-            self._frozen = str(exc)
-        except Exception:  # a bad key file or a busy database: serve what is stored, retry
-            log.exception("signing the TUF metadata failed; retrying")
-        published = await self.db.run(tuf.published, self.db.catalog.db)
-        before = self.service.published
-        self.service.published = published
-        if published is not None and (before is None or before.timestamp_version !=
-                                      published.timestamp_version or before.roots !=
-                                      published.roots or before.targets != published.targets):
-            self.service.trust_all()
-            if before is not None and before.trusted != published.trusted:
-                await self.service.push_all()  # releases that now have their signatures
+        """The TUF metadata signed and sent (``registry.server.metadata``), and releases that
+        now have their signatures pushed."""
+        if await self.service.metadata.advance(signing=self.service.refusing is None):
+            await self.service.pusher.push_all()
 
     async def _keep_fresh(self) -> None:
         interval = min(60.0, max(0.5, self.settings.timestamp_expiry_s / 6))
@@ -473,7 +316,7 @@ class SyncServer:
 
     async def _tell(self) -> None:
         """Every ``witness_interval_s``: when the audit chain moved, tell the nodes its new
-        head (signed), so a registry that later loses those records meets them."""
+        head (``registry.server.witness``)."""
         told: Head | None = None
         while True:
             await asyncio.sleep(self.settings.witness_interval_s)
@@ -482,7 +325,7 @@ class SyncServer:
             try:
                 head = await self.db.run(lambda: chain.head(self.db.catalog.db.conn))
                 if head is not None and head != told:
-                    self.service.tell(head, self.service.director or self.db.anchor.signer)
+                    self.service.witnesses.tell(head)
                     told = head
             except Exception:  # a busy database or a bad key file: tell them next time
                 log.exception("telling the nodes the audit head failed; retrying")
@@ -519,3 +362,32 @@ class SyncServer:
         await self.service.writes.stop()  # every stream has ended: its goodbye is queued too
         self.db.close()
 
+
+async def _admitted(hello: pb.Hello, context: grpc.aio.ServicerContext) -> NodeToken:
+    """The token of a node saying hello: its id, tier and region are the token's (the registry
+    issued them); a hello that says otherwise is refused, never believed."""
+    if not NODE_ID.fullmatch(hello.node_id):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"invalid node id "
+                            f"{_shown(hello.node_id)}")
+    token = auth.proven(context)
+    proven = token.node_id if token else ""
+    if token is None or hello.node_id != proven:
+        log.warning("refused a hello as %s from %s: its token is node %s's",
+                    _shown(hello.node_id), context.peer(), proven)
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"this token is node "
+                            f"{proven!r}'s; it cannot say hello as {_shown(hello.node_id)}")
+    assert token is not None
+    if token.tier not in ("edge", "center"):
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"a {token.tier} token "
+                            f"opens replication only, not a node's stream")
+    for what, said, issued in (("tier", hello.tier, token.tier),
+                               ("region", hello.region, token.region)):
+        if said != issued:
+            log.warning("refused a hello from node %s at %s: it says %s %s, its token was "
+                        "issued for %s %s", proven, context.peer(), what, _shown(said),
+                        what, issued)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, f"node {proven!r}'s "
+                                f"token was issued for {what} {issued!r}; its hello says "
+                                f"{_shown(said)} (re-provision it with `registry node "
+                                f"provision` to change its {what})")
+    return token

@@ -1,4 +1,4 @@
-"""The registry's push logic (``registry/server/service.py``): which releases each connected node's
+"""The registry's push logic (``registry/server/push.py``): which releases each connected node's
 stream is sent, once, with a signed directive; no gRPC is involved, only the real database."""
 
 from __future__ import annotations
@@ -52,13 +52,13 @@ def test_a_release_is_queued_once_per_node_and_again_only_when_it_changes(
     async def scenario(service: SyncService, db: Database) -> None:
         await db.run(db.catalog.create_version, manifest("m"))
         s = session(EDGE)
-        await service.push(s)
+        await service.pusher.push(s)
         assert queued(s) == [("m", 1)]
-        await service.push(s)
+        await service.pusher.push(s)
         assert queued(s) == []  # nothing changed for it
         await db.run(db.catalog.create_version, manifest("m", seed=1))
         await db.run(db.catalog.promote, "m", 2)
-        await service.push(s)
+        await service.pusher.push(s)
         assert queued(s) == [("m", 2)]
 
     run(tmp_path, scenario)
@@ -68,7 +68,7 @@ def test_a_node_already_serving_the_version_is_sent_nothing(tmp_path: Path) -> N
     async def scenario(service: SyncService, db: Database) -> None:
         await db.run(db.catalog.create_version, manifest("m"))
         s = session(EDGE, active={"m": 1})
-        await service.push(s)
+        await service.pusher.push(s)
         assert queued(s) == []
 
     run(tmp_path, scenario)
@@ -80,7 +80,7 @@ def test_push_all_reaches_every_connected_node_with_its_own_signed_directive(
         sessions = {n.node_id: session(n) for n in (EDGE, OTHER)}
         service.sessions.update(sessions)
         await db.run(db.catalog.create_version, manifest("m"))
-        await service.push_all()
+        await service.pusher.push_all()
         verifier = Verifier(db.anchor.signer.key.public_key())
         for node_id, s in sessions.items():
             message = s.outbox.get_nowait()
