@@ -12,7 +12,7 @@ import uvloop
 from registry.ha import changes, leader
 from registry.server import replication
 from registry.server.metrics import SyncMetrics, serve_http
-from registry.server.service import SyncServer
+from registry.server.rpc import SyncServer
 from registry.server.session import Database
 from registry.settings import RegistrySettings
 from registry.store.db import transaction

@@ -17,17 +17,27 @@ bitmap), so memory stays bounded.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import math
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from prometheus_client import Counter
+
+from serving import tasks
+
+log = logging.getLogger(__name__)
 OTHERS = "*"  # the tally of hosts beyond max_peers
 MAX_METHODS = 16
 TOP = 20  # hosts named in an interval's record
 BITMAP = 1 << 16  # bits of the distinct-host estimate past max_peers (8 KiB)
+MAX_UNWRITTEN = 1_000  # refused-call records (one per interval) kept while the database
+# cannot take them
 _IPV6 = re.compile(r"ipv6:\[([^\]]*)\](?::\d+)?")
 _IPV4 = re.compile(r"ipv4:([^:]*)(?::\d+)?")
 
@@ -130,3 +140,47 @@ class Refusals:
     @property
     def pending(self) -> int:
         return sum(t.count for t in self._tallies.values())
+
+
+class RefusalRecords:
+    """Per refused call a counter and at most a log line (``Refusals``); per interval one
+    audit record, written by ``write`` off the call path. Rows a failed write left are tried
+    again with the next (at most ``MAX_UNWRITTEN`` kept)."""
+
+    def __init__(self, refusals: Refusals, denied: Counter,
+                 write: Callable[[list[dict[str, Any]]], Awaitable[object]]) -> None:
+        self.refusals, self.denied, self.write = refusals, denied, write
+        self._unwritten: list[dict[str, Any]] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def note(self, method: str, peer: str) -> None:
+        self.denied.inc()
+        said = self.refusals.note(method, peer)
+        if said is not None:
+            log.warning("%s", said)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.refusals.interval_s)
+            await self.flush()
+
+    async def flush(self) -> None:
+        rows = (self._unwritten + self.refusals.drain())[-MAX_UNWRITTEN:]
+        if not rows:
+            return
+        try:
+            await self.write(rows)
+            self._unwritten = []
+        except Exception:  # the database is busy or broken: keep them for the next interval
+            log.exception("auditing %d refused-call rows failed; retrying", len(rows))
+            self._unwritten = rows
+
+    async def stop(self) -> None:
+        """The last interval's record, once no call can add to it (after the server stopped)."""
+        if self._task is None:
+            return
+        await tasks.stop(self._task)
+        await self.flush()

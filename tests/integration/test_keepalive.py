@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import SecretStr
 
 from registry.server.metrics import SyncMetrics
-from registry.server.service import SyncServer
+from registry.server.rpc import SyncServer
 from registry.settings import RegistrySettings
 from serving.config.settings import ServingSettings
 from serving.config.tokens import node_token
