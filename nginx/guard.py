@@ -15,7 +15,7 @@ from serving.fleet.discovery import Instance
 
 from .fleet import Dropped
 from .metrics import HELD
-from .probe import Key, Prober, Verdict
+from .probe import Key, Prober, ProbeVerdict
 from .upstreams import edge_tls_name
 
 log = logging.getLogger("nginx.render")
@@ -86,7 +86,8 @@ class EdgeGuard:
                     for i, why in losers if key(i) in listed]
         why = dict.fromkeys(held, "departed")
         if not chosen and self.rendered:  # never from some edges to none on the catalog's word
-            last = {k: i for k, i in self.rendered.items() if verdicts.get(k) is Verdict.PROVEN}
+            last = {k: i for k, i in self.rendered.items()
+                    if verdicts.get(k) is ProbeVerdict.PROVEN}
             chosen, why = list(last.values()), dict.fromkeys(last, "last")
         chosen.sort(key=key)  # one order whichever entries are held: no reload for nothing
         self.rendered, self.listed = {key(i): i for i in chosen}, listed
@@ -95,7 +96,7 @@ class EdgeGuard:
         self._alarm({k: w for k, w in why.items() if k in self.rendered})
         return chosen, dropped
 
-    async def _verdicts(self, listed: dict[Key, Instance], now: float) -> dict[Key, Verdict]:
+    async def _verdicts(self, listed: dict[Key, Instance], now: float) -> dict[Key, ProbeVerdict]:
         """Every needed verdict: the listed entries' and the departed edges'. Asked again at
         once: an entry that changed (unless it was found lying), a departed edge not asked
         since it left, or not for ``RECHECK_HELD_S``."""
@@ -103,21 +104,21 @@ class EdgeGuard:
         self.asked = [k for i in candidates for k in keys(i)]
         cached = self.prober.verdicts
         forced = [k for k, i in listed.items() if self.listed.get(k) != i
-                  and cached.get(k, (None,))[0] is not Verdict.WRONG]
+                  and cached.get(k, (None,))[0] is not ProbeVerdict.WRONG]
         forced += [k for k, since in self.departed.items()
                    if self.prober.age(k) > min(now - since, RECHECK_HELD_S)]
         verdicts = await self.prober.check(self.asked, forced)
         self.proofs = {k: t for k, t in self.proofs.items() if k in verdicts}
         for k, verdict in verdicts.items():
-            if verdict is Verdict.PROVEN:
+            if verdict is ProbeVerdict.PROVEN:
                 self.proofs[k] = self.prober.verdicts[k][1]
-            elif verdict is Verdict.WRONG:
+            elif verdict is ProbeVerdict.WRONG:
                 self.proofs.pop(k, None)
         return verdicts
 
-    def _problem(self, i: Instance, verdict: Verdict | None) -> Dropped | None:
+    def _problem(self, i: Instance, verdict: ProbeVerdict | None) -> Dropped | None:
         name = edge_tls_name(i.service_id)
-        if verdict is Verdict.WRONG:
+        if verdict is ProbeVerdict.WRONG:
             return Dropped("edges", i.service_id, "wrong_identity",
                            f"{i.target} answered without proving {name}")
         if key(i) not in self.proofs:
@@ -135,16 +136,16 @@ class EdgeGuard:
             return i
         return dataclasses.replace(i, meta={k: v for k, v in i.meta.items() if k != "grpc_port"})
 
-    def _held(self, verdicts: dict[Key, Verdict], now: float) -> dict[Key, Instance]:
+    def _held(self, verdicts: dict[Key, ProbeVerdict], now: float) -> dict[Key, Instance]:
         """The departed edges still rendered: answering as themselves within ``hold_s`` of
         leaving; or, as a backup only (tried when no other edge answers, like an edge Consul
         lists as failing), not answering but not disproved within ``silent_hold_s``."""
         held = {}
         for k, since in self.departed.items():
             gone, verdict = now - since, verdicts.get(k)
-            if verdict is Verdict.PROVEN and gone < self.hold_s:
+            if verdict is ProbeVerdict.PROVEN and gone < self.hold_s:
                 held[k] = self.rendered[k]
-            elif verdict is not Verdict.WRONG and gone < self.silent_hold_s:
+            elif verdict is not ProbeVerdict.WRONG and gone < self.silent_hold_s:
                 held[k] = dataclasses.replace(self.rendered[k], passing=False)
         return held
 

@@ -23,7 +23,7 @@ MAX_PROBES = 16  # handshakes one render may start (they run together)
 Key = tuple[str, str, int]  # service id, address (an IP literal), port
 
 
-class Verdict(enum.Enum):
+class ProbeVerdict(enum.Enum):
     PROVEN = "proven"  # the certificate of this very node, from the fleet CA
     WRONG = "wrong"  # something answered, without proving this node's name (TLS or not)
     SILENT = "silent"  # nothing answered in time: refused, unreachable, timed out
@@ -31,7 +31,7 @@ class Verdict(enum.Enum):
 
 # how long each verdict is trusted: a flood of decoys costs one handshake each per WRONG
 # period; a node not listening yet (a new edge, a restart) is asked again soon
-TTL_S = {Verdict.PROVEN: 30.0, Verdict.WRONG: 15.0, Verdict.SILENT: 2.0}
+TTL_S = {ProbeVerdict.PROVEN: 30.0, ProbeVerdict.WRONG: 15.0, ProbeVerdict.SILENT: 2.0}
 
 
 def client_context(ca: Path) -> ssl.SSLContext:
@@ -48,7 +48,7 @@ class Prober:
     timeout_s: float = PROBE_TIMEOUT_S
     max_probes: int = MAX_PROBES
     clock: Callable[[], float] = time.monotonic
-    verdicts: dict[Key, tuple[Verdict, float]] = field(default_factory=dict)  # and when
+    verdicts: dict[Key, tuple[ProbeVerdict, float]] = field(default_factory=dict)  # and when
 
     def age(self, key: Key) -> float:
         """Seconds since ``key`` was last probed (inf: never)."""
@@ -59,7 +59,8 @@ class Prober:
         known = self.verdicts.get(key)
         return known is None or self.age(key) >= TTL_S[known[0]]
 
-    async def check(self, keys: Iterable[Key], forced: Iterable[Key] = ()) -> dict[Key, Verdict]:
+    async def check(self, keys: Iterable[Key],
+                    forced: Iterable[Key] = ()) -> dict[Key, ProbeVerdict]:
         """The verdict of each of ``keys`` that has one: cached, or probed now when due or in
         ``forced``. Past ``max_probes``, the forced keys go first, then those last found as
         their node (a refresh), then those never probed, then the oldest verdicts; the rest
@@ -78,9 +79,9 @@ class Prober:
 
     def _rank(self, key: Key) -> int:
         known = self.verdicts.get(key)
-        return 0 if known and known[0] is Verdict.PROVEN else 1 if known is None else 2
+        return 0 if known and known[0] is ProbeVerdict.PROVEN else 1 if known is None else 2
 
-    async def handshake(self, key: Key) -> Verdict:
+    async def handshake(self, key: Key) -> ProbeVerdict:
         """One TLS handshake with ``key``'s address, checked for its node's name."""
         sid, address, port = key
         name = edge_tls_name(sid)
@@ -88,12 +89,12 @@ class Prober:
             _, writer = await asyncio.wait_for(asyncio.open_connection(
                 address, port, ssl=self.context, server_hostname=name), self.timeout_s)
         except ssl.SSLError:  # a certificate that does not prove ``name``, or not TLS at all
-            return Verdict.WRONG
+            return ProbeVerdict.WRONG
         except (OSError, TimeoutError):
-            return Verdict.SILENT
+            return ProbeVerdict.SILENT
         writer.close()  # nothing to ask: closed at once (bounded, then cut)
         try:
             await asyncio.wait_for(writer.wait_closed(), self.timeout_s)
         except (OSError, TimeoutError):
             writer.transport.abort()
-        return Verdict.PROVEN
+        return ProbeVerdict.PROVEN

@@ -1,7 +1,7 @@
 """A fleet's child processes by name: each started in a session of its own with its output in
 ``<logs>/<name>.log`` (and, for ``tiered up``, on the console with a prefix), brought back when
 a registry, center or edge exits, and stopped by PID, newest first. What a child runs and with
-which environment is the fleet's to say (``tiered.fleet``); this table only keeps them going.
+which environment is the fleet's to say (``tiered.fleet_config``); this table only keeps them going.
 """
 
 from __future__ import annotations

@@ -16,13 +16,13 @@ import httpx
 
 from serving.release.store import write_durably
 from tiered.children import Child, Children
-from tiered.fleet import Fleet
+from tiered.fleet_config import FleetConfig
 
 STATE = "stack.json"
 
 
 @dataclass(kw_only=True)
-class RunningFleet(Fleet):
+class RunningFleet(FleetConfig):
     """The running part every fleet shares. A subclass says where each child runs (``spawn``,
     ``env``), which nginx entries clients use (``entries``) and what must be up
     (``expected``)."""

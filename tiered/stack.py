@@ -1,6 +1,6 @@
 """The local stack as child processes on loopback: a Consul dev agent, ``registry serve``,
 centers, edges (one per region) and nginx with its Consul-fed renderer. ``tiered up`` and the
-stack tests use it. What each child is handed is ``tiered.fleet``'s; keeping the children
+stack tests use it. What each child is handed is ``tiered.fleet_config``'s; keeping the children
 going, the health waits, ``stack.json`` and stopping are ``tiered.running``'s.
 """
 

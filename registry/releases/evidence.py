@@ -50,7 +50,7 @@ def number(value: Any) -> float:
 
 
 @dataclass(frozen=True)
-class Audit:
+class AuditFigures:
     """One node's live audit figures, as the gate counts them."""
 
     node_id: str
@@ -59,7 +59,7 @@ class Audit:
     agreement: float
 
 
-def audit_of(node_id: str, report: dict[str, Any]) -> Audit | None:
+def audit_of(node_id: str, report: dict[str, Any]) -> AuditFigures | None:
     """The node's audit figures from its report, bounded; None when it has none."""
     claimed = number(report.get("audit_rows"))
     agreement = report.get("audit_agreement")
@@ -67,7 +67,7 @@ def audit_of(node_id: str, report: dict[str, Any]) -> Audit | None:
     rows = int(min(claimed, served, MAX_AUDIT_ROWS))
     if rows <= 0 or not isinstance(agreement, int | float) or not 0 <= agreement <= 1:
         return None  # (NaN fails the comparison)
-    return Audit(node_id, rows, int(min(claimed, 2**63 - 1)), float(agreement))
+    return AuditFigures(node_id, rows, int(min(claimed, 2**63 - 1)), float(agreement))
 
 
 @dataclass
@@ -75,7 +75,7 @@ class Side:
     """Reports about one version: its nodes' audits, drift alarms and p99s."""
 
     nodes: int = 0
-    audits: list[Audit] = field(default_factory=list)
+    audits: list[AuditFigures] = field(default_factory=list)
     drifted: int = 0
     p99s: list[float] = field(default_factory=list)
 

@@ -21,7 +21,7 @@ from registry.server.metadata import TrustMetadata
 from registry.server.metrics import SyncMetrics
 from registry.server.push import Pusher
 from registry.server.session import Database, Session, WriteBehind
-from registry.server.witness import Witnesses
+from registry.server.witness_teller import WitnessTeller
 from registry.settings import RegistrySettings
 from serving import tasks
 from serving.config.tokens import NODE_ID, NodeToken
@@ -53,7 +53,7 @@ class SyncService(pb_grpc.SyncServicer):
         self.artifacts = Artifacts(settings, db, metrics, self.sessions)
         self.metadata = TrustMetadata(settings, db, self.sessions)
         self.pusher = Pusher(db, metrics, self.sessions, self.metadata)
-        self.witnesses = Witnesses(db, metrics, self.sessions, self.writes, self.metadata)
+        self.witnesses = WitnessTeller(db, metrics, self.sessions, self.writes, self.metadata)
 
     async def Sync(self, request_iterator: Any, context: grpc.aio.ServicerContext) -> None:
         first = await context.read()

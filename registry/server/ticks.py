@@ -68,7 +68,7 @@ class Ticks:
 
     async def _tell(self) -> None:
         """Every ``witness_interval_s``: when the audit chain moved, tell the nodes its new
-        head (``registry.server.witness``)."""
+        head (``registry.server.witness_teller``)."""
         told: Head | None = None
         while True:
             await asyncio.sleep(self.settings.witness_interval_s)

@@ -22,7 +22,7 @@ from registry.store import chain
 from registry.trust.keys import Signer
 from sync.gen import sync_pb2 as pb
 from sync.wire import witness
-from sync.wire.witness import Head
+from sync.wire.witness import WitnessedHead
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ def sign(signer: Signer, head: chain.Head) -> pb.Witness:
     return pb.Witness(statement=data, signature=signer.sign(data))
 
 
-def verified(message: pb.Witness, keys: list[Ed25519PublicKey]) -> Head | None:
+def verified(message: pb.Witness, keys: list[Ed25519PublicKey]) -> WitnessedHead | None:
     """The head ``message`` names when one of ``keys`` signed it; None otherwise (malformed,
     oversized, or not this registry's word)."""
     try:
@@ -48,7 +48,7 @@ def verified(message: pb.Witness, keys: list[Ed25519PublicKey]) -> Head | None:
     return None
 
 
-def conflict(conn: sqlite3.Connection, seen: Head, who: str) -> str | None:
+def conflict(conn: sqlite3.Connection, seen: WitnessedHead, who: str) -> str | None:
     """What is wrong with this chain given that ``who`` was told it reached ``seen`` (None:
     the chain holds it)."""
     ours = chain.head(conn)
@@ -63,11 +63,11 @@ def conflict(conn: sqlite3.Connection, seen: Head, who: str) -> str | None:
     return None
 
 
-def highest(conn: sqlite3.Connection) -> tuple[str, Head] | None:
+def highest(conn: sqlite3.Connection) -> tuple[str, WitnessedHead] | None:
     """The newest witness any node showed, and that node."""
     columns = {r[1] for r in conn.execute("PRAGMA table_info(nodes)")}
     if "witness_seq" not in columns:  # a database from before witnesses
         return None
     row = conn.execute("SELECT node_id, witness_seq, witness_hash FROM nodes WHERE witness_seq "
                        "IS NOT NULL ORDER BY witness_seq DESC, node_id LIMIT 1").fetchone()
-    return (str(row[0]), Head(int(row[1]), str(row[2]))) if row else None
+    return (str(row[0]), WitnessedHead(int(row[1]), str(row[2]))) if row else None

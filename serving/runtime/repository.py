@@ -43,7 +43,7 @@ Loader = Callable[[Manifest, Path], Runtime]
 Finisher = Callable[[Manifest], Finish]
 
 
-class Listener(Protocol):
+class VersionListener(Protocol):
     """Told when a version becomes a model's default and when one is dropped (e.g. the edge's
     threshold policy, whose controller follows the default's calibration)."""
 
@@ -144,9 +144,9 @@ class Repository:
         self._default: dict[str, int] = {}
         self._failed: dict[str, tuple[tuple[int, ...], str]] = {}  # model -> (stamp, reason)
         self._lock = asyncio.Lock()
-        self._listeners: list[Listener] = []
+        self._listeners: list[VersionListener] = []
 
-    def listen(self, listener: Listener) -> None:
+    def listen(self, listener: VersionListener) -> None:
         """Tell ``listener`` about every activation and drop from now on."""
         self._listeners.append(listener)
 

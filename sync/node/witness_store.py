@@ -12,7 +12,7 @@ from serving.release.signing import SigningError
 from serving.release.store import write_durably
 from sync.gen import sync_pb2 as pb
 from sync.wire.directive import Checker
-from sync.wire.witness import Head, WitnessError, parse
+from sync.wire.witness import WitnessedHead, WitnessError, parse
 
 log = logging.getLogger(__name__)
 FILE = ".audit-witness.json"
@@ -23,9 +23,9 @@ class Witnesses:
 
     def __init__(self, store_root: Path, checker: Checker | None) -> None:
         self.path, self.checker = store_root / FILE, checker
-        self.newest: tuple[Head, bytes, bytes] | None = self._load()
+        self.newest: tuple[WitnessedHead, bytes, bytes] | None = self._load()
 
-    def _load(self) -> tuple[Head, bytes, bytes] | None:
+    def _load(self) -> tuple[WitnessedHead, bytes, bytes] | None:
         try:
             kept = json.loads(self.path.read_bytes())
             data = base64.b64decode(kept["statement"], validate=True)

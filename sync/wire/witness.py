@@ -34,7 +34,7 @@ class WitnessError(ValueError):
 
 
 @dataclass(frozen=True)
-class Head:
+class WitnessedHead:
     seq: int
     hash: str
 
@@ -45,7 +45,7 @@ def statement(seq: int, head_hash: str) -> bytes:
                       separators=(",", ":")).encode()
 
 
-def parse(data: bytes, signature: bytes = b"") -> Head:
+def parse(data: bytes, signature: bytes = b"") -> WitnessedHead:
     """The head a statement names, bounded and checked before it is parsed (WitnessError)."""
     if not 0 < len(data) <= MAX_STATEMENT or len(signature) > MAX_SIGNATURE:
         raise WitnessError(f"a witness of {len(data)} bytes with a {len(signature)}-byte "
@@ -61,4 +61,4 @@ def parse(data: bytes, signature: bytes = b"") -> Head:
     if not (isinstance(seq, int) and not isinstance(seq, bool) and 1 <= seq < 1 << 62
             and isinstance(head_hash, str) and SHA256.fullmatch(head_hash)):
         raise WitnessError("a witness field of the wrong type")
-    return Head(seq, head_hash)
+    return WitnessedHead(seq, head_hash)

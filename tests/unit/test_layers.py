@@ -233,3 +233,18 @@ def test_services_are_handed_their_parts_and_build_nothing(path: str, name: str)
 
 def test_the_construction_check_sees_a_collaborator_built_inside() -> None:
     assert constructions("edge/cache.py", "ResponseCache") == ["TTLCache"]
+
+
+def test_no_two_product_classes_share_a_name() -> None:
+    """A name a newcomer meets twice (``Policy`` in waves and in budgets) is one they cannot
+    tell apart in a traceback or a search."""
+    where: dict[str, list[str]] = {}
+    for package in PRODUCT:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "gen" in path.relative_to(ROOT).parts:
+                continue
+            for node in ast.parse(path.read_text(encoding="utf-8")).body:
+                if isinstance(node, ast.ClassDef):
+                    where.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
+    twins = {name: paths for name, paths in where.items() if len(paths) > 1}
+    assert not twins, twins

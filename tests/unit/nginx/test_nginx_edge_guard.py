@@ -23,7 +23,7 @@ from nginx.entry import Entry, config
 from nginx.fleet import Fleet
 from nginx.guard import EdgeGuard, one_per_address
 from nginx.metrics import DROPPED, HELD
-from nginx.probe import Prober, Verdict, client_context
+from nginx.probe import Prober, ProbeVerdict, client_context
 from nginx.process import Nginx
 from nginx.render import reverify
 from nginx.renderer import Renderer
@@ -96,12 +96,13 @@ def test_a_handshake_proves_only_the_node_the_certificate_names(tls: Path) -> No
         keys = [("edge-us-1", "127.0.0.1", real), ("decoy-1", "127.0.0.1", real),
                 ("edge-us-1", "127.0.0.1", free_port()), ("edge-us-2", "127.0.0.1", plain)]
         assert asyncio.run(prober.check(keys)) == dict(zip(keys, [
-            Verdict.PROVEN, Verdict.WRONG, Verdict.SILENT, Verdict.WRONG], strict=True))
+            ProbeVerdict.PROVEN, ProbeVerdict.WRONG, ProbeVerdict.SILENT, ProbeVerdict.WRONG],
+            strict=True))
         # bounded: past max_probes, the rest wait (the refreshes and the forced first)
         bounded = Prober(client_context(tls / "ca.pem"), max_probes=1)
-        assert asyncio.run(bounded.check(keys, forced=[keys[1]])) == {keys[1]: Verdict.WRONG}
-        assert asyncio.run(bounded.check(keys)) == {keys[0]: Verdict.PROVEN,
-                                                    keys[1]: Verdict.WRONG}
+        assert asyncio.run(bounded.check(keys, forced=[keys[1]])) == {keys[1]: ProbeVerdict.WRONG}
+        assert asyncio.run(bounded.check(keys)) == {keys[0]: ProbeVerdict.PROVEN,
+                                                    keys[1]: ProbeVerdict.WRONG}
 
 
 def test_a_decoy_at_each_real_edges_address_is_dropped_never_the_edge(tls: Path) -> None:

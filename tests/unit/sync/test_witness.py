@@ -67,7 +67,7 @@ def test_a_node_keeps_nothing_it_cannot_verify(tmp_path: Path, signer: Signer) -
 ])
 def test_a_statement_is_bounded_and_checked(data: bytes, ok: bool) -> None:
     if ok:
-        assert witness.parse(data) == witness.Head(1, HASH)
+        assert witness.parse(data) == witness.WitnessedHead(1, HASH)
     else:
         with pytest.raises(witness.WitnessError):
             witness.parse(data)
@@ -82,7 +82,7 @@ def test_the_bound_on_the_signature() -> None:
 
 def test_the_registry_believes_only_its_own_signature(signer: Signer) -> None:
     keys = [Signer(Ed25519PrivateKey.generate()).key.public_key(), signer.key.public_key()]
-    assert told.verified(signed(signer, 7), keys) == witness.Head(7, HASH)
+    assert told.verified(signed(signer, 7), keys) == witness.WitnessedHead(7, HASH)
     assert told.verified(signed(signer, 7), keys[:1]) is None
     assert told.verified(pb.Witness(statement=b"junk", signature=b"x"), keys) is None
 
@@ -97,9 +97,9 @@ def chain_of(records: int) -> sqlite3.Connection:
 
 def test_a_chain_holds_a_witness_only_with_the_same_hash_at_its_seq() -> None:
     conn = chain_of(10)
-    assert told.conflict(conn, witness.Head(10, f"{10:064x}"), "node e") is None  # its end
-    assert told.conflict(conn, witness.Head(4, f"{4:064x}"), "node e") is None  # inside
-    removed = told.conflict(conn, witness.Head(11, f"{11:064x}"), "node e")
+    assert told.conflict(conn, witness.WitnessedHead(10, f"{10:064x}"), "node e") is None  # its end
+    assert told.conflict(conn, witness.WitnessedHead(4, f"{4:064x}"), "node e") is None  # inside
+    removed = told.conflict(conn, witness.WitnessedHead(11, f"{11:064x}"), "node e")
     assert removed is not None and "records 11..11 were removed" in removed
-    rewritten = told.conflict(conn, witness.Head(10, HASH), "node e")
+    rewritten = told.conflict(conn, witness.WitnessedHead(10, HASH), "node e")
     assert rewritten is not None and "rewritten" in rewritten

@@ -12,7 +12,7 @@ from serving.config.tokens import node_token
 from tiered import bundles, commands
 from tiered.cli import tracing_env
 from tiered.commands import BIN
-from tiered.fleet import EDGE_TLS
+from tiered.fleet_config import EDGE_TLS
 from tiered.settings import TieredSettings
 from tiered.stack import Stack
 

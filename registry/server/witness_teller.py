@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class Witnesses:
+class WitnessTeller:
     def __init__(self, db: Database, metrics: SyncMetrics, sessions: dict[str, Session],
                  writes: WriteBehind, metadata: TrustMetadata) -> None:
         self.db, self.metrics, self.sessions = db, metrics, sessions

@@ -28,7 +28,7 @@ LOOPBACK_NAMES = ("127.0.0.1", "localhost")
 
 
 @dataclass
-class Fleet(ABC):
+class FleetConfig(ABC):
     """A fleet's description (secrets, flags, tokens) and each child's share of it. Where a
     child runs and how it is started is the subclass's: ``Stack`` on loopback, ``Sites`` on
     the hosts of a network."""
