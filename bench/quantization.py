@@ -97,9 +97,10 @@ def prepare(release: Path, work: Path) -> int:
 
     source = load_source(release)
     assert source.calibration is not None and source.tokenizer is not None
-    inputs = text_inputs(source.tokenizer, source.max_length, source.calibration.texts)
-    rows = [b.input_ids[i, :int(b.attention_mask[i].sum())]
-            for b in inputs.batches for i in range(len(b.input_ids))]
+    inputs = text_inputs(source.tokenizer, source.max_length,
+                         [str(t) for t in source.calibration.items])
+    rows = [b["input_ids"][i, :int(b["attention_mask"][i].sum())]
+            for b in inputs.batches for i in range(len(b["input_ids"]))]
     padded = pad(rows)
     np.savez(work / INPUTS, input_ids=padded.input_ids, attention_mask=padded.attention_mask)
     export_onnx(torch.jit.load(str(source.edge)).eval(), work / FP32)

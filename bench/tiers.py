@@ -161,7 +161,9 @@ def load_predict(tier: str, release: Release) -> Callable[[Any], object]:
 
     from center.runtime import TorchScriptRuntime
 
-    return TorchScriptRuntime(release.model_file, torch.device("cpu"), "fp32", 0).predict
+    runtime = TorchScriptRuntime(release.model_file, torch.device("cpu"), "fp32", 0,
+                                 ["input_ids", "attention_mask"])
+    return lambda encoded: runtime.predict(encoded.feeds())
 
 
 # --- servers under wrk -----------------------------------------------------------------------

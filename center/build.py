@@ -24,7 +24,7 @@ def build_service(settings: CenterSettings, metrics: Metrics | None = None) -> C
 
     def load(manifest: Manifest, folder: Path) -> TorchScriptRuntime:
         return TorchScriptRuntime(folder / manifest.center.file, device, settings.precision,
-                                  settings.threads)
+                                  settings.threads, [i.name for i in manifest.inputs])
 
     store = ModelStore(settings.store, node_trust(settings.store, settings.release_key,
                                                     "center"))

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from serving.inputs.base import Feeds
 from serving.model import torchscript
-from serving.model.text import Encoded
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -22,7 +22,10 @@ def pick_device(setting: str) -> torch.device:
 
 
 class TorchScriptRuntime:
-    def __init__(self, path: Path, device: torch.device, precision: str, threads: int) -> None:
+    def __init__(self, path: Path, device: torch.device, precision: str, threads: int,
+                 inputs: list[str]) -> None:
+        """``inputs``: the model's input names in ``forward``'s order (the manifest's)."""
+        self.inputs = inputs
         if threads:
             torch.set_num_threads(threads)
         self.device = device
@@ -33,9 +36,13 @@ class TorchScriptRuntime:
         self.description = (f"torch {torch.__version__} TorchScript on {device} "
                             f"({str(self.dtype).removeprefix('torch.')})")
 
-    def predict(self, batch: Encoded) -> np.ndarray:
-        ids = torch.from_numpy(batch.input_ids).to(self.device, non_blocking=True)
-        mask = torch.from_numpy(batch.attention_mask).to(self.device, non_blocking=True)
+    def predict(self, feeds: Feeds) -> np.ndarray:
+        args = [self._tensor(feeds[name]) for name in self.inputs]
         with torch.inference_mode():
-            logits = self.module(ids, mask)
+            logits = self.module(*args)
         return np.asarray(logits.float().cpu().numpy())
+
+    def _tensor(self, values: np.ndarray) -> torch.Tensor:
+        tensor = torch.from_numpy(values).to(self.device, non_blocking=True)
+        # floating inputs (images, features) in the module's precision; token ids stay integers
+        return tensor.to(self.dtype) if tensor.is_floating_point() else tensor

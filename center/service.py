@@ -42,10 +42,11 @@ class CenterService:
         return []
 
     async def infer(self, resident: Resident, parsed: v2.Parsed) -> v2.InferResponse:
-        rows = classify.rows_of(resident, parsed)
+        rows = parsed.inputs.rows
         probabilities = await resident.batcher.submit(rows)  # softmax: per batch
         self.metrics.quality.rows(resident.manifest.name, resident.version,
-                                  [len(r) for r in rows], ["center"] * len(rows))
+                                  [resident.codec.cost(r) for r in rows],
+                                  ["center"] * len(rows))
         if tracing.active():
             tracing.set_attributes(**{"tiered.tier": "center", "tiered.rows": len(rows),
                                       "tiered.confidence": float(probabilities.max(axis=1).min(

@@ -224,23 +224,22 @@ class Audit:
             return
         m = resident.manifest
         chosen = [indices[j] for j in picked]
-        texts = [parsed.texts[i] for i in chosen] if parsed.texts is not None else None
         task = asyncio.get_running_loop().create_task(self._audit(
-            auditor, m, texts, [rows[i] for i in chosen], confidence[picked],
+            auditor, m, parsed.inputs.forward(chosen), len(chosen), confidence[picked],
             np.asarray([answers[j].probabilities.argmax() for j in picked])))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _audit(self, auditor: Auditor, m: Manifest, texts: list[str] | None,
-                     rows: list[np.ndarray], confidence: np.ndarray, edge: np.ndarray) -> None:
+    async def _audit(self, auditor: Auditor, m: Manifest, inputs: list[v2.Tensor], rows: int,
+                     confidence: np.ndarray, edge: np.ndarray) -> None:
         try:
-            answer = await self.center.classify(m.name, texts, rows, None, len(m.labels))
+            answer = await self.center.classify(m.name, inputs, rows, None, len(m.labels))
         except CenterUnavailable:  # no center: nothing to compare, the row is not counted
             return
         auditor.record(confidence, edge, answer.probabilities.argmax(axis=1))
         labels = (m.name, str(m.version))
         g = self.metrics
-        g.audit_rows.labels(*labels).inc(len(rows))
+        g.audit_rows.labels(*labels).inc(rows)
         state = auditor.state()
         g.audit_agreement.labels(*labels).set(state.agreement)
         if state.expected is not None:

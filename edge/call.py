@@ -10,7 +10,6 @@ import msgspec
 import numpy as np
 
 from serving.fleet.discovery import CENTER_TLS_NAME
-from serving.model.text import pad
 from serving.protocol import v2
 
 # The TLS server name of a center's certificate (registry.trust.pki): checked in the handshake,
@@ -49,20 +48,28 @@ class CenterClient(Protocol):
 @dataclass
 class Call:
     """One escalation, encoded for a transport when first needed (once however many centers
-    are tried)."""
+    are tried). ``inputs``: the rows in the smallest faithful form their input kind gives
+    (``v2.Decoded.forward``: the client's texts or encoded images, else binary tensors)."""
 
     model: str
-    texts: list[str] | None
-    rows: list[np.ndarray]
+    inputs: list[v2.Tensor]
+    rows: int
     request_id: str | None
     labels: int
-    _json: bytes | None = None
+    _body: tuple[bytes, int] | None = None
     _message: Any = None  # a ModelInferRequest (the stubs load lazily: see edge.grpc_center)
 
-    def json(self) -> bytes:
-        if self._json is None:
-            self._json = msgspec.json.encode(_request(self.texts, self.rows))
-        return self._json
+    def body(self) -> tuple[bytes, int]:
+        """The REST body with the binary tensor extension, and its JSON header's length."""
+        if self._body is None:
+            header = msgspec.json.encode({
+                "inputs": [{"name": t.name, "shape": t.shape, "datatype": t.datatype,
+                            "parameters": {"binary_data_size": len(t.raw or b"")}}
+                           for t in self.inputs],
+                "outputs": [{"name": "probabilities"}]})
+            self._body = (header + b"".join(bytes(t.raw or b"") for t in self.inputs),
+                          len(header))
+        return self._body
 
     def message(self) -> Any:
         """The gRPC ModelInferRequest, raw contents."""
@@ -70,9 +77,10 @@ class Call:
             from serving.gen import grpc_predict_v2_pb2 as pb  # see edge.grpc_center
 
             request = pb.ModelInferRequest(model_name=self.model, id=self.request_id or "")
-            for name, datatype, data in _tensors(self.texts, self.rows):
-                request.inputs.add(name=name, datatype=datatype, shape=list(np.shape(data)))
-                request.raw_input_contents.append(v2.raw(datatype, data))
+            for tensor in self.inputs:
+                request.inputs.add(name=tensor.name, datatype=tensor.datatype,
+                                   shape=tensor.shape)
+                request.raw_input_contents.append(bytes(tensor.raw or b""))
             request.outputs.add(name="probabilities")
             self._message = request
         return self._message
@@ -82,19 +90,3 @@ def retry_after(value: object) -> float | None:
     """A center's back-pressure (``Retry-After`` header or ``retry-after`` trailer): whole
     seconds, else none."""
     return float(value) if isinstance(value, str) and value.isdigit() else None
-
-
-def _tensors(texts: list[str] | None, rows: list[np.ndarray]) -> list[tuple[str, str, Any]]:
-    """The escalation's inputs, whichever encoding carries them: the texts, or the token rows
-    padded into ids and mask. (name, datatype, data)."""
-    if texts is not None:
-        return [(v2.TEXT, "BYTES", texts)]
-    enc = pad(rows)
-    return [(v2.IDS, "INT64", enc.input_ids), (v2.MASK, "INT64", enc.attention_mask)]
-
-
-def _request(texts: list[str] | None, rows: list[np.ndarray]) -> dict[str, object]:
-    inputs = [{"name": name, "shape": list(np.shape(data)), "datatype": datatype,
-               "data": data if datatype == "BYTES" else data.ravel().tolist()}
-              for name, datatype, data in _tensors(texts, rows)]
-    return {"inputs": inputs, "outputs": [{"name": "probabilities"}]}

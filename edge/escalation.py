@@ -13,7 +13,6 @@ import asyncio
 from pathlib import Path
 
 import httpx
-import numpy as np
 
 from edge.breaker import CircuitBreaker
 from edge.call import Call, CenterAnswer, CenterClient, Refused
@@ -21,6 +20,7 @@ from edge.centers import CenterURL
 from edge.errors import CenterUnavailable
 from edge.grpc_center import GrpcCenter
 from edge.http_center import HttpCenter, http_pool
+from serving.protocol import v2
 
 __all__ = ["CenterAnswer", "CenterUnavailable", "Centers", "Transports"]
 
@@ -96,11 +96,11 @@ class Centers:
         self._turn = (self._turn + 1) % max(1, len(urls))
         return urls[self._turn:] + urls[:self._turn]
 
-    async def classify(self, model: str, texts: list[str] | None, rows: list[np.ndarray],
+    async def classify(self, model: str, inputs: list[v2.Tensor], rows: int,
                        request_id: str | None, labels: int) -> CenterAnswer:
-        """The first answer of a center whose circuit lets the call through; raises
-        CenterUnavailable (every reason) when none answers."""
-        call = Call(model, texts, rows, request_id, labels)
+        """The first answer of a center whose circuit lets the call through for ``rows`` rows
+        carried by ``inputs``; raises CenterUnavailable (every reason) when none answers."""
+        call = Call(model, inputs, rows, request_id, labels)
         reasons = []
         # set_urls replaces both dicts: this call keeps a coherent view
         clients, breakers = self.clients, self.breakers

@@ -50,7 +50,7 @@ class GrpcCenter:
         with tracing.span(METHOD, tracing.SpanKind.CLIENT, **{
                 "rpc.system": "grpc", "rpc.service": "inference.GRPCInferenceService",
                 "rpc.method": "ModelInfer", "server.address": self.url,
-                "tiered.escalated": len(call.rows)}) as span:
+                "tiered.escalated": call.rows}) as span:
             tracing.inject(metadata)
             try:
                 response = await self.channel().unary_unary(
@@ -65,7 +65,7 @@ class GrpcCenter:
             names = [o.name for o in response.outputs]
             raw = response.raw_output_contents[names.index("probabilities")]
             probabilities = np.frombuffer(raw, dtype="<f4").astype(np.float32).reshape(
-                len(call.rows), call.labels)
+                call.rows, call.labels)
         except (ValueError, IndexError) as exc:
             raise Refused(f"unusable answer ({exc})") from exc
         return CenterAnswer(probabilities, response.model_version, self.url)

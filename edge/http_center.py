@@ -11,6 +11,7 @@ import numpy as np
 
 from edge.call import CENTER_NAME, Call, CenterAnswer, Refused, retry_after
 from edge.centers import CenterURL
+from serving.protocol import v2
 from serving.telemetry import tracing
 
 
@@ -37,15 +38,17 @@ class HttpCenter:
         if self.pinned and not self.center.tls:
             raise Refused("not TLS (center_ca is set)")
         target = f"{self.url}/v2/models/{call.model}/infer"
-        headers = {"content-type": "application/json"}
+        content, header_length = call.body()
+        headers = {"content-type": "application/octet-stream",
+                   v2.HEADER_LENGTH: str(header_length)}
         if call.request_id:
             headers["x-request-id"] = call.request_id
         with tracing.span("POST", tracing.SpanKind.CLIENT, **{
                 "http.request.method": "POST", "url.full": target,
-                "tiered.escalated": len(call.rows)}) as span:
+                "tiered.escalated": call.rows, "tiered.request_bytes": len(content)}) as span:
             tracing.inject(headers)  # the center's span is this call's child
             try:
-                response = await self.http.post(target, content=call.json(), headers=headers,
+                response = await self.http.post(target, content=content, headers=headers,
                                                 extensions=self.extensions)
             except httpx.HTTPError as exc:
                 if span is not None:
@@ -61,7 +64,7 @@ class HttpCenter:
                           cooldown=retry_after(response.headers.get("retry-after"))
                           if response.status_code == 503 else None)
         try:
-            return _answer(response, self.url, len(call.rows), call.labels)
+            return _answer(response, self.url, call.rows, call.labels)
         except (ValueError, KeyError, msgspec.DecodeError) as exc:
             raise Refused(f"unusable answer ({exc})") from exc
 

@@ -30,6 +30,9 @@ class EdgeMetrics:
                                     buckets=CONFIDENCE, registry=r)
         self.center_seconds = Histogram("edge_center_call_duration_seconds", "Escalation "
                                         "calls to the center", registry=r)
+        self.escalated_bytes = Counter("edge_escalated_input_bytes_total", "Input bytes the "
+                                       "edge sent to centers for escalated rows (their "
+                                       "smallest faithful form)", ["model"], registry=r)
         self.circuit_open = Gauge("edge_center_circuit_open", "1 while a center's circuit is "
                                   "open", ["center"], registry=r)
         self.threshold_now = Gauge("edge_cascade_threshold", "The gate's threshold now (the "

@@ -44,7 +44,7 @@ class EdgeService:
 
     async def infer(self, resident: Resident, parsed: v2.Parsed) -> v2.InferResponse:
         m = resident.manifest
-        rows = classify.rows_of(resident, parsed)
+        rows = parsed.inputs.rows
         decision = self.policy.decide(m, parsed.parameters)
         threshold, controller = decision.threshold, decision.controller
         if not self.cache.enabled:  # no keys to hash, nothing to look up
@@ -67,7 +67,8 @@ class EdgeService:
         tiers = [a.tier for a in answers]
         if cached:
             self.stats.cache_hits.labels(m.name, str(resident.version)).inc(cached)
-        self.metrics.quality.rows(m.name, resident.version, [len(r) for r in rows], tiers)
+        self.metrics.quality.rows(m.name, resident.version,
+                                  [resident.codec.cost(r) for r in rows], tiers)
         for tier in set(tiers):
             self.stats.tier_rows(m.name, resident.version, tier).inc(tiers.count(tier))
         parameters: dict[str, Any] = {
@@ -133,10 +134,11 @@ class EdgeService:
         """The center's answers for ``rows[i]``, i in ``indices``; the edge's own, marked
         ``edge-degraded``, when no center answers."""
         m = resident.manifest
-        texts = [parsed.texts[i] for i in indices] if parsed.texts is not None else None
+        forms = parsed.inputs.forward(indices)  # the rows' smallest faithful form
+        self.stats.escalated_bytes.labels(m.name).inc(sum(len(t.raw or b"") for t in forms))
         try:
             with self.stats.center_seconds.time():
-                answer = await self.center.classify(m.name, texts, [rows[i] for i in indices],
+                answer = await self.center.classify(m.name, forms, len(indices),
                                                     request_id.get(), len(m.labels))
         except CenterUnavailable as exc:
             log.warning("center unavailable, answering %d rows degraded: %s", len(indices), exc)

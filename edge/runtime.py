@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from serving.model.text import Encoded
+from serving.inputs.base import Feeds
 
 
 class OnnxRuntime:
@@ -23,6 +23,10 @@ class OnnxRuntime:
         self.session = ort.InferenceSession(str(path), options,
                                             providers=["CPUExecutionProvider"])
         self.description = f"onnxruntime {ort.__version__} CPU"
+        self.names = [i.name for i in self.session.get_inputs()]
 
-    def predict(self, batch: Encoded) -> np.ndarray:
-        return np.asarray(self.session.run(None, batch.feeds())[0], dtype=np.float32)
+    def predict(self, feeds: Feeds) -> np.ndarray:
+        """Logits for one call's feeds (those the model takes: a text model exported without
+        ``token_type_ids`` ignores it)."""
+        return np.asarray(self.session.run(None, {n: feeds[n] for n in self.names})[0],
+                          dtype=np.float32)

@@ -62,7 +62,7 @@ class Request(Protocol):
     @property
     def size(self) -> int: ...  # bytes received
 
-    def parse(self, limits: v2.Limits) -> v2.Parsed: ...
+    def parse(self, decoder: v2.Decoder) -> v2.Parsed: ...
 
 
 class DataPlane:
@@ -103,11 +103,8 @@ class DataPlane:
     def model_metadata(self, model: str, version: str | None = None) -> dict[str, Any]:
         resident = self.repository.get(model, version)
         m = resident.manifest
-        inputs = ([{"name": v2.TEXT, "datatype": "BYTES", "shape": [-1]}]
-                  if resident.tokenizer else [])
-        inputs += [{"name": t.name, "datatype": t.datatype, "shape": t.shape} for t in m.inputs]
         return {"name": model, "versions": [str(v) for v in self.repository.versions(model)],
-                "platform": self.service.platform, "inputs": inputs,
+                "platform": self.service.platform, "inputs": resident.codec.metadata(),
                 "outputs": classify.outputs_metadata(resident),
                 "parameters": {"labels": ",".join(m.labels),
                                "threshold": m.calibration.threshold}}
@@ -128,9 +125,9 @@ class DataPlane:
                                       "tiered.release_digest": served.sha256,
                                       "tiered.request_bytes": request.size})
         try:
-            limits = classify.limits(resident, self.service.settings)
-            parsed = (request.parse(limits) if request.size <= PARSE_INLINE_BYTES
-                      else await asyncio.to_thread(request.parse, limits))
+            codec = resident.codec
+            parsed = (request.parse(codec) if request.size <= PARSE_INLINE_BYTES
+                      else await asyncio.to_thread(request.parse, codec))
             result = await self.service.infer(resident, parsed)
         except ServingError as exc:
             self.metrics.request_failure.labels(**labels, reason=type(exc).__name__).inc()

@@ -26,7 +26,8 @@ def main(store: Path, model: str, version: int) -> None:
     folder = store / model / str(version)
     assert manifest.probe is not None, "the release has no probe"
     runtime = OnnxRuntime(folder / manifest.edge.file, threads=1)
-    measured = probe.measure(runtime.predict, probe.load(folder / manifest.probe.file), "edge")
+    measured = probe.measure(runtime.predict, probe.load(folder / manifest.probe.file,
+                                                                     manifest.inputs), "edge")
     features = {name: bool(__cpu_features__.get(name)) for name in
                 ("AVX2", "AVX512F", "AVX512VNNI", "AVX512_VNNI")}
     print(json.dumps({"agreement": measured.agreement, "rows": measured.rows,

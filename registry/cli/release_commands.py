@@ -19,6 +19,8 @@ from registry.releases.names import check_name
 from registry.settings import RegistrySettings
 from registry.store.blobs import BlobStore
 from serving.config.flags import options as settings_options
+from serving.protocol.v2 import NUMERIC
+from serving.release.manifest import TensorSpec
 from serving.release.store import ModelStore
 
 WAVE_FLAGS = ("wave_pace", "wave_growth", "wave_bake_s", "wave_install_timeout_s",
@@ -54,19 +56,32 @@ def wave_policy(settings: RegistrySettings, shares: str, given: dict[str, Any]) 
               help="Single TorchScript file only: labelled JSON Lines split to calibrate on.")
 @click.option("--max-length", type=click.IntRange(1, 4096), default=128, show_default=True,
               help="Single TorchScript file only: tokens kept per input.")
+@click.option("--input", "declared", multiple=True, metavar="NAME:DATATYPE:SHAPE",
+              help="Single TorchScript file only: a model input its signature does not "
+              "describe, e.g. image:FP32:-1,1,28,28 or features:FP32:-1,13 (-1: any size); "
+              "repeat for each input, in forward's order. Without --image it is passed "
+              "through as a tensor.")
+@click.option("--image", "image", default=None, metavar="OPTIONS",
+              help="Single TorchScript file only: the --input is an image clients send as "
+              "JPEG/PNG or pixels; OPTIONS like scale=255,mean=0.1307,std=0.3081 (per "
+              "channel: 0.485/0.456/0.406), resize=N (shorter side, then a centre crop), "
+              "layout=NCHW|NHWC, max_pixels=N. Use --image '' for the defaults.")
 @json_flag
 @pass_ctx
 def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | None,
                 min_fidelity: float | None, tolerance: float | None, confidence: float | None,
                 force: bool, skip_existing: bool, tokenizer: Path | None, labels: str | None,
-                calibration: Path | None, max_length: int, as_json: bool,
-                **wave_flags: Any) -> None:
+                calibration: Path | None, max_length: int, declared: tuple[str, ...],
+                image: str | None, as_json: bool, **wave_flags: Any) -> None:
     """Build a release from PATH and record it as the next version of NAME.
 
     PATH is a release folder with a tiered.json (center TorchScript, edge TorchScript or fp32
-    ONNX, tokenizer, labels, labelled calibration split) or a single TorchScript file, which
-    is then both the center and, quantized to INT8, the edge.
+    ONNX, labels, labelled calibration split; a tokenizer for text, the inputs and their kind
+    for images and tensors) or a single TorchScript file, which is then both the center and,
+    quantized to INT8, the edge. A text model (forward(input_ids, attention_mask[,
+    token_type_ids])) needs no more; any other declares its inputs with --input (and --image).
     """
+    from registry.publish.signature import image_input
     from registry.publish.source import load_source
 
     check_name(name)
@@ -77,9 +92,15 @@ def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | N
     if waves is not None and canary:
         raise click.UsageError("--canary and --waves exclude each other")
     rollout = None if waves is None else wave_policy(settings, waves, given)
+    inputs = [parse_input(text) for text in declared] or None
+    if image is not None and (inputs is None or len(inputs) != 1):
+        raise click.UsageError("--image describes the one --input of an image model")
+    request = image_input(inputs[0], image_options(image)) if inputs and image is not None \
+        else None
     source = load_source(path, tokenizer=tokenizer,
                          labels=labels.split(",") if labels else None,
-                         calibration=calibration, max_length=max_length)
+                         calibration=calibration, max_length=max_length, inputs=inputs,
+                         request=request)
     # torch and onnxruntime load here only: list/show/audit, and a refused PATH, stay fast
     from registry.publish.pipeline import PublishOptions, publish
 
@@ -93,6 +114,31 @@ def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | N
     emit(as_json, {"created": result.created, "manifest": msgspec.to_builtins(result.manifest),
                    "edge_fp32_size": result.edge_fp32_size, "seconds": result.seconds},
          lambda: tables.publish_summary(out, result))
+
+
+def parse_input(text: str) -> TensorSpec:
+    """``NAME:DATATYPE:SHAPE`` (``image:FP32:-1,1,28,28``) as a model input."""
+    parts = text.split(":")
+    try:
+        name, datatype, shape = parts
+        dims = [int(d) for d in shape.split(",")]
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: expected NAME:DATATYPE:SHAPE, e.g. "
+                                 f"image:FP32:-1,1,28,28", param_hint="--input") from None
+    if datatype not in NUMERIC or not name.isidentifier() or not 1 <= len(dims) <= 8 or \
+            any(d == 0 or d < -1 for d in dims) or dims[0] != -1:
+        raise click.BadParameter(f"{text!r}: a Python identifier, a numeric V2 datatype "
+                                 f"({', '.join(NUMERIC)}) and a shape whose first dimension "
+                                 f"is -1 (the rows)", param_hint="--input")
+    return TensorSpec(name, datatype, dims)
+
+
+def image_options(text: str) -> dict[str, str]:
+    pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
+    if any(len(pair) != 2 for pair in pairs):
+        raise click.BadParameter(f"{text!r}: expected KEY=VALUE pairs, comma-separated",
+                                 param_hint="--image")
+    return {key.strip(): value.strip() for key, value in pairs}
 
 
 @contextmanager

@@ -18,16 +18,24 @@ import onnxruntime as ort
 
 from registry.errors import FidelityTooLow, InvalidRelease
 from registry.publish.calibrate import agreement, calibrate, default_calibration
-from registry.publish.export import INPUT_NAMES, QUANTIZATION, export_onnx, precision, quantize_int8
+from registry.publish.export import (
+    QUANTIZATION,
+    STATIC,
+    convolutional,
+    export_onnx,
+    precision,
+    quantize_int8,
+)
+from registry.publish.signature import TOKENIZER_FILE, Signature, resolve
 from registry.publish.source import ReleaseSource
 from registry.publish.validate import (
     Inputs,
-    generated_inputs,
+    batched,
+    forward_names,
     load_torchscript,
     onnx_session,
     run_onnx,
     run_torchscript,
-    text_inputs,
 )
 from registry.releases.catalog import Catalog
 from registry.releases.names import check_name
@@ -37,20 +45,22 @@ from registry.store.blobs import BlobStore
 from registry.store.chunkstore import ChunkStore
 from registry.store.clock import now
 from registry.trust import keys, tuf
-from serving.model.text import Encoded, pad
 from serving.release import hardware, probe
 from serving.release.manifest import (
+    SCHEMA,
     Artifact,
     Calibration,
     Fidelity,
     Manifest,
     Preprocessing,
+    Quantization,
     TensorSpec,
+    TextInput,
 )
 
 Step = Callable[[str], AbstractContextManager[None]]
 
-CENTER_FILE, EDGE_FILE, TOKENIZER_FILE = "model.pt", "model.onnx", "tokenizer.json"
+CENTER_FILE, EDGE_FILE = "model.pt", "model.onnx"
 PROBE_FILE = probe.FILE
 
 
@@ -81,6 +91,8 @@ class PublishResult:
 
 @dataclass
 class _Built:
+    signature: Signature
+    quantization: Quantization
     inputs: Inputs
     center_logits: np.ndarray
     edge_fp32_logits: np.ndarray
@@ -126,7 +138,7 @@ def publish(settings: RegistrySettings, catalog: Catalog, source: ReleaseSource,
         with timed("store and record"):
             artifacts = _store(BlobStore(settings.blobs), source, built, settings.chunking)
             manifest = _manifest(options.name, source, labels, artifacts, calibration, fidelity,
-                                 catalog.actor)
+                                 catalog.actor, built)
             version = catalog.create_version(manifest, canary=options.canary or None,
                                              signer=signer, rollout=options.rollout)
     return PublishResult(catalog.resolve(options.name, str(version)).manifest, True,
@@ -142,15 +154,18 @@ def _same_source(catalog: Catalog, name: str, digest: str) -> Manifest | None:
 
 def _build(source: ReleaseSource, work: Path, timed: Step) -> _Built:
     with timed("validate"):
-        inputs = (text_inputs(source.tokenizer, source.max_length, source.calibration.texts)
-                  if source.calibration and source.tokenizer else generated_inputs())
         center_module = load_torchscript(source.center, "center")
+        signature = resolve(source, forward_names(center_module), "center")
+        names = [i.name for i in signature.inputs]
+        rows = (signature.codec.items(source.calibration.items) if source.calibration
+                else None)
+        inputs = batched(signature.codec, rows)
         center_logits = run_torchscript(center_module, inputs, "center")
         if source.edge_format == "onnx":
             edge_fp32 = source.edge
-            edge_fp32_logits = run_onnx(onnx_session(edge_fp32, "edge"), inputs, "edge")
+            edge_fp32_logits = run_onnx(onnx_session(edge_fp32, "edge", names), inputs, "edge")
         else:
-            edge_module = load_torchscript(source.edge, "edge")
+            edge_module = load_torchscript(source.edge, "edge", names)
             edge_fp32_logits = run_torchscript(edge_module, inputs, "edge")
         if edge_fp32_logits.shape[1] != center_logits.shape[1]:
             raise InvalidRelease(f"the edge model outputs {edge_fp32_logits.shape[1]} classes, "
@@ -158,32 +173,47 @@ def _build(source: ReleaseSource, work: Path, timed: Step) -> _Built:
     if source.edge_format == "torchscript":
         with timed("export edge to ONNX"):
             edge_fp32 = work / "edge-fp32.onnx"
-            export_onnx(edge_module, edge_fp32)
+            example = signature.codec.collate(signature.codec.sample(2, seed=1))
+            export_onnx(edge_module, edge_fp32, signature.inputs, example)
     with timed("quantize edge to INT8"):
-        edge_int8 = work / EDGE_FILE
-        quantize_int8(edge_fp32, edge_int8)
-        int8_session = onnx_session(edge_int8, "edge INT8")
-        edge_int8_logits = run_onnx(int8_session, inputs, "edge INT8")
+        quantization, edge_int8, int8_session, edge_int8_logits = _quantize(
+            edge_fp32, work, inputs, edge_fp32_logits, names)
     with timed("build probe"):
-        rows = _probe_rows(inputs)
-        fp32_session = onnx_session(edge_fp32, "edge")
-        edge_ref = probe.run(lambda b: run_onnx(fp32_session, _one(b), "edge"), rows)
-        center_ref = probe.run(lambda b: run_torchscript(center_module, _one(b), "center"), rows)
-        int8_probe = probe.run(lambda b: run_onnx(int8_session, _one(b), "edge INT8"), rows)
-        probe.save(work / PROBE_FILE, rows, edge_ref, center_ref)
-    return _Built(inputs, center_logits, edge_fp32_logits, edge_int8_logits,
-                  edge_fp32.stat().st_size, edge_int8, work / PROBE_FILE,
+        probe_rows = (rows or signature.codec.sample(probe.ROWS))[:probe.ROWS]
+        feeds = signature.codec.collate(probe_rows)
+        fp32_session = onnx_session(edge_fp32, "edge", names)
+        edge_ref = probe.run(lambda b: run_onnx(fp32_session, _one(b), "edge"), feeds)
+        center_ref = probe.run(lambda b: run_torchscript(center_module, _one(b), "center"),
+                               feeds)
+        int8_probe = probe.run(lambda b: run_onnx(int8_session, _one(b), "edge INT8"), feeds)
+        probe.save(work / PROBE_FILE, feeds, edge_ref, center_ref)
+    return _Built(signature, quantization, inputs, center_logits, edge_fp32_logits,
+                  edge_int8_logits, edge_fp32.stat().st_size, edge_int8, work / PROBE_FILE,
                   agreement(int8_probe, edge_ref), len(edge_ref))
 
 
-def _probe_rows(inputs: Inputs) -> Encoded:
-    """The first ``probe.ROWS`` validation rows, unpadded and padded again together."""
-    rows = [batch.input_ids[i, :int(batch.attention_mask[i].sum())]
-            for batch in inputs.batches for i in range(len(batch.input_ids))]
-    return pad(rows[:probe.ROWS])
+def _quantize(edge_fp32: Path, work: Path, inputs: Inputs, reference: np.ndarray,
+              names: list[str]) -> tuple[Quantization, Path, ort.InferenceSession, np.ndarray]:
+    """Dynamic INT8 and, for a convolutional model, static INT8 calibrated on ``inputs``: the
+    one that agrees best with the fp32 edge (dynamic on a tie: it needs no calibration)."""
+    candidates = [QUANTIZATION] + ([STATIC] if convolutional(edge_fp32) else [])
+    best: tuple[float, Quantization, Path, ort.InferenceSession, np.ndarray] | None = None
+    for q in candidates:
+        path = work / f"edge-int8-{q.method}.onnx"
+        quantize_int8(edge_fp32, path, q, inputs.batches)
+        session = onnx_session(path, "edge INT8", names)
+        logits = run_onnx(session, inputs, "edge INT8")
+        score = agreement(logits, reference)
+        if best is None or score > best[0]:
+            best = (score, q, path, session, logits)
+    assert best is not None
+    _, q, path, session, logits = best
+    final = work / EDGE_FILE
+    path.replace(final)
+    return q, final, session, logits
 
 
-def _one(batch: Encoded) -> Inputs:
+def _one(batch: probe.Feeds) -> Inputs:
     return Inputs([batch], "calibration")
 
 
@@ -209,7 +239,7 @@ def _store(blobs: BlobStore, source: ReleaseSource, built: _Built,
            chunked: bool) -> dict[str, Artifact]:
     """Put every file in the blob store and, when ``chunked``, cut it into stored chunks."""
     files = {"center": (source.center, CENTER_FILE, "torchscript", "fp32"),
-             "edge": (built.edge_int8, EDGE_FILE, "onnx", precision(QUANTIZATION)),
+             "edge": (built.edge_int8, EDGE_FILE, "onnx", precision(built.quantization)),
              "probe": (built.probe, PROBE_FILE, "probe", "")}
     if source.tokenizer is not None:
         files["tokenizer"] = (source.tokenizer, TOKENIZER_FILE, "tokenizer", "")
@@ -224,14 +254,19 @@ def _store(blobs: BlobStore, source: ReleaseSource, built: _Built,
 
 def _manifest(name: str, source: ReleaseSource, labels: list[str],
               artifacts: dict[str, Artifact], calibration: Calibration, fidelity: Fidelity,
-              publisher: str) -> Manifest:
-    tensor = [TensorSpec(n, "INT64", [-1, -1]) for n in INPUT_NAMES]
+              publisher: str, built: _Built) -> Manifest:
+    """A schema-1 manifest for a text model with ids and mask and dynamic INT8 (every node
+    serves it, those that predate input kinds too), schema 2 for anything else."""
+    signature, quantization = built.signature, built.quantization
+    text = signature.request if isinstance(signature.request, TextInput) else None
+    legacy = signature.legacy and quantization.method == "dynamic"
     return Manifest(
-        name=name, version=0, labels=labels, inputs=tensor,
+        name=name, version=0, labels=labels, inputs=signature.inputs,
         outputs=[TensorSpec("logits", "FP32", [-1, len(labels)])],
         preprocessing=Preprocessing(
             tokenizer=TOKENIZER_FILE if "tokenizer" in artifacts else None,
-            max_length=source.max_length),
+            max_length=text.max_length if text else 0),
         center=artifacts["center"], edge=artifacts["edge"], tokenizer=artifacts.get("tokenizer"),
         calibration=calibration, fidelity=fidelity, publisher=publisher, published_at=now(),
-        source_sha256=source.digest, probe=artifacts["probe"], quantization=QUANTIZATION)
+        source_sha256=source.digest, probe=artifacts["probe"], quantization=quantization,
+        schema=1 if legacy else SCHEMA, request=[] if legacy else [signature.request])

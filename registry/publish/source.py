@@ -1,30 +1,50 @@
 """What ``registry publish PATH`` reads: a release folder or a single TorchScript file.
 
-A release folder holds ``tiered.json``::
+A release folder holds ``tiered.json``. A text classifier (``forward(input_ids,
+attention_mask[, token_type_ids])``) needs only::
 
     {"labels": ["rotten", "fresh"], "center": "center.pt", "edge": "edge.pt",
      "tokenizer": "tokenizer.json", "max_length": 64, "calibration": "calibration.jsonl"}
 
+Any other classifier declares its model inputs (name, V2 datatype, shape with -1 for a
+variable dimension) and what clients send for them (``request``: one input of kind ``text``,
+``image`` or ``tensor``, fields as in ``serving.release.manifest``)::
+
+    {"labels": ["0", "1", ...], "center": "center.pt", "edge": "edge.pt",
+     "inputs": [{"name": "image", "datatype": "FP32", "shape": [-1, 1, 28, 28]}],
+     "request": [{"kind": "image", "name": "image", "height": 28, "width": 28,
+                  "channels": 1, "mean": [0.1307], "std": [0.3081]}],
+     "calibration": "calibration.jsonl"}
+
 ``edge`` may be TorchScript (``.pt``, exported to ONNX here) or an fp32 ONNX file (``.onnx``).
-``calibration`` is JSON Lines with ``{"text": ..., "label": ...}`` (label name or index): the
-labelled split the confidence threshold is calibrated on. A single TorchScript file is its own
-center and, quantized, its own edge.
+``calibration`` is the labelled split the confidence threshold is calibrated on, by kind: JSON
+Lines ``{"text": ..., "label": ...}`` for text, ``{"image": "relative/path.png", "label": ...}``
+for images, an ``.npz`` holding the input's array (named as the input) and ``labels`` for
+tensors; a label is a name or an index. A single TorchScript file is its own center and,
+quantized, its own edge; ``--input``/``--image`` declare what its signature does not say.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
+import numpy as np
 
 from registry.errors import InvalidRelease
+from serving.release.manifest import ImageInput, RequestInput, TensorInput, TensorSpec, TextInput
 from serving.release.store import file_sha256
 
 SPEC_FILE = "tiered.json"
+MIN_ROWS = 10
+MAX_CALIBRATION_ROWS = 100_000
+MAX_NPZ_BYTES = 1 << 30
+TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 class SourceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -34,11 +54,13 @@ class SourceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     tokenizer: str | None = None
     max_length: int = 128
     calibration: str | None = None
+    inputs: list[TensorSpec] | None = None  # the model's inputs; None: from its signature
+    request: list[RequestInput] | None = None  # what clients send; None: text, or a tensor
 
 
 @dataclass(frozen=True)
 class Labelled:
-    texts: list[str]
+    items: list[Any]  # per row: a text, an encoded image (bytes), a feature array
     labels: list[int]
 
 
@@ -52,10 +74,28 @@ class ReleaseSource:
     labels: list[str] | None  # None: named after the output indices once it is known
     calibration: Labelled | None
     digest: str  # sha256 over the source files: same inputs -> same digest
+    inputs: list[TensorSpec] | None = None  # declared model inputs (None: from the signature)
+    request: RequestInput | None = None  # declared request input (None: derived)
+
+    @property
+    def kind(self) -> str:
+        """The request input's kind: declared, else text unless non-text inputs are
+        declared."""
+        if self.request is not None:
+            return kind_of(self.request)
+        if self.inputs and any(i.name not in TEXT_INPUTS for i in self.inputs):
+            return "tensor"
+        return "text"
+
+
+def kind_of(request: RequestInput) -> str:
+    return {TextInput: "text", ImageInput: "image", TensorInput: "tensor"}[type(request)]
 
 
 def load_source(path: Path, *, tokenizer: Path | None = None, labels: list[str] | None = None,
-                calibration: Path | None = None, max_length: int = 128) -> ReleaseSource:
+                calibration: Path | None = None, max_length: int = 128,
+                inputs: list[TensorSpec] | None = None,
+                request: RequestInput | None = None) -> ReleaseSource:
     """Read and check PATH; the keyword options only apply to a single TorchScript file."""
     if not path.exists():
         raise InvalidRelease(f"{path}: no such file or folder")
@@ -63,16 +103,21 @@ def load_source(path: Path, *, tokenizer: Path | None = None, labels: list[str] 
         return _folder(path)
     if not path.is_file():
         raise InvalidRelease(f"{path}: not a regular file or a release folder")
-    if tokenizer is None and calibration is not None:
-        raise InvalidRelease("--calibration needs --tokenizer to turn its texts into inputs")
     for extra in (tokenizer, calibration):
         if extra is not None and not extra.is_file():
             raise InvalidRelease(f"{extra}: no such file")
-    files = [p for p in (path, tokenizer, calibration) if p is not None]
+    source = ReleaseSource(center=path, edge=path, edge_format="torchscript",
+                           tokenizer=tokenizer, max_length=max_length, labels=labels,
+                           calibration=None, digest="", inputs=inputs, request=request)
+    if calibration is not None and source.kind == "text" and tokenizer is None:
+        raise InvalidRelease("--calibration needs --tokenizer to turn its texts into inputs")
+    labelled, files = (_labelled(calibration, source.kind, labels, calibration.parent)
+                       if calibration else (None, []))
+    digest = _digest([p for p in (path, tokenizer, calibration) if p is not None] + files,
+                     _declared(inputs, request))
     return ReleaseSource(center=path, edge=path, edge_format="torchscript", tokenizer=tokenizer,
-                         max_length=max_length, labels=labels,
-                         calibration=_labelled(calibration, labels) if calibration else None,
-                         digest=_digest(files))
+                         max_length=max_length, labels=labels, calibration=labelled,
+                         digest=digest, inputs=inputs, request=request)
 
 
 def _folder(root: Path) -> ReleaseSource:
@@ -84,25 +129,36 @@ def _folder(root: Path) -> ReleaseSource:
                              f"--help` for the release folder layout")
     try:
         spec = msgspec.json.decode(spec_path.read_bytes(), type=SourceSpec)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise InvalidRelease(f"{spec_path}: {exc}") from exc
     if len(spec.labels) < 2 or len(set(spec.labels)) != len(spec.labels):
         raise InvalidRelease(f"{spec_path}: labels must be at least two distinct names")
     if not 1 <= spec.max_length <= 4096:
         raise InvalidRelease(f"{spec_path}: max_length must be between 1 and 4096")
+    if spec.request is not None and len(spec.request) != 1:
+        raise InvalidRelease(f"{spec_path}: request must declare exactly one input")
+    request = spec.request[0] if spec.request else None
+    tokenizer_name = spec.tokenizer
+    if isinstance(request, TextInput) and request.tokenizer and tokenizer_name is None:
+        tokenizer_name = request.tokenizer
     files = {key: _inside(root, name) for key, name in
-             [("center", spec.center), ("edge", spec.edge), ("tokenizer", spec.tokenizer),
+             [("center", spec.center), ("edge", spec.edge), ("tokenizer", tokenizer_name),
               ("calibration", spec.calibration)] if name is not None}
-    if "calibration" in files and "tokenizer" not in files:
+    max_length = request.max_length if isinstance(request, TextInput) else spec.max_length
+    source = ReleaseSource(
+        center=files["center"], edge=files["edge"],
+        edge_format="onnx" if files["edge"].suffix == ".onnx" else "torchscript",
+        tokenizer=files.get("tokenizer"), max_length=max_length, labels=spec.labels,
+        calibration=None, digest="", inputs=spec.inputs, request=request)
+    if "calibration" in files and source.kind == "text" and "tokenizer" not in files:
         raise InvalidRelease(f"{spec_path}: a calibration split needs a tokenizer")
-    edge_format: Literal["torchscript", "onnx"] = (
-        "onnx" if files["edge"].suffix == ".onnx" else "torchscript")
+    labelled, extra = (_labelled(files["calibration"], source.kind, spec.labels, root)
+                       if "calibration" in files else (None, []))
     return ReleaseSource(
-        center=files["center"], edge=files["edge"], edge_format=edge_format,
-        tokenizer=files.get("tokenizer"), max_length=spec.max_length, labels=spec.labels,
-        calibration=_labelled(files["calibration"], spec.labels) if "calibration" in files
-        else None,
-        digest=_digest([spec_path, *files.values()]))
+        center=source.center, edge=source.edge, edge_format=source.edge_format,
+        tokenizer=source.tokenizer, max_length=max_length, labels=spec.labels,
+        calibration=labelled, digest=_digest([spec_path, *files.values(), *extra]),
+        inputs=spec.inputs, request=request)
 
 
 def _inside(root: Path, name: str) -> Path:
@@ -127,21 +183,61 @@ def _inside(root: Path, name: str) -> Path:
     return candidate
 
 
-def _labelled(path: Path, labels: list[str] | None) -> Labelled:
-    texts, ids = [], []
+def _labelled(path: Path, kind: str, labels: list[str] | None,
+              root: Path) -> tuple[Labelled, list[Path]]:
+    """The labelled split and the files it names (images), by the request input's kind."""
+    if kind == "tensor":
+        return _arrays(path, labels), []
+    items: list[Any] = []
+    ids: list[int] = []
+    files: list[Path] = []
+    what = "text" if kind == "text" else "image"
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
-            texts.append(str(row["text"]))
             ids.append(_label_index(row["label"], labels))
+            if kind == "text":
+                items.append(str(row["text"]))
+            else:
+                files.append(_inside(root, str(row["image"])))
+                items.append(files[-1].read_bytes())
         except (ValueError, KeyError, TypeError) as exc:
-            raise InvalidRelease(f"{path}:{number}: expected {{\"text\": ..., \"label\": ...}} "
-                                 f"with a known label ({exc})") from exc
-    if len(texts) < 10:
-        raise InvalidRelease(f"{path}: a calibration split needs at least 10 labelled rows")
-    return Labelled(texts, ids)
+            raise InvalidRelease(f"{path}:{number}: expected {{\"{what}\": ..., \"label\": "
+                                 f"...}} with a known label ({exc})") from exc
+        if len(items) > MAX_CALIBRATION_ROWS:
+            raise InvalidRelease(f"{path}: more than {MAX_CALIBRATION_ROWS} rows")
+    if len(items) < MIN_ROWS:
+        raise InvalidRelease(f"{path}: a calibration split needs at least {MIN_ROWS} labelled "
+                             f"rows")
+    return Labelled(items, ids), files
+
+
+def _arrays(path: Path, labels: list[str] | None) -> Labelled:
+    """An ``.npz`` with the input's rows (its one other array) and ``labels``."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            if sum(m.file_size for m in archive.infolist()) > MAX_NPZ_BYTES:
+                raise InvalidRelease(f"{path}: larger than {MAX_NPZ_BYTES >> 20} MiB unpacked")
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {key: data[key] for key in data.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise InvalidRelease(f"{path}: not an .npz file ({exc})") from exc
+    features = [k for k in arrays if k != "labels"]
+    if "labels" not in arrays or len(features) != 1:
+        raise InvalidRelease(f"{path}: expected two arrays, the input's rows and 'labels' "
+                             f"(found {sorted(arrays)})")
+    rows, raw = arrays[features[0]], arrays["labels"]
+    if len(rows) != len(raw) or not MIN_ROWS <= len(rows) <= MAX_CALIBRATION_ROWS:
+        raise InvalidRelease(f"{path}: {len(rows)} rows and {len(raw)} labels (at least "
+                             f"{MIN_ROWS}, at most {MAX_CALIBRATION_ROWS}, as many of each)")
+    try:
+        ids = [_label_index(v.item() if isinstance(v, np.generic) else v, labels)
+               for v in raw.tolist()]
+    except ValueError as exc:
+        raise InvalidRelease(f"{path}: {exc}") from exc
+    return Labelled(list(rows), ids)
 
 
 def _label_index(label: object, labels: list[str] | None) -> int:
@@ -154,8 +250,14 @@ def _label_index(label: object, labels: list[str] | None) -> int:
     raise ValueError(f"unknown label {label!r}")
 
 
-def _digest(files: list[Path]) -> str:
+def _declared(inputs: list[TensorSpec] | None, request: RequestInput | None) -> bytes:
+    return msgspec.json.encode([inputs, request]) if inputs or request else b""
+
+
+def _digest(files: list[Path], declared: bytes = b"") -> str:
     digest = hashlib.sha256()
     for path in files:
         digest.update(f"{path.name}\0{file_sha256(path)}\n".encode())
+    if declared:
+        digest.update(declared)
     return digest.hexdigest()

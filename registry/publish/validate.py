@@ -1,70 +1,69 @@
 """Load the release's models and run them on calibration (or generated) inputs.
 
 Checks what would otherwise break a tier at serving time: a file that is not TorchScript/ONNX,
-a forward signature other than ``(input_ids, attention_mask)``, outputs of the wrong shape,
-NaN or infinite outputs, center and edge disagreeing on the number of labels.
+an edge whose inputs are not the center's, outputs of the wrong shape, NaN or infinite outputs,
+center and edge disagreeing on the number of labels (the signature itself:
+``registry.publish.signature``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import onnxruntime as ort
 import torch
 
 from registry.errors import InvalidRelease
-from registry.publish.export import INPUT_NAMES
 from serving.errors import ModelFailed
+from serving.inputs.base import Codec
 from serving.model import runner, torchscript
-from serving.model.runner import BATCH, Inputs, text_inputs
-from serving.model.text import Encoded
+from serving.model.runner import BATCH, Inputs, forward_names, text_inputs
 
 # the batches, the runs and the checks of their outputs are serving.model.runner's (the
 # benchmarks run models with it too); this adds the release's own checks and InvalidRelease
-__all__ = ["Inputs", "generated_inputs", "load_torchscript", "onnx_session", "run_onnx",
-           "run_torchscript", "text_inputs"]
+__all__ = ["Inputs", "batched", "forward_names", "load_torchscript", "onnx_session",
+           "run_onnx", "run_torchscript", "text_inputs"]
 
 GENERATED_ROWS = 256
-GENERATED_VOCAB = 100  # generated token ids stay below this, so any real vocabulary fits
 
 
-def generated_inputs(seed: int = 0) -> Inputs:
-    """Random token ids with varied lengths and padding, for releases without labelled data."""
-    rng = np.random.default_rng(seed)
-    batches = []
-    for _ in range(GENERATED_ROWS // BATCH):
-        seq = int(rng.integers(4, 48))
-        ids = rng.integers(1, GENERATED_VOCAB, size=(BATCH, seq), dtype=np.int64)
-        lengths = rng.integers(1, seq + 1, size=BATCH)
-        mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int64)
-        batches.append(Encoded(ids * mask, mask))
-    return Inputs(batches, "generated")
+def batched(codec: Codec, rows: list[np.ndarray] | None, seed: int = 0) -> Inputs:
+    """``rows`` (calibration) or, without them, generated rows, in model calls of ``BATCH``."""
+    kind: Literal["calibration", "generated"] = ("calibration" if rows is not None
+                                                  else "generated")
+    rows = rows if rows is not None else codec.sample(GENERATED_ROWS, seed)
+    return Inputs([codec.collate(rows[i:i + BATCH]) for i in range(0, len(rows), BATCH)],
+                  kind)
 
 
-def load_torchscript(path: Path, role: str) -> torch.jit.ScriptModule:
+def load_torchscript(path: Path, role: str,
+                     names: list[str] | None = None) -> torch.jit.ScriptModule:
+    """The module at ``path``; with ``names``, its ``forward`` must take exactly those."""
     try:
         module = torchscript.load(path)
     except Exception as exc:  # torch raises RuntimeError/ValueError/zip errors alike
         raise InvalidRelease(f"{path}: the {role} model is not a TorchScript file "
                              f"({type(exc).__name__})") from exc
-    schema = getattr(module.forward, "schema", None)
-    names = [arg.name for arg in schema.arguments][1:] if schema is not None else []
-    if names != INPUT_NAMES:
+    found = forward_names(module)
+    if names is not None and found != names:
         raise InvalidRelease(f"{path}: wrong input signature for the {role} model: forward("
-                             f"{', '.join(names)}), expected forward(input_ids, attention_mask)")
+                             f"{', '.join(found)}), expected forward({', '.join(names)})")
     return module.eval()
 
 
-def onnx_session(path: Path, role: str) -> ort.InferenceSession:
+def onnx_session(path: Path, role: str, names: list[str]) -> ort.InferenceSession:
+    """A session over the ONNX file at ``path``, whose inputs must be among ``names`` (the
+    model's: a text edge may leave ``token_type_ids`` out)."""
     try:
         session = runner.onnx_session(path)
     except Exception as exc:
         raise InvalidRelease(f"{path}: the {role} model is not a loadable ONNX file") from exc
-    names = [i.name for i in session.get_inputs()]
-    if sorted(names) != sorted(INPUT_NAMES):
+    found = [i.name for i in session.get_inputs()]
+    if not found or not set(found) <= set(names):
         raise InvalidRelease(f"{path}: wrong input signature for the {role} model: inputs "
-                             f"{names}, expected {INPUT_NAMES}")
+                             f"{found}, expected {names}")
     return session
 
 

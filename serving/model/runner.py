@@ -1,6 +1,7 @@
-"""A classifier run over a fixed set of token rows, outside any server: the rows in batches of
-``BATCH`` (tokenized texts), a TorchScript module or an ONNX session run over each batch, and
-the logits checked (``[rows, labels >= 2]``, finite) and joined. ``registry publish``
+"""A classifier run over a fixed set of rows, outside any server: the rows in batches of
+``BATCH`` (each the model's feeds by input name: tokenized texts, images, features), a
+TorchScript module or an ONNX session run over each batch, and the logits checked
+(``[rows, labels >= 2]``, finite) and joined. ``registry publish``
 validates a release's models with it (``registry.publish.validate``); the benchmarks measure models
 with it, on the batches publish uses.
 """
@@ -17,25 +18,36 @@ import onnxruntime as ort
 import torch
 
 from serving.errors import ModelFailed
-from serving.model.text import Encoded, encode, load_tokenizer
+from serving.model.text import encode, load_tokenizer
 
 BATCH = 32
+Feeds = dict[str, np.ndarray]
 
 
 @dataclass(frozen=True)
 class Inputs:
-    batches: list[Encoded]
+    batches: list[Feeds]
     kind: Literal["calibration", "generated"]
 
     @property
     def rows(self) -> int:
-        return sum(len(b.input_ids) for b in self.batches)
+        return sum(rows(b) for b in self.batches)
+
+
+def rows(feeds: Feeds) -> int:
+    return len(next(iter(feeds.values())))
 
 
 def text_inputs(tokenizer: Path, max_length: int, texts: list[str]) -> Inputs:
     tok = load_tokenizer(tokenizer, max_length)
-    return Inputs([encode(tok, texts[i:i + BATCH]) for i in range(0, len(texts), BATCH)],
-                  "calibration")
+    return Inputs([encode(tok, texts[i:i + BATCH]).feeds()
+                   for i in range(0, len(texts), BATCH)], "calibration")
+
+
+def forward_names(module: torch.jit.ScriptModule) -> list[str]:
+    """The names of ``forward``'s arguments, in order (``self`` left out)."""
+    schema = getattr(module.forward, "schema", None)
+    return [arg.name for arg in schema.arguments][1:] if schema is not None else []
 
 
 def onnx_session(path: Path) -> ort.InferenceSession:
@@ -44,9 +56,11 @@ def onnx_session(path: Path) -> ort.InferenceSession:
 
 
 def run_torchscript(module: torch.jit.ScriptModule, inputs: Inputs, role: str) -> np.ndarray:
-    def run(batch: Encoded) -> np.ndarray:
+    names = forward_names(module)
+
+    def run(batch: Feeds) -> np.ndarray:
         with torch.inference_mode():
-            out = module(torch.from_numpy(batch.input_ids), torch.from_numpy(batch.attention_mask))
+            out = module(*[torch.from_numpy(batch[name]) for name in names])
         if not isinstance(out, torch.Tensor):
             raise ModelFailed(f"the {role} model returns {type(out).__name__}, expected a "
                               f"logits tensor")
@@ -56,9 +70,12 @@ def run_torchscript(module: torch.jit.ScriptModule, inputs: Inputs, role: str) -
 
 
 def run_onnx(session: ort.InferenceSession, inputs: Inputs, role: str) -> np.ndarray:
-    def run(batch: Encoded) -> np.ndarray:
+    names = [i.name for i in session.get_inputs()]
+
+    def run(batch: Feeds) -> np.ndarray:
         try:
-            return np.asarray(session.run(None, batch.feeds())[0], dtype=np.float32)
+            return np.asarray(session.run(None, {n: batch[n] for n in names})[0],
+                              dtype=np.float32)
         except Exception as exc:
             raise ModelFailed(f"the {role} model failed on calibration inputs: {exc}") from exc
 
@@ -68,10 +85,10 @@ def run_onnx(session: ort.InferenceSession, inputs: Inputs, role: str) -> np.nda
 def _collect(outputs: Iterator[np.ndarray], inputs: Inputs, role: str) -> np.ndarray:
     parts = []
     for batch, out in zip(inputs.batches, outputs, strict=True):
-        rows = len(batch.input_ids)
-        if out.ndim != 2 or out.shape[0] != rows or out.shape[1] < 2:
+        count = rows(batch)
+        if out.ndim != 2 or out.shape[0] != count or out.shape[1] < 2:
             raise ModelFailed(f"the {role} model returned shape {list(out.shape)} for "
-                              f"{rows} rows; expected [{rows}, labels>=2]")
+                              f"{count} rows; expected [{count}, labels>=2]")
         if not np.isfinite(out).all():
             raise ModelFailed(f"the {role} model returned NaN or infinite outputs on "
                               f"{inputs.kind} inputs")

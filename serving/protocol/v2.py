@@ -1,19 +1,20 @@
-"""The Open Inference Protocol (KServe V2) REST codec: request parsing, validation, responses.
+"""The Open Inference Protocol (KServe V2) REST codec: request parsing, bounds, responses.
 
-Text arrives as one ``BYTES`` input named ``text`` (a list of strings); token tensors arrive as
-``INT64`` inputs ``input_ids`` and ``attention_mask``. Every client mistake becomes a
-``BadRequest`` with a message that names the field, never a 500.
+What the inputs mean is the release's: each request input kind (``serving/inputs``: text,
+image, tensor) turns the received tensors into model rows. This module only receives them:
+every client mistake becomes a ``BadRequest`` with a message that names the field, never a
+500.
 
 Bodies come from the network, so nothing is materialised before it is bounded: each tensor's
-``data`` is kept as raw JSON until its declared shape has passed the row and sequence limits,
-then decoded straight into typed lists (``str`` for BYTES, 64-bit ``int`` for INT64) of exactly
-that shape, so a huge declared shape, a shape/data mismatch, a float or bool among token ids
-and an array nested where a value belongs are refused without building Python objects for
-the rest of the body.
+``data`` is kept as raw JSON until its kind has checked the declared shape, then decoded
+straight into typed values (``str``/``bytes`` for BYTES, a numpy array of the datatype for
+numbers) of exactly that shape, so a huge declared shape, a shape/data mismatch, a float among
+integers and an array nested where a value belongs are refused without building Python objects
+for the rest of the body.
 
-Tensor data arrives three ways, all checked the same way (:func:`validate`): as JSON (``data``),
-as binary after the JSON header (the binary tensor extension: ``Inference-Header-Content-Length``
-and per input ``parameters.binary_data_size``; numeric types raw little-endian, BYTES as 4-byte
+Tensor data arrives three ways, all read the same way: as JSON (``data``), as binary after the
+JSON header (the binary tensor extension: ``Inference-Header-Content-Length`` and per input
+``parameters.binary_data_size``; numeric types raw little-endian, BYTES as 4-byte
 little-endian length-prefixed elements), or from the gRPC transport (typed ``contents`` or
 ``raw_input_contents``). Outputs go back as JSON, or as binary where the request asks for it
 (``parameters.binary_data_output``, or ``binary_data`` on a requested output).
@@ -25,25 +26,24 @@ import dataclasses
 import math
 import re
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Protocol
 
 import msgspec
 import numpy as np
 
 from serving.errors import BadRequest
+from serving.model.datatypes import NUMERIC
 
-TEXT, IDS, MASK = "text", "input_ids", "attention_mask"
 Scalar = str | int | float | bool | None
 Int64 = Annotated[int, msgspec.Meta(ge=-(2 ** 63), le=2 ** 63 - 1)]
-# what each datatype's data decodes into: flat, and nested as rows (shape [rows, columns])
+# what BYTES data decodes into: flat, and nested as rows (shape [rows, columns])
 STRINGS: tuple[Any, Any] = (list[str], list[list[str]])
-INTEGERS: tuple[Any, Any] = (list[Int64], list[list[Int64]])
 NESTED = re.compile(rb"\s*\[\s*\[")
 HEADER_LENGTH = "inference-header-content-length"  # the binary extension's HTTP header
 LENGTH = struct.Struct("<I")  # the length prefix of one BYTES element
-RAW_TYPES = {"FP32": "<f4", "FP64": "<f8", "INT64": "<i8", "INT32": "<i4"}  # output encodings
+RAW_TYPES = NUMERIC  # output encodings
 
 
 class RequestInput(msgspec.Struct, forbid_unknown_fields=True):
@@ -83,15 +83,6 @@ class InferResponse(msgspec.Struct, omit_defaults=True):
     parameters: dict[str, Any] = {}
 
 
-@dataclass(frozen=True)
-class Limits:
-    max_rows: int  # rows per request
-    max_text_bytes: int  # one string, before tokenization
-    max_length: int  # tokens the model accepts; longer inputs are truncated unless refused
-    vocab_size: int | None  # token ids must be below this (None: unknown)
-    max_sequence: int = 0  # longest declared (padded) token row; 0: max_length
-
-
 @dataclass(frozen=True, slots=True)
 class Tensor:
     """One input tensor as a transport received it, its data not decoded yet: exactly one of
@@ -106,20 +97,36 @@ class Tensor:
 
 
 @dataclass(frozen=True)
+class Decoded:
+    """What a request input kind (``serving/inputs``) made of a request's tensors: one model
+    row per request row, and ``forward``, which gives the tensors that carry chosen rows to
+    another server in their smallest faithful form (the client's encoded image or text where
+    that is what came in)."""
+
+    rows: list[np.ndarray]
+    forward: Callable[[list[int]], list[Tensor]]
+
+
+class Decoder(Protocol):
+    """A release's request inputs: received tensors in, model rows out (``serving/inputs``)."""
+
+    def decode(self, tensors: list[Tensor], parameters: dict[str, Any]) -> Decoded: ...
+
+
+@dataclass(frozen=True)
 class Parsed:
-    """A validated request: either texts or token rows (ids without padding)."""
+    """A validated request: its rows, as the release's input kind decoded them."""
 
     id: str | None
     parameters: dict[str, Any]
-    texts: list[str] | None
-    token_rows: list[np.ndarray] | None
+    inputs: Decoded
     outputs: list[str] | None
     binary_all: bool = False  # parameters.binary_data_output
     binary: Mapping[str, bool] = field(default_factory=dict)  # outputs' parameters.binary_data
 
     @property
     def rows(self) -> int:
-        return len(self.texts) if self.texts is not None else len(self.token_rows or [])
+        return len(self.inputs.rows)
 
     def wants_binary(self, output: str) -> bool:
         return self.binary.get(output, self.binary_all)
@@ -152,12 +159,12 @@ class HttpRequest:
     def size(self) -> int:
         return len(self.body)
 
-    def parse(self, limits: Limits) -> Parsed:
-        self.parsed = parse(self.body, limits, self.header_length)
+    def parse(self, decoder: Decoder) -> Parsed:
+        self.parsed = parse(self.body, decoder, self.header_length)
         return self.parsed
 
 
-def parse(body: bytes, limits: Limits, header_length: str | None = None) -> Parsed:
+def parse(body: bytes, decoder: Decoder, header_length: str | None = None) -> Parsed:
     """A REST request: JSON, or (with ``header_length``) a JSON header and binary data."""
     header, tail = _split_body(body, header_length)
     request = decode(header)
@@ -173,7 +180,7 @@ def parse(body: bytes, limits: Limits, header_length: str | None = None) -> Pars
         if wanted is not None:
             binary[output.name] = wanted
     outputs = [o.name for o in request.outputs] if request.outputs is not None else None
-    parsed = validate(request.id, request.parameters, tensors, outputs, limits)
+    parsed = validate(request.id, request.parameters, tensors, outputs, decoder)
     return dataclasses.replace(parsed, binary_all=binary_all, binary=binary)
 
 
@@ -222,64 +229,143 @@ def _tensors(inputs: list[RequestInput], tail: memoryview) -> list[Tensor]:
 
 
 def validate(request_id: str | None, parameters: dict[str, Any], tensors: list[Tensor],
-             outputs: list[str] | None, limits: Limits) -> Parsed:
-    """The request that ``tensors`` make, every transport's: texts, or token rows."""
+             outputs: list[str] | None, decoder: Decoder) -> Parsed:
+    """The request that ``tensors`` make, every transport's, decoded by the release's kind."""
     names = [t.name for t in tensors]
     if len(set(names)) != len(names):
         raise BadRequest(f"duplicate input names: {names}")
-    by_name = {t.name: t for t in tensors}
-    unknown = set(by_name) - {TEXT, IDS, MASK}
-    if unknown:
-        raise BadRequest(f"unknown input {sorted(unknown)[0]!r}: expected {TEXT!r} (BYTES) or "
-                         f"{IDS!r} + {MASK!r} (INT64)")
-    if not tensors:
-        raise BadRequest(f"no inputs: expected {TEXT!r} (BYTES) or {IDS!r} + {MASK!r} (INT64)")
-    truncate = parameters.get("truncate", True)
-    if not isinstance(truncate, bool):
-        raise BadRequest("parameters.truncate must be a boolean")
-    if TEXT in by_name:
-        if len(by_name) != 1:
-            raise BadRequest(f"send either {TEXT!r} or token tensors, not both")
-        texts = _texts(by_name[TEXT], limits)
-        return Parsed(request_id, parameters, texts, None, outputs)
-    if set(by_name) != {IDS, MASK}:
-        raise BadRequest(f"token input needs both {IDS!r} and {MASK!r}")
-    rows = _token_rows(by_name[IDS], by_name[MASK], limits, truncate)
-    return Parsed(request_id, parameters, None, rows, outputs)
+    return Parsed(request_id, parameters, decoder.decode(tensors, parameters), outputs)
 
 
-def _check_shape(tensor: Tensor, rank: tuple[int, ...], limits: Limits) -> None:
-    """Refuse a shape before any of its data is decoded: the rows (and, for token tensors,
-    the padded sequence length) bound the elements, so a declared ``[256, 8000]`` or
-    ``[2**40, 1]`` costs nothing."""
-    if len(tensor.shape) not in rank or any(d < 0 for d in tensor.shape):
+def check_rows(tensor: Tensor, ranks: tuple[int, ...], max_rows: int) -> int:
+    """The tensor's row count (its first dimension), its shape refused before any of its data
+    is decoded: the rank, negative or empty dimensions, more rows than ``max_rows``. The other
+    dimensions are the kind's to bound, so a declared ``[256, 8000]`` or ``[2**40, 1]`` costs
+    nothing."""
+    if len(tensor.shape) not in ranks or any(d < 0 for d in tensor.shape):
         raise BadRequest(f"input {tensor.name!r}: shape {tensor.shape} is not valid here")
     rows = tensor.shape[0]
     if rows == 0:
         raise BadRequest(f"input {tensor.name!r} is an empty batch")
-    if rows > limits.max_rows:
-        raise BadRequest(f"input {tensor.name!r} has {rows} rows; the limit is {limits.max_rows}")
+    if rows > max_rows:
+        raise BadRequest(f"input {tensor.name!r} has {rows} rows; the limit is {max_rows}")
+    return rows
 
 
-def _data(tensor: Tensor, types: tuple[Any, Any], kind: Literal["BYTES", "INT64"]) -> Any:
-    """The tensor's data, flat, from whichever form it came in; the wrong count of values, or
-    values of the wrong type, are refused."""
-    expected = math.prod(tensor.shape)
+def strings(tensor: Tensor) -> list[str]:
+    """A BYTES tensor's elements as UTF-8 text, flat."""
     if tensor.raw is not None:
-        return (_split_bytes(tensor, expected) if kind == "BYTES"
-                else _raw_integers(tensor, expected))
+        return [_utf8(v, tensor.name) for v in _split_bytes(tensor, math.prod(tensor.shape))]
     if tensor.values is not None:
-        values = tensor.values
-        if len(values) != expected:
-            raise BadRequest(f"input {tensor.name!r}: shape {tensor.shape} holds {expected} "
-                             f"elements but its contents have {len(values)} of {kind}")
-        return [_utf8(v, tensor.name) for v in values] if kind == "BYTES" else list(values)
-    return _json_data(tensor, types, kind)
+        return [_utf8(v, tensor.name) for v in _counted(tensor, tensor.values)]
+    return _json_strings(tensor)
 
 
-def _split_bytes(tensor: Tensor, count: int) -> list[str]:
+def blobs(tensor: Tensor) -> list[bytes]:
+    """A BYTES tensor's elements as bytes, flat (JSON carries them as strings: their UTF-8)."""
+    if tensor.raw is not None:
+        return [bytes(v) for v in _split_bytes(tensor, math.prod(tensor.shape))]
+    if tensor.values is not None:
+        return [bytes(v) for v in _counted(tensor, tensor.values)]
+    return [v.encode("utf-8") for v in _json_strings(tensor)]
+
+
+def array(tensor: Tensor) -> np.ndarray:
+    """A numeric tensor's data as an array of its declared shape and datatype (native byte
+    order); the wrong count, values that do not fit the datatype, or data of another type are
+    refused. The caller has bounded the shape."""
+    kind = NUMERIC.get(tensor.datatype)
+    if kind is None:
+        raise BadRequest(f"input {tensor.name!r}: {tensor.datatype!r} is not a numeric V2 "
+                         f"datatype")
+    dtype, count = np.dtype(kind), math.prod(tensor.shape)
+    if tensor.raw is not None:
+        if len(tensor.raw) != dtype.itemsize * count:
+            raise BadRequest(f"input {tensor.name!r}: shape {tensor.shape} of "
+                             f"{tensor.datatype} takes {dtype.itemsize * count} bytes, the "
+                             f"binary data has {len(tensor.raw)}")
+        flat = np.frombuffer(tensor.raw, dtype=dtype).astype(dtype.newbyteorder("="))
+    elif tensor.values is not None:
+        flat = _fit(np.asarray(_counted(tensor, tensor.values)), dtype, tensor)
+    else:
+        flat = _fit(_json_numbers(tensor), dtype, tensor)
+    return flat.reshape(tensor.shape)
+
+
+def _counted(tensor: Tensor, values: Sequence[Any]) -> Sequence[Any]:
+    expected = math.prod(tensor.shape)
+    if len(values) != expected:
+        raise BadRequest(f"input {tensor.name!r}: shape {tensor.shape} holds {expected} "
+                         f"elements but its contents have {len(values)}")
+    return values
+
+
+def _fit(values: np.ndarray, dtype: np.dtype[Any], tensor: Tensor) -> np.ndarray:
+    """``values`` (as decoded: bool, int64 or float64) as ``dtype``, refused where a value
+    does not fit: a float among integers, an integer out of the datatype's range."""
+    if values.size == 0:
+        return values.astype(dtype.newbyteorder("="))
+    if dtype.kind == "b":
+        if values.dtype.kind != "b":
+            raise BadRequest(f"input {tensor.name!r} must hold booleans ({tensor.datatype})")
+    elif dtype.kind in "iu":
+        if values.dtype.kind not in "iu":
+            raise BadRequest(f"input {tensor.name!r} must hold integers ({tensor.datatype})")
+        info = np.iinfo(dtype)
+        if values.min() < info.min or values.max() > info.max:
+            raise BadRequest(f"input {tensor.name!r}: values must lie in [{info.min}, "
+                             f"{info.max}] ({tensor.datatype})")
+    elif values.dtype.kind not in "iuf":
+        raise BadRequest(f"input {tensor.name!r} must hold numbers ({tensor.datatype})")
+    return values.astype(dtype.newbyteorder("="))
+
+
+FLAT_TYPES: dict[str, Any] = {"b": list[bool], "i": list[Int64], "u": list[Int64],
+                              "f": list[float]}
+
+
+def _json_numbers(tensor: Tensor) -> np.ndarray:
+    """JSON data, flat or nested row-major to the declared shape, as bool, int64 or float64;
+    flat data is decoded straight into the datatype's Python type (a bool or a float among
+    integers is refused there)."""
+    raw, shape = tensor.json or b"", tensor.shape
+    what, kind = _what(tensor.datatype), np.dtype(NUMERIC[tensor.datatype]).kind
+    nested = NESTED.match(raw) is not None
+    try:
+        data = msgspec.json.decode(raw, type=list[Any] if nested else FLAT_TYPES[kind])
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"input {tensor.name!r} must hold {what} ({tensor.datatype}), flat "
+                         f"or nested: {exc}") from exc
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise BadRequest(f"malformed JSON in input {tensor.name!r}") from exc
+    try:
+        values = np.asarray(data)
+    except ValueError as exc:  # ragged
+        raise BadRequest(f"input {tensor.name!r}: nested data does not have shape "
+                         f"{shape}") from exc
+    if values.dtype == object or values.dtype.kind not in "biuf" or \
+            (nested and kind != "b" and _has_bool(data)):
+        raise BadRequest(f"input {tensor.name!r} must hold {what} ({tensor.datatype})")
+    if nested and list(values.shape) != list(shape):
+        raise BadRequest(f"input {tensor.name!r}: nested data does not have shape {shape}")
+    if values.size != math.prod(shape):
+        raise BadRequest(f"input {tensor.name!r}: shape {shape} holds {math.prod(shape)} "
+                         f"elements but data has {values.size}")
+    return values.ravel()
+
+
+def _has_bool(data: list[Any]) -> bool:
+    return any(isinstance(v, bool) or (isinstance(v, list) and _has_bool(v)) for v in data)
+
+
+def _what(datatype: str) -> str:
+    kind = np.dtype(NUMERIC[datatype]).kind
+    return {"b": "booleans", "i": "integers", "u": "integers"}.get(kind, "numbers")
+
+
+def _split_bytes(tensor: Tensor, count: int) -> list[memoryview]:
     """``count`` BYTES elements from binary data: each a 4-byte little-endian length and that
-    many bytes of UTF-8; exactly the data's length."""
+    many bytes; exactly the data's length."""
     raw, out, offset = memoryview(tensor.raw or b""), [], 0
     for i in range(count):
         if offset + LENGTH.size > len(raw):
@@ -290,7 +376,7 @@ def _split_bytes(tensor: Tensor, count: int) -> list[str]:
         if offset + size > len(raw):
             raise BadRequest(f"input {tensor.name!r}: element {i} declares {size} bytes, but "
                              f"only {len(raw) - offset} remain")
-        out.append(_utf8(raw[offset:offset + size], tensor.name))
+        out.append(raw[offset:offset + size])
         offset += size
     if offset != len(raw):
         raise BadRequest(f"input {tensor.name!r}: {len(raw) - offset} bytes of binary data "
@@ -306,25 +392,16 @@ def _utf8(value: bytes | memoryview, name: str) -> str:
                          f"byte {exc.start})") from None
 
 
-def _raw_integers(tensor: Tensor, count: int) -> np.ndarray:
-    raw = tensor.raw or b""
-    if len(raw) != 8 * count:
-        raise BadRequest(f"input {tensor.name!r}: shape {tensor.shape} of INT64 takes "
-                         f"{8 * count} bytes, the binary data has {len(raw)}")
-    return np.frombuffer(raw, dtype="<i8").astype(np.int64, copy=False)
-
-
-def _json_data(tensor: Tensor, types: tuple[Any, Any], kind: str) -> list[Any]:
-    """Decoded as a flat list or, for a rank-2 shape, as rows (nested row-major) of the
-    datatype's values; anything else, or the wrong count, is refused."""
+def _json_strings(tensor: Tensor) -> list[str]:
+    """JSON data decoded as a flat list or, for a rank-2 shape, as rows (nested row-major) of
+    strings; anything else, or the wrong count, is refused."""
     shape, raw = tensor.shape, tensor.json or b""
     nested = len(shape) == 2 and NESTED.match(raw) is not None
-    what = "strings (BYTES)" if kind == "BYTES" else "integers (INT64)"
     try:
-        data: list[Any] = msgspec.json.decode(raw, type=types[nested])
+        data: list[Any] = msgspec.json.decode(raw, type=STRINGS[nested])
     except msgspec.ValidationError as exc:
-        raise BadRequest(f"input {tensor.name!r} must hold {what}, flat or as rows of "
-                         f"shape {shape}: {exc}") from exc
+        raise BadRequest(f"input {tensor.name!r} must hold strings (BYTES), flat or as rows "
+                         f"of shape {shape}: {exc}") from exc
     except msgspec.DecodeError as exc:  # not reached: the request decoded (kept for safety)
         raise BadRequest(f"malformed JSON in input {tensor.name!r}: {exc}") from exc
     except RecursionError as exc:
@@ -340,54 +417,13 @@ def _json_data(tensor: Tensor, types: tuple[Any, Any], kind: str) -> list[Any]:
     return data
 
 
-def _texts(tensor: Tensor, limits: Limits) -> list[str]:
-    if tensor.datatype != "BYTES":
-        raise BadRequest(f"input {TEXT!r} must have datatype BYTES, got {tensor.datatype}")
-    _check_shape(tensor, (1, 2), limits)
-    if len(tensor.shape) == 2 and tensor.shape[1] != 1:
-        raise BadRequest(f"input {TEXT!r}: shape must be [rows] or [rows, 1]")
-    data: list[str] = _data(tensor, STRINGS, "BYTES")
-    for i, text in enumerate(data):
-        size = len(text.encode("utf-8"))  # msgspec already refused invalid UTF-8/surrogates
-        if size > limits.max_text_bytes:
-            raise BadRequest(f"input {TEXT!r} row {i}: {size} bytes; the limit is "
-                             f"{limits.max_text_bytes}")
-    return data
-
-
-def _token_rows(ids: Tensor, mask: Tensor, limits: Limits,
-                truncate: bool) -> list[np.ndarray]:
-    for tensor in (ids, mask):
-        if tensor.datatype != "INT64":
-            raise BadRequest(f"input {tensor.name!r} must have datatype INT64, got "
-                             f"{tensor.datatype}")
-    if ids.shape != mask.shape:
-        raise BadRequest(f"{IDS!r} shape {ids.shape} differs from {MASK!r} shape {mask.shape}")
-    _check_shape(ids, (2,), limits)
-    rows, seq = ids.shape
-    longest = limits.max_sequence or limits.max_length
-    if seq > longest:
-        raise BadRequest(f"input {IDS!r}: {seq} tokens per row; the limit is {longest} (the "
-                         f"model takes {limits.max_length}, padding included)")
-    id_array = np.asarray(_data(ids, INTEGERS, "INT64"), dtype=np.int64)
-    mask_array = np.asarray(_data(mask, INTEGERS, "INT64"), dtype=np.int64)
-    id_array, mask_array = id_array.reshape(rows, seq), mask_array.reshape(rows, seq)
-    if not np.isin(mask_array, (0, 1)).all():
-        raise BadRequest(f"{MASK!r} must hold only 0 and 1")
-    if (id_array < 0).any() or (limits.vocab_size and (id_array >= limits.vocab_size).any()):
-        raise BadRequest(f"{IDS!r} must lie in [0, {limits.vocab_size})")
-    out = []
-    for i in range(rows):
-        row = id_array[i][mask_array[i] == 1]
-        if len(row) == 0:
-            raise BadRequest(f"row {i} has no tokens (attention_mask all 0)")
-        if len(row) > limits.max_length:
-            if not truncate:
-                raise BadRequest(f"row {i} has {len(row)} tokens; the model takes "
-                                 f"{limits.max_length} (parameters.truncate=false)")
-            row = row[:limits.max_length]
-        out.append(row)
-    return out
+def binary(name: str, datatype: str, data: Any, shape: list[int] | None = None) -> Tensor:
+    """A tensor in the binary form, e.g. to forward rows to another server: ``data`` a list
+    of str/bytes for BYTES, else an array."""
+    if datatype == "BYTES":
+        return Tensor(name, shape or [len(data)], datatype, raw=raw(datatype, data))
+    values = np.asarray(data, dtype=NUMERIC[datatype])
+    return Tensor(name, shape or list(values.shape), datatype, raw=values.tobytes())
 
 
 def _numpy(value: Any) -> Any:
@@ -405,9 +441,10 @@ def encode_response(response: InferResponse) -> bytes:
 
 def raw(datatype: str, data: Any) -> bytes:
     """Tensor data in the binary form (the binary extension's and gRPC's ``raw_*_contents``):
-    numbers little-endian, BYTES elements each a 4-byte length and its UTF-8."""
+    numbers little-endian, BYTES elements each a 4-byte length and its bytes (UTF-8 for
+    text)."""
     if datatype == "BYTES":
-        encoded = [str(v).encode("utf-8") for v in data]
+        encoded = [v if isinstance(v, bytes) else str(v).encode("utf-8") for v in data]
         return b"".join(LENGTH.pack(len(e)) + e for e in encoded)
     return np.asarray(data, dtype=RAW_TYPES[datatype]).tobytes()
 

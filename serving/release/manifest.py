@@ -83,9 +83,12 @@ class Calibration(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class Quantization(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """How the edge model was quantized (onnxruntime ``quantize_dynamic``)."""
+    """How the edge model was quantized: onnxruntime ``quantize_dynamic`` (weights INT8,
+    activations quantized per batch: transformers), or ``quantize_static`` (QDQ, activations
+    calibrated on the release's calibration rows: convolutional models); publish picks the one
+    with the better fidelity."""
 
-    method: Literal["dynamic"] = "dynamic"
+    method: Literal["dynamic", "static"] = "dynamic"
     weight_type: Literal["int8"] = "int8"
     per_channel: bool = True
     reduce_range: bool = True  # 7-bit weights: no u8s8 saturation on x86 without VNNI
@@ -106,6 +109,54 @@ class Preprocessing(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_length: int
 
 
+class TextInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="text",
+                tag_field="kind"):
+    """Strings (``BYTES``) tokenized with the release's tokenizer, or token tensors
+    (``input_ids`` + ``attention_mask``, ``INT64``); feeds the model's ``input_ids``,
+    ``attention_mask`` and, where it takes one, ``token_type_ids``."""
+
+    name: str = "text"
+    tokenizer: str | None = "tokenizer.json"  # file in the version folder; None: tokens only
+    max_length: int = 128
+
+
+class ImageInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="image",
+                 tag_field="kind"):
+    """An image per row, feeding the model input of the same name: encoded JPEG/PNG
+    (``BYTES``) or a ``UINT8`` HWC tensor, decoded, resized, centre-cropped to ``height`` x
+    ``width``, scaled and normalised as declared here; or an ``FP32`` tensor already in the
+    model's layout, passed through."""
+
+    height: int
+    width: int
+    name: str = "image"
+    channels: Literal[1, 3] = 3
+    resize: int = 0  # shorter side resized to this before the centre crop; 0: straight to size
+    scale: float = 255.0  # the pixel value that becomes 1.0
+    mean: list[float] = []  # per channel, subtracted after scaling (empty: 0)
+    std: list[float] = []  # per channel, divided by after the mean (empty: 1)
+    layout: Literal["NCHW", "NHWC"] = "NCHW"
+    max_pixels: int = 4096 * 4096  # larger images are refused from their header, not decoded
+
+
+class TensorInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="tensor",
+                  tag_field="kind"):
+    """A tensor passed through to the model input of the same name (tabular features, any
+    other classifier): datatype and shape checked against the model's, values against the
+    range (FP32/FP64 must be finite)."""
+
+    name: str
+    minimum: float | None = None
+    maximum: float | None = None
+
+
+RequestInput = TextInput | ImageInput | TensorInput
+SCHEMA = 2
+"""The newest manifest schema this code reads: 1, a text model with ``input_ids`` and
+``attention_mask``; 2, ``request`` declares the inputs' kinds (text, image, tensor) and the
+edge may be statically quantized. A node refuses a release of a newer schema by name."""
+
+
 class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: str
     version: int
@@ -124,6 +175,16 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     schema: int = 1
     probe: Artifact | None = None  # rows + reference logits every node checks itself on
     quantization: Quantization | None = None  # None: published before it was recorded
+    # what clients send and how it becomes the model's inputs (empty: schema 1, text, from
+    # ``preprocessing``)
+    request: list[RequestInput] = []
+
+    def request_inputs(self) -> list[RequestInput]:
+        """The request inputs, schema 1's derived from its preprocessing."""
+        if self.request:
+            return list(self.request)
+        return [TextInput(tokenizer=self.preprocessing.tokenizer,
+                          max_length=self.preprocessing.max_length)]
 
     def by_role(self) -> dict[str, Artifact]:
         """Every stored file of the release: center, edge and, where there are, tokenizer and
@@ -141,9 +202,31 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return [self.model(tier)] + [a for a in (self.tokenizer, self.probe) if a is not None]
 
 
+class _Schema(msgspec.Struct):
+    schema: int = 1
+
+
+class NewerSchema(ValueError):
+    """A release written for newer nodes than this one."""
+
+
 def encode(manifest: Manifest) -> bytes:
-    return msgspec.json.format(msgspec.json.encode(manifest), indent=2) + b"\n"
+    """The manifest's JSON; a schema-1 release leaves ``request`` out, so nodes that predate it
+    keep reading the releases they can serve."""
+    data = msgspec.to_builtins(manifest)
+    if not data["request"]:
+        del data["request"]
+    return msgspec.json.format(msgspec.json.encode(data), indent=2) + b"\n"
 
 
 def decode(data: bytes | str) -> Manifest:
+    """The manifest; :class:`NewerSchema` (before anything else is read) for a schema this code
+    does not know."""
+    try:
+        schema = msgspec.json.decode(data, type=_Schema).schema
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        schema = 1  # the full decode below says what is wrong
+    if schema > SCHEMA:
+        raise NewerSchema(f"release manifest schema {schema}: this node reads up to schema "
+                          f"{SCHEMA}; upgrade it to serve this release")
     return msgspec.json.decode(data, type=Manifest)

@@ -3,8 +3,9 @@
 INT8 kernels differ by CPU (x86 without VNNI saturates where a VNNI or ARM CPU does not), and a
 GPU center may run in fp16/bf16, so the agreement the publisher measured on its own machine
 says little about a node. A release carries ``probe.npz``: a few hundred calibration rows as
-token ids (padded to the longest) with the fp32 edge's and the fp32 center's logits on exactly
-those rows, in batches of ``batch`` rows. At load, after warm-up, a node runs its model on the
+the model's inputs (one array per model input, e.g. token ids and mask padded to the longest,
+or images) with the fp32 edge's and the fp32 center's logits on exactly those rows, in batches
+of ``batch`` rows. At load, after warm-up, a node runs its model on the
 same batches and computes top-1 agreement with its tier's reference; below the floor (the
 release's, or the node's own setting) the version is refused and the previous one keeps serving.
 
@@ -18,12 +19,13 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from serving.errors import ProbeError
-from serving.model.text import Encoded
+from serving.model.datatypes import native
+from serving.release.manifest import TensorSpec
 
 if TYPE_CHECKING:
     from serving.release.hardware import Platform
@@ -32,10 +34,11 @@ FILE = "probe.npz"
 ROWS = 256
 """Rows a publish puts in the probe (fewer when the calibration split is smaller)."""
 BATCH = 32
-MAX_ROWS, MAX_LENGTH, MAX_CLASSES = 4096, 4096, 4096
+MAX_ROWS, MAX_CLASSES, MAX_INPUTS = 4096, 4096, 16
 MAX_BYTES = 64 << 20  # uncompressed, all members together
-KEYS = {"input_ids": np.int64, "attention_mask": np.int64, "edge": np.float32,
-        "center": np.float32, "batch": np.int64}
+KEYS = {"edge": np.float32, "center": np.float32, "batch": np.int64}
+Feeds = dict[str, np.ndarray]
+Predict = Callable[[Feeds], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -46,66 +49,62 @@ class Measured:
 
 @dataclass(frozen=True)
 class Probe:
-    input_ids: np.ndarray  # int64 [rows, length]
-    attention_mask: np.ndarray  # int64 [rows, length]
+    feeds: Feeds  # the model's inputs, each [rows, ...]
     edge: np.ndarray  # float32 [rows, classes]: the fp32 edge model's logits
     center: np.ndarray  # float32 [rows, classes]: the fp32 center model's logits
     batch: int
 
     @property
     def rows(self) -> int:
-        return len(self.input_ids)
+        return len(self.edge)
 
     def reference(self, tier: Literal["edge", "center"]) -> np.ndarray:
         return self.edge if tier == "edge" else self.center
 
 
-def run(predict: Callable[[Encoded], np.ndarray], inputs: Encoded,
-        batch: int = BATCH) -> np.ndarray:
+def run(predict: Predict, feeds: Feeds, batch: int = BATCH) -> np.ndarray:
     """Logits of ``predict`` on the probe rows, in the probe's batches."""
-    return np.concatenate([np.asarray(predict(Encoded(inputs.input_ids[i:i + batch],
-                                                      inputs.attention_mask[i:i + batch])),
-                                      dtype=np.float32)
-                           for i in range(0, len(inputs.input_ids), batch)])
+    rows = len(next(iter(feeds.values())))
+    return np.concatenate([np.asarray(predict({k: v[i:i + batch] for k, v in feeds.items()}),
+                                      dtype=np.float32) for i in range(0, rows, batch)])
 
 
-def save(path: Path, inputs: Encoded, edge: np.ndarray, center: np.ndarray,
+def save(path: Path, feeds: Feeds, edge: np.ndarray, center: np.ndarray,
          batch: int = BATCH) -> None:
-    np.savez_compressed(path, input_ids=inputs.input_ids.astype(np.int64),
-                        attention_mask=inputs.attention_mask.astype(np.int64),
-                        edge=edge.astype(np.float32), center=center.astype(np.float32),
-                        batch=np.int64(batch))
+    arrays: dict[str, Any] = {**feeds, "edge": edge.astype(np.float32),
+                              "center": center.astype(np.float32), "batch": np.int64(batch)}
+    np.savez_compressed(path, **arrays)
 
 
-def load(path: Path) -> Probe:
-    """Read and check a probe file (bounded before anything is decompressed)."""
+def load(path: Path, model: list[TensorSpec]) -> Probe:
+    """Read and check a probe file (bounded before anything is decompressed): its arrays are
+    the ``model``'s inputs and the references, nothing else."""
+    inputs = {i.name: native(i.datatype) for i in model}
+    expected = {**{k: np.dtype(v) for k, v in KEYS.items()}, **inputs}
     try:
         with zipfile.ZipFile(path) as archive:
             members = archive.infolist()
             if sum(m.file_size for m in members) > MAX_BYTES:
                 raise ProbeError(f"{path.name}: larger than {MAX_BYTES >> 20} MiB unpacked")
-            if sorted(m.filename for m in members) != sorted(f"{k}.npy" for k in KEYS):
-                raise ProbeError(f"{path.name}: expected the arrays {sorted(KEYS)}")
+            if sorted(m.filename for m in members) != sorted(f"{k}.npy" for k in expected):
+                raise ProbeError(f"{path.name}: expected the arrays {sorted(expected)}")
         with np.load(path, allow_pickle=False) as data:
-            arrays = {key: data[key] for key in KEYS}
+            arrays = {key: data[key] for key in expected}
     except (OSError, zipfile.BadZipFile, ValueError) as exc:
         if isinstance(exc, ProbeError):
             raise
         raise ProbeError(f"{path.name}: not a probe file ({exc})") from exc
-    for key, dtype in KEYS.items():
+    for key, dtype in expected.items():
         if arrays[key].dtype != dtype:
-            raise ProbeError(f"{path.name}: {key} is {arrays[key].dtype}, expected "
-                             f"{np.dtype(dtype)}")
-    return _checked(arrays, path.name)
+            raise ProbeError(f"{path.name}: {key} is {arrays[key].dtype}, expected {dtype}")
+    return _checked(arrays, list(inputs), path.name)
 
 
-def _checked(a: dict[str, np.ndarray], name: str) -> Probe:
-    ids, mask, edge, center, batch = (a[k] for k in KEYS)
-    if ids.ndim != 2 or ids.shape != mask.shape or not 0 < ids.shape[0] <= MAX_ROWS or \
-            not 0 < ids.shape[1] <= MAX_LENGTH:
-        raise ProbeError(f"{name}: input_ids/attention_mask of shapes {list(ids.shape)} and "
-                         f"{list(mask.shape)}")
-    rows = ids.shape[0]
+def _checked(a: dict[str, np.ndarray], inputs: list[str], name: str) -> Probe:
+    edge, center, batch = a["edge"], a["center"], a["batch"]
+    rows = edge.shape[0] if edge.ndim == 2 else 0
+    if not 0 < rows <= MAX_ROWS:
+        raise ProbeError(f"{name}: reference logits of shape {list(edge.shape)}")
     for logits in (edge, center):
         if logits.ndim != 2 or logits.shape[0] != rows or not 2 <= logits.shape[1] <= \
                 MAX_CLASSES or not np.isfinite(logits).all():
@@ -113,15 +112,22 @@ def _checked(a: dict[str, np.ndarray], name: str) -> Probe:
                              f"{rows} rows")
     if batch.ndim != 0 or not 1 <= int(batch) <= MAX_ROWS:
         raise ProbeError(f"{name}: invalid batch size")
-    if ids.min() < 0 or not np.isin(mask, (0, 1)).all():
+    feeds = {k: a[k] for k in inputs}
+    for key, values in feeds.items():
+        if values.ndim < 1 or values.shape[0] != rows:
+            raise ProbeError(f"{name}: {key} of shape {list(values.shape)} for {rows} rows")
+        if values.dtype.kind == "f" and not np.isfinite(values).all():
+            raise ProbeError(f"{name}: {key} holds NaN or infinite values")
+    ids, mask = feeds.get("input_ids"), feeds.get("attention_mask")
+    if (ids is not None and ids.min() < 0) or (mask is not None and
+                                               not np.isin(mask, (0, 1)).all()):
         raise ProbeError(f"{name}: negative token ids or a mask that is not 0/1")
-    return Probe(ids, mask, edge, center, int(batch))
+    return Probe(feeds, edge, center, int(batch))
 
 
-def measure(predict: Callable[[Encoded], np.ndarray], probe: Probe,
-            tier: Literal["edge", "center"]) -> Measured:
+def measure(predict: Predict, probe: Probe, tier: Literal["edge", "center"]) -> Measured:
     """Top-1 agreement of ``predict`` with the tier's fp32 reference on the probe."""
-    logits = run(predict, Encoded(probe.input_ids, probe.attention_mask), probe.batch)
+    logits = run(predict, probe.feeds, probe.batch)
     reference = probe.reference(tier)
     if logits.shape != reference.shape:
         raise ProbeError(f"the model returned shape {list(logits.shape)} on the probe, its "

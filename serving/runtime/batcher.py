@@ -1,14 +1,15 @@
 """Adaptive, length-aware batching: a queue plus one future per request, bounded by size and
 delay.
 
-Requests (each one or more token rows) wait at most ``max_delay`` for company; a batch closes
-when it holds ``max_batch_size`` rows, when the oldest request has waited long enough, or when
-it holds as many requests as the previous batch and no more are queued: at low load a lone
-request runs at once.
+Requests (each one or more rows, as the release's input kind made them) wait at most
+``max_delay`` for company; a batch closes when it holds ``max_batch_size`` rows, when the
+oldest request has waited long enough, or when it holds as many requests as the previous batch
+and no more are queued: at low load a lone request runs at once.
 
 A batch is then run in a worker thread, off the event loop, as one or more model calls
-(:func:`plan`): its rows sorted by length and cut into groups of similar length, each padded
-only to its own longest row, so short rows stop paying for a long batch-mate's padding. The
+(:func:`plan`): its rows sorted by cost (a text row's tokens) and cut into groups of similar
+cost, each padded only to its own longest row, so short rows stop paying for a long
+batch-mate's padding; rows of equal cost (images, feature rows) make one call. The
 shortest group runs first and a request is answered as soon as its last row is computed; every
 group of a batch runs before the next batch is taken, so no row waits behind later arrivals.
 Each request gets its rows back in its own order. If a call fails, every request of the batch
@@ -27,11 +28,13 @@ import numpy as np
 
 from serving import tasks
 from serving.errors import NotReady, Overloaded
-from serving.model.text import Encoded, pad
+from serving.inputs.base import Feeds
 from serving.telemetry import tracing
 from serving.telemetry.metrics import BatchStats, Observer
 
-Predict = Callable[[Encoded], np.ndarray]
+Predict = Callable[[Feeds], np.ndarray]
+Collate = Callable[[list[np.ndarray]], Feeds]  # rows -> one call's feeds (the input kind's)
+Cost = Callable[[np.ndarray], int]  # a row's cost (tokens for text): the plan's length
 Finish = Callable[[np.ndarray], np.ndarray]  # a call's outputs -> what the requests get
 # What one more model call costs, in padded token positions: a batch is split where the padding
 # a split saves is worth more than this. Measured with the demo's INT8 edge on a 2-core EPYC
@@ -96,13 +99,14 @@ class Batcher:
     progress are one piece of state, read and written from the event loop and the worker
     thread in a fixed order; split in two, each half would reach into the other's fields."""
 
-    def __init__(self, predict: Predict, *, max_batch_size: int, max_delay_ms: float,
-                 max_queue_rows: int, observe: Observer | None = None,
+    def __init__(self, predict: Predict, collate: Collate, cost: Cost, *, max_batch_size: int,
+                 max_delay_ms: float, max_queue_rows: int, observe: Observer | None = None,
                  executor: ThreadPoolExecutor | None = None,
                  call_tokens: int = CALL_TOKENS, finish: Finish | None = None) -> None:
-        """``finish``: applied to each call's outputs in the worker thread (per batch, not
-        per request: e.g. softmax and the confidence metrics)."""
-        self.predict = predict
+        """``collate`` and ``cost``: the release's input kind's (``serving.inputs``);
+        ``finish``: applied to each call's outputs in the worker thread (per batch, not per
+        request: e.g. softmax and the confidence metrics)."""
+        self.predict, self.collate, self.cost = predict, collate, cost
         self.finish = finish
         self.call_tokens = call_tokens
         self.max_batch_size = max(1, max_batch_size)
@@ -237,15 +241,16 @@ class Batcher:
             for p in work.batch:
                 offset[start:start + len(p.rows)] = range(len(p.rows))
                 start += len(p.rows)
-            groups = plan([len(r) for r in rows], self.call_tokens)
+            costs = [self.cost(r) for r in rows]
+            groups = plan(costs, self.call_tokens)
             left = [len(p.rows) for p in work.batch]  # rows still to compute, per request
             for group in groups:
-                logits = self.predict(pad([rows[i] for i in group]))
+                logits = self.predict(self.collate([rows[i] for i in group]))
                 if self.finish is not None:
                     logits = self.finish(logits)
                 work.calls += 1
-                work.tokens += sum(len(rows[i]) for i in group)
-                work.padded += len(group) * max(len(rows[i]) for i in group)
+                work.tokens += sum(costs[i] for i in group)
+                work.padded += len(group) * max(costs[i] for i in group)
                 done = []
                 for i, row_logits in zip(group, logits, strict=True):
                     p = work.batch[owner[i]]

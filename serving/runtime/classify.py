@@ -6,40 +6,14 @@ from typing import Any
 
 import numpy as np
 
-from serving.config.settings import ServingSettings
 from serving.errors import BadRequest
 from serving.model.scores import softmax
-from serving.model.text import token_rows
 from serving.protocol import v2
 from serving.runtime.repository import Resident
 
-__all__ = ["limits", "outputs_metadata", "response", "rows_of", "softmax"]
+__all__ = ["outputs_metadata", "response", "softmax"]
 
 OUTPUTS = ("label", "probabilities", "confidence", "tier")
-
-
-def limits(resident: Resident, settings: ServingSettings) -> v2.Limits:
-    tokenizer, max_length = resident.tokenizer, resident.manifest.preprocessing.max_length
-    return v2.Limits(max_rows=settings.max_request_rows, max_text_bytes=settings.max_text_bytes,
-                     max_length=max_length,
-                     vocab_size=tokenizer.get_vocab_size() if tokenizer else None,
-                     max_sequence=max(max_length, resident.padded_length))
-
-
-def rows_of(resident: Resident, parsed: v2.Parsed) -> list[np.ndarray]:
-    """Token rows for the request: tokenized texts (truncated unless refused) or given ids."""
-    if parsed.texts is None:
-        return parsed.token_rows or []
-    if resident.tokenizer is None:
-        raise BadRequest(f"model {resident.manifest.name!r} has no tokenizer: send "
-                         f"{v2.IDS!r} and {v2.MASK!r} INT64 tensors")
-    rows, truncated = token_rows(resident.tokenizer, parsed.texts)
-    if parsed.parameters.get("truncate", True) is False and any(truncated):
-        first = truncated.index(True)
-        raise BadRequest(f"text row {first} is longer than the model's "
-                         f"{resident.manifest.preprocessing.max_length} tokens "
-                         f"(parameters.truncate=false)")
-    return rows
 
 
 def outputs_metadata(resident: Resident) -> list[dict[str, Any]]:

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-from tokenizers import Tokenizer
 
+from serving import inputs
 from serving.config.settings import ServingSettings
 from serving.errors import ModelNotFound, NotReady
-from serving.model.text import Encoded, file_length, load_tokenizer, pad, unpadded
+from serving.inputs.base import Bounds, Codec, Feeds
 from serving.release import hardware, probe
 from serving.release.manifest import Manifest, is_valid_name
 from serving.release.store import ModelStore, StoreError, Tier
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 class Runtime(Protocol):
     description: str
 
-    def predict(self, batch: Encoded) -> np.ndarray: ...
+    def predict(self, feeds: Feeds) -> np.ndarray: ...
 
 
 Loader = Callable[[Manifest, Path], Runtime]
@@ -57,25 +57,28 @@ class Resident:
     manifest: Manifest
     runtime: Runtime
     batcher: Batcher
-    tokenizer: Tokenizer | None  # unpadded: rows are padded per batch
+    codec: Codec  # what clients send and how it becomes the model's inputs (serving.inputs)
     fidelity: probe.Measured | None = None  # on this node's hardware; None: release has no probe
-    padded_length: int = 0  # longest row the release's tokenizer file produces (text.file_length)
 
     @property
     def version(self) -> int:
         return self.manifest.version
 
 
-def warm_up(runtime: Runtime, max_batch_size: int) -> None:
+def warm_up(runtime: Runtime, codec: Codec, max_batch_size: int) -> None:
     """Run the shapes serving will see first, so the first request pays no lazy set-up."""
-    for rows, length in ((1, 8), (min(8, max_batch_size), 32), (max_batch_size, 64)):
-        runtime.predict(pad([np.arange(1, length + 1, dtype=np.int64)] * rows))
+    for rows in (1, min(8, max_batch_size), max_batch_size):
+        runtime.predict(codec.collate(codec.sample(rows, seed=rows)))
+
+
+def bounds(settings: ServingSettings) -> Bounds:
+    return Bounds(max_rows=settings.max_request_rows, max_text_bytes=settings.max_text_bytes)
 
 
 class VersionLoader:
     """Makes one store version resident: verified against its manifest, loaded by the tier's
-    ``loader``, warmed up, its fidelity checked on this hardware, with its tokenizer and its
-    batcher (started when the repository swaps it in)."""
+    ``loader``, warmed up, its fidelity checked on this hardware, with its input kind's codec
+    and its batcher (started when the repository swaps it in)."""
 
     def __init__(self, store: ModelStore, tier: Tier, loader: Loader, settings: ServingSettings,
                  metrics: Metrics, finisher: Finisher | None = None) -> None:
@@ -87,20 +90,17 @@ class VersionLoader:
     def load(self, model: str, version: int) -> Resident:
         manifest = self.store.verify(model, version, self.tier)
         folder = self.store.version_dir(model, version)
+        codec = inputs.for_manifest(manifest, folder, bounds(self.settings))
         runtime = self.loader(manifest, folder)
-        warm_up(runtime, self.settings.max_batch_size)
+        warm_up(runtime, codec, self.settings.max_batch_size)
         fidelity = self._check_fidelity(manifest, folder, runtime)
-        tokenizer, padded_length = None, 0
-        if manifest.preprocessing.tokenizer:
-            path = folder / manifest.preprocessing.tokenizer
-            tokenizer = unpadded(load_tokenizer(path, manifest.preprocessing.max_length))
-            padded_length = file_length(path)
         s = self.settings
-        batcher = Batcher(runtime.predict, max_batch_size=s.max_batch_size,
-                          max_delay_ms=s.max_batch_delay_ms, max_queue_rows=s.max_queue_rows,
+        batcher = Batcher(runtime.predict, codec.collate, codec.cost,
+                          max_batch_size=s.max_batch_size, max_delay_ms=s.max_batch_delay_ms,
+                          max_queue_rows=s.max_queue_rows,
                           observe=self.metrics.observer(model, version),
                           finish=self.finisher(manifest) if self.finisher else None)
-        return Resident(manifest, runtime, batcher, tokenizer, fidelity, padded_length)
+        return Resident(manifest, runtime, batcher, codec, fidelity)
 
     def floor(self, manifest: Manifest) -> float:
         """The node's own floor when set, else the release's."""
@@ -114,8 +114,8 @@ class VersionLoader:
             log.warning("%s version %s carries no probe: its fidelity on this node is not "
                         "checked", manifest.name, manifest.version)
             return None
-        measured = probe.measure(runtime.predict, probe.load(folder / manifest.probe.file),
-                                 self.tier)
+        measured = probe.measure(runtime.predict, probe.load(folder / manifest.probe.file,
+                                                             manifest.inputs), self.tier)
         floor = self.floor(manifest)
         self.metrics.fidelity.labels(manifest.name, str(manifest.version)).set(
             measured.agreement)

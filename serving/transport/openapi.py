@@ -36,13 +36,14 @@ ERROR = _object({"error": STRING}, closed=True)
 TENSOR_METADATA = _object({"name": STRING, "datatype": STRING,
                            "shape": {"type": "array", "items": {"type": "integer"}}})
 REQUEST_INPUT = _object({
-    "name": {"enum": [v2.TEXT, v2.IDS, v2.MASK],
-             "description": f"{v2.TEXT!r} (BYTES) alone, or {v2.IDS!r} and {v2.MASK!r} "
-                            "(INT64) together"},
+    "name": {"type": "string",
+             "description": "an input the model's metadata lists (e.g. 'text' as BYTES, or "
+                            "'input_ids' and 'attention_mask' as INT64; 'image' as JPEG/PNG "
+                            "BYTES, UINT8 pixels or FP32)"},
     "shape": {"type": "array", "items": {"type": "integer", "minimum": 0},
-              "minItems": 1, "maxItems": 2,
-              "description": "[rows] or [rows, 1] for text, [rows, tokens] for token tensors"},
-    "datatype": {"enum": ["BYTES", "INT64"]},
+              "minItems": 1, "maxItems": 8,
+              "description": "the first dimension is the rows"},
+    "datatype": {"enum": ["BYTES", *v2.NUMERIC]},
     "data": {"type": "array", "description": "row-major, flat or nested"},
     "parameters": {"type": "object"},
 }, required=["name", "shape", "datatype", "data"], closed=True)

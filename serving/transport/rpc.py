@@ -51,7 +51,11 @@ REQUEST_ID = "x-request-id"
 GRACE_S = 10.0  # in-flight calls finish within this on stop, like uvicorn's graceful shutdown
 CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND,  # else INTERNAL
          413: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE}
-CONTENTS = {"BYTES": "bytes_contents", "INT64": "int64_contents"}  # the inputs' datatypes
+# each datatype's typed contents field (the proto's InferTensorContents)
+CONTENTS = {"BYTES": "bytes_contents", "BOOL": "bool_contents", "INT8": "int_contents",
+            "INT16": "int_contents", "INT32": "int_contents", "INT64": "int64_contents",
+            "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+            "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents"}
 # statuses that are the server's fault (OpenTelemetry's gRPC server span convention): the span
 # is marked failed; a client's bad request is not
 WATCHES_PER_CONNECTION = 4  # health Watch streams one connection may hold open
@@ -70,7 +74,7 @@ class GrpcRequest:
     def size(self) -> int:
         return int(self.message.ByteSize())
 
-    def parse(self, limits: v2.Limits) -> v2.Parsed:
+    def parse(self, decoder: v2.Decoder) -> v2.Parsed:
         m = self.message
         raw = m.raw_input_contents
         if raw and len(raw) != len(m.inputs):
@@ -89,7 +93,7 @@ class GrpcRequest:
             values = getattr(tensor.contents, field) if field else ()
             tensors.append(v2.Tensor(tensor.name, shape, tensor.datatype, values=values))
         outputs = [o.name for o in m.outputs] or None
-        return v2.validate(m.id or None, parameters(m.parameters), tensors, outputs, limits)
+        return v2.validate(m.id or None, parameters(m.parameters), tensors, outputs, decoder)
 
 
 def parameters(message: Mapping[str, pb.InferParameter]) -> dict[str, Any]:

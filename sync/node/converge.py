@@ -23,7 +23,7 @@ from pathlib import Path
 from serving import tasks
 from serving.config.settings import ServingSettings
 from serving.release import hardware
-from serving.release.manifest import Manifest, decode
+from serving.release.manifest import Manifest, NewerSchema, decode
 from serving.release.probe import FidelityRefused, Measured
 from serving.release.signing import ReleaseCheck, SigningError
 from serving.release.store import StoreError, check_release
@@ -112,6 +112,12 @@ class Converger:
             return
         try:
             manifest = decode(release.manifest)
+        except NewerSchema as exc:  # signed or not, the reason is ours: say it, serve on
+            log.error("refused %s version %s: %s", release.model, release.version, exc)
+            await self.send(pb.NodeMessage(ack=pb.Ack(
+                model=release.model[:128], version=release.version, state=pb.REFUSED,
+                reason=str(exc))))
+            return
         except ValueError as exc:
             log.error("release %s v%s: unreadable manifest (%s); ignored", release.model,
                       release.version, exc)

@@ -30,7 +30,7 @@ from harness.fuzz import MAX_BODY, fuzz_hostile, fuzz_tier, hostile_binary_bodie
 from harness.processes import BIN, TierProcess
 from harness.stores import fill_stores, tiers
 from serving.dataplane import DataPlane
-from serving.model.text import Encoded
+from serving.inputs.base import Feeds
 from serving.release.manifest import Manifest
 from serving.transport.rest import create_app
 
@@ -158,7 +158,7 @@ class Exploding:
     def __init__(self, runtime: Any) -> None:
         self.runtime, self.description = runtime, runtime.description
 
-    def predict(self, batch: Encoded) -> np.ndarray:
+    def predict(self, batch: Feeds) -> np.ndarray:
         if Exploding.armed:
             raise RuntimeError(SECRET)
         return np.asarray(self.runtime.predict(batch))

@@ -12,6 +12,7 @@ from center.build import build_service
 from center.settings import CenterSettings
 from serving.protocol import v2
 from serving.runtime.repository import Resident
+from tests.codecs import decoded, text_codec
 from tests.unit.serving.test_store import manifest
 
 
@@ -23,9 +24,9 @@ class Logits:
 def test_every_row_is_the_centers_answer_with_its_version(tmp_path: Path) -> None:
     service = build_service(CenterSettings(store=tmp_path, device="cpu"))
     resident = Resident(manifest(4), runtime=None, batcher=Logits(),  # type: ignore[arg-type]
-                        tokenizer=None)
+                        codec=text_codec())
     rows = [np.asarray([i + 1, 7], dtype=np.int64) for i in range(3)]
-    answer = asyncio.run(service.infer(resident, v2.Parsed("c", {}, None, rows,
+    answer = asyncio.run(service.infer(resident, v2.Parsed("c", {}, decoded(rows),
                                                            ["label", "tier"])))
     assert [o.name for o in answer.outputs] == ["label", "tier"]
     assert answer.outputs[0].data == ["pos", "neg", "pos"]

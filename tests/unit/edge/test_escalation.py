@@ -12,6 +12,11 @@ from edge.centers import CenterURL, parse_list
 from edge.escalation import Centers, CenterUnavailable, Transports
 from edge.grpc_center import GrpcCenter
 from edge.http_center import HttpCenter
+from serving.protocol import v2
+
+
+def texts(values: list[str]) -> list[v2.Tensor]:
+    return [v2.binary("text", "BYTES", values)]
 
 
 def test_a_busy_center_is_left_alone_for_its_retry_after() -> None:
@@ -26,7 +31,7 @@ def test_a_busy_center_is_left_alone_for_its_retry_after() -> None:
                          parse_list("http://center-a"), failures=3, reset_s=5)
         for _ in range(3):
             with pytest.raises(CenterUnavailable, match=r"HTTP 503|circuit open"):
-                await client.classify("m", ["text"], [np.array([1, 2])], "rid", labels=2)
+                await client.classify("m", texts(["text"]), 1, "rid", labels=2)
         assert client.circuits() == {"http://center-a": "open"}
         await client.close()
 
@@ -46,7 +51,7 @@ def test_answers_come_back_in_row_order_with_the_trace_id() -> None:
     async def main() -> None:
         client = Centers(Transports(1.0, None, httpx.MockTransport(center)),
                          parse_list("http://c"), 3, 5)
-        answer = await client.classify("m", ["a", "b"], [np.array([1]), np.array([2])], "t-9", 2)
+        answer = await client.classify("m", texts(["a", "b"]), 2, "t-9", 2)
         assert answer.version == "4"
         assert np.allclose(answer.probabilities, [[0.1, 0.9], [0.8, 0.2]])
         await client.close()
@@ -70,7 +75,7 @@ def test_a_failing_center_is_failed_over_and_counted_against_its_circuit() -> No
         client = Centers(Transports(1.0, None, httpx.MockTransport(center)),
                          parse_list("http://down,http://up"), 3, 5)
         for _ in range(2):  # round-robin: one of them starts at the failing center
-            answer = await client.classify("m", ["t"], [np.array([1])], None, 2)
+            answer = await client.classify("m", texts(["t"]), 1, None, 2)
             assert answer.url == "http://up"
         assert client.breakers["http://down"].failures == 1
         await client.close()
@@ -86,10 +91,10 @@ def test_with_a_fleet_ca_a_plain_center_is_refused_before_any_call() -> None:
             lambda r: calls.append(r) or answering(r)))
         center = HttpCenter(CenterURL.parse("http://c:8100"), http, pinned=True)
         with pytest.raises(Refused, match="not TLS"):
-            await center.classify(Call("m", ["t"], [np.array([1])], None, 2))
+            await center.classify(Call("m", texts(["t"]), 1, None, 2))
         grpc_center = GrpcCenter(CenterURL.parse("grpc://c:8101"), 1.0, Path("ca.pem"))
         with pytest.raises(Refused, match="not TLS"):
-            await grpc_center.classify(Call("m", ["t"], [np.array([1])], None, 2))
+            await grpc_center.classify(Call("m", texts(["t"]), 1, None, 2))
         await http.aclose()
 
     asyncio.run(main())

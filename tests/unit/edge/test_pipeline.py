@@ -5,7 +5,6 @@ logits are chosen, so the same rows are confident or unsure on every machine."""
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from serving.protocol import v2
 from serving.protocol.budget import Budget
 from serving.release.manifest import Calibration, Manifest
 from serving.runtime.repository import Resident
+from tests.codecs import decoded, received, text_codec
 from tests.unit.serving.test_store import manifest as store_manifest
 
 SURE, UNSURE = 1, 2  # a row's first token id picks its logits
@@ -50,12 +50,13 @@ def model(threshold: float = 0.9) -> Manifest:
 
 
 def resident(batcher: FixedBatcher) -> Resident:
-    return Resident(model(), runtime=None, batcher=batcher, tokenizer=None)  # type: ignore[arg-type]
+    return Resident(model(), runtime=None, batcher=batcher,  # type: ignore[arg-type]
+                    codec=text_codec())
 
 
 def parsed(*kinds: int, **parameters: Any) -> v2.Parsed:
     rows = [np.asarray([kind, 100 + i], dtype=np.int64) for i, kind in enumerate(kinds)]
-    return v2.Parsed("req", parameters, None, rows, None)
+    return v2.Parsed("req", parameters, decoded(rows), None)
 
 
 Handler = Callable[[httpx.Request], httpx.Response]
@@ -65,7 +66,7 @@ def center_answering(calls: list[dict[str, Any]], version: str = "9") -> Handler
     """A center that says ``neg`` with 0.8 for every row it is sent."""
 
     def handle(request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content)
+        body = received(request.content, request.headers.get(v2.HEADER_LENGTH))
         calls.append(body)
         n = body["inputs"][0]["shape"][0]
         return httpx.Response(200, json={"model_name": "sentiment", "model_version": version,
@@ -131,7 +132,7 @@ def test_repeated_rows_come_from_the_cache_with_their_tier(tmp_path: Path) -> No
     assert outputs(again) == first and len(batcher.batches) == 1 and len(calls) == 1
     assert again.parameters["center_version"] == "9"  # remembered with the cached row
     hits, misses = service.cache.lookup([service.cache.key("sentiment", 3, 0.9, row)
-                                         for row in parsed(SURE, UNSURE, UNSURE).token_rows or []])
+                                         for row in parsed(SURE, UNSURE, UNSURE).inputs.rows])
     assert sorted(hits) == [0, 1] and misses == [2]
 
 

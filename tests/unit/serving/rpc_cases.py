@@ -13,8 +13,9 @@ from serving.errors import BadRequest
 from serving.gen import grpc_predict_v2_pb2 as pb
 from serving.protocol import v2
 from serving.transport.rpc import GrpcRequest
+from tests.codecs import text_codec, texts_of
 
-LIMITS = v2.Limits(max_rows=4, max_text_bytes=50, max_length=4, vocab_size=1000,
+LIMITS = text_codec(max_rows=4, max_text_bytes=50, max_length=4, vocab_size=1000,
                    max_sequence=8)
 
 
@@ -29,15 +30,15 @@ def int64_request(ids: list[int], mask: list[int], shape: list[int]) -> pb.Model
 def test_int64_inputs_are_decoded_from_contents_int64_contents() -> None:
     request = int64_request([101, 7, 102, 101, 102, 0], [1, 1, 1, 1, 1, 0], [2, 3])
     parsed = GrpcRequest(request).parse(LIMITS)
-    assert parsed.id == "g1" and parsed.texts is None
-    assert [r.tolist() for r in parsed.token_rows or []] == [[101, 7, 102], [101, 102]]
+    assert parsed.id == "g1" and texts_of(parsed) is None
+    assert [r.tolist() for r in parsed.inputs.rows] == [[101, 7, 102], [101, 102]]
     # the same tensors as JSON decode alike
     as_json = v2.parse(b'{"inputs": [{"name": "input_ids", "datatype": "INT64", "shape": [2, 3],'
                        b' "data": [101, 7, 102, 101, 102, 0]}, {"name": "attention_mask",'
                        b' "datatype": "INT64", "shape": [2, 3], "data": [1, 1, 1, 1, 1, 0]}]}',
                        LIMITS)
-    assert [r.tolist() for r in as_json.token_rows or []] == \
-        [r.tolist() for r in parsed.token_rows or []]
+    assert [r.tolist() for r in as_json.inputs.rows] == \
+        [r.tolist() for r in parsed.inputs.rows]
 
 
 def test_int64_values_in_another_contents_field_are_not_read() -> None:

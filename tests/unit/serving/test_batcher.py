@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from serving.errors import NotReady, Overloaded
-from serving.model.text import Encoded
+from serving.inputs.base import Feeds
 from serving.runtime.batcher import Batcher, BatchStats, plan
+from tests.codecs import TOKEN_BATCHING
 
 
 def rows(*lengths: int) -> list[np.ndarray]:
@@ -23,13 +24,13 @@ class Recorder:
         self.threads: set[str] = set()
         self.fail = fail
 
-    def __call__(self, batch: Encoded) -> np.ndarray:
-        self.shapes.append(batch.input_ids.shape)
+    def __call__(self, batch: Feeds) -> np.ndarray:
+        self.shapes.append(batch["input_ids"].shape)
         self.threads.add(threading.current_thread().name)
         if self.fail:
             raise RuntimeError("model exploded")
-        return np.stack([(batch.input_ids * batch.attention_mask).sum(1),
-                         batch.attention_mask.sum(1)], axis=1).astype(np.float32)
+        return np.stack([(batch["input_ids"] * batch["attention_mask"]).sum(1),
+                         batch["attention_mask"].sum(1)], axis=1).astype(np.float32)
 
 
 def run(coro: object) -> object:
@@ -40,7 +41,8 @@ def test_concurrent_requests_share_a_padded_batch_and_get_their_own_rows() -> No
     model, stats = Recorder(), []
 
     async def main() -> list[np.ndarray]:
-        batcher = Batcher(model, max_batch_size=8, max_delay_ms=50, max_queue_rows=100,
+        batcher = Batcher(model, *TOKEN_BATCHING,
+                          max_batch_size=8, max_delay_ms=50, max_queue_rows=100,
                           observe=stats.append)
         batcher.start()
         results = await asyncio.gather(batcher.submit(rows(3)), batcher.submit(rows(5, 2)),
@@ -61,7 +63,8 @@ def test_batches_never_exceed_max_size() -> None:
     model = Recorder()
 
     async def main() -> None:
-        batcher = Batcher(model, max_batch_size=4, max_delay_ms=20, max_queue_rows=100)
+        batcher = Batcher(model, *TOKEN_BATCHING,
+                          max_batch_size=4, max_delay_ms=20, max_queue_rows=100)
         batcher.start()
         await asyncio.gather(*(batcher.submit(rows(2, 2, 2)) for _ in range(4)))
         await batcher.stop()
@@ -74,7 +77,8 @@ def test_zero_delay_and_size_one_means_no_batching() -> None:
     model = Recorder()
 
     async def main() -> None:
-        batcher = Batcher(model, max_batch_size=1, max_delay_ms=0, max_queue_rows=100)
+        batcher = Batcher(model, *TOKEN_BATCHING,
+                          max_batch_size=1, max_delay_ms=0, max_queue_rows=100)
         batcher.start()
         await asyncio.gather(*(batcher.submit(rows(2)) for _ in range(5)))
         await batcher.stop()
@@ -85,7 +89,7 @@ def test_zero_delay_and_size_one_means_no_batching() -> None:
 
 def test_a_failed_batch_fails_every_waiter() -> None:
     async def main() -> list[object]:
-        batcher = Batcher(Recorder(fail=True), max_batch_size=8, max_delay_ms=30,
+        batcher = Batcher(Recorder(fail=True), *TOKEN_BATCHING, max_batch_size=8, max_delay_ms=30,
                           max_queue_rows=100)
         batcher.start()
         results = await asyncio.gather(batcher.submit(rows(1)), batcher.submit(rows(2)),
@@ -99,7 +103,8 @@ def test_a_failed_batch_fails_every_waiter() -> None:
 
 def test_queue_bound_answers_overloaded_at_once_and_stop_refuses_new_work() -> None:
     async def main() -> None:
-        batcher = Batcher(Recorder(), max_batch_size=8, max_delay_ms=200, max_queue_rows=2)
+        batcher = Batcher(Recorder(), *TOKEN_BATCHING,
+                          max_batch_size=8, max_delay_ms=200, max_queue_rows=2)
         batcher.start()
         first = asyncio.ensure_future(batcher.submit(rows(1, 1)))
         await asyncio.sleep(0)
@@ -123,7 +128,7 @@ def test_a_full_batch_and_then_a_lone_request_do_not_wait_for_the_delay() -> Non
     model = Recorder()
 
     async def main() -> None:
-        batcher = Batcher(model, max_batch_size=4, max_delay_ms=LONG_DELAY_MS,
+        batcher = Batcher(model, *TOKEN_BATCHING, max_batch_size=4, max_delay_ms=LONG_DELAY_MS,
                           max_queue_rows=100)
         batcher.start()
         full = await asyncio.wait_for(batcher.submit(rows(1, 1, 1, 1)), 60)  # closes at size
@@ -145,7 +150,7 @@ class Gated(Recorder):
         self.gate = threading.Event()
         self.entered = threading.Event()
 
-    def __call__(self, batch: Encoded) -> np.ndarray:
+    def __call__(self, batch: Feeds) -> np.ndarray:
         self.entered.set()
         assert self.gate.wait(60), "the test never opened the gate"
         return super().__call__(batch)
@@ -157,7 +162,8 @@ def test_stop_drains_every_queued_request_with_its_real_answer() -> None:
     model = Gated()
 
     async def main() -> None:
-        batcher = Batcher(model, max_batch_size=1, max_delay_ms=0, max_queue_rows=100)
+        batcher = Batcher(model, *TOKEN_BATCHING,
+                          max_batch_size=1, max_delay_ms=0, max_queue_rows=100)
         batcher.start()
         loop = asyncio.get_running_loop()
         requests = [asyncio.ensure_future(batcher.submit(rows(n))) for n in (1, 2, 3, 4)]
@@ -181,7 +187,8 @@ def test_stop_past_its_grace_answers_the_batch_in_flight_instead_of_leaving_it_h
     model = Gated()
 
     async def main() -> None:
-        batcher = Batcher(model, max_batch_size=1, max_delay_ms=0, max_queue_rows=100)
+        batcher = Batcher(model, *TOKEN_BATCHING,
+                          max_batch_size=1, max_delay_ms=0, max_queue_rows=100)
         batcher.start()
         loop = asyncio.get_running_loop()
         requests = [asyncio.ensure_future(batcher.submit(rows(n))) for n in (1, 2)]
@@ -246,7 +253,8 @@ def test_mixed_lengths_are_split_into_calls_and_every_request_gets_its_rows_in_o
     model, stats = Recorder(), []
 
     async def main() -> list[np.ndarray]:
-        batcher = Batcher(model, max_batch_size=16, max_delay_ms=200, max_queue_rows=100,
+        batcher = Batcher(model, *TOKEN_BATCHING,
+                          max_batch_size=16, max_delay_ms=200, max_queue_rows=100,
                           observe=stats.append)
         batcher.start()
         results = await asyncio.gather(
@@ -272,8 +280,8 @@ class GatedLong(Recorder):
         super().__init__()
         self.gate = threading.Event()
 
-    def __call__(self, batch: Encoded) -> np.ndarray:
-        if batch.input_ids.shape[1] > 50:
+    def __call__(self, batch: Feeds) -> np.ndarray:
+        if batch["input_ids"].shape[1] > 50:
             assert self.gate.wait(60), "the test never opened the gate"
         return super().__call__(batch)
 
@@ -282,7 +290,8 @@ def test_a_short_request_is_answered_before_the_long_group_of_its_batch_computes
     model = GatedLong()
 
     async def main() -> None:
-        batcher = Batcher(model, max_batch_size=16, max_delay_ms=200, max_queue_rows=100)
+        batcher = Batcher(model, *TOKEN_BATCHING,
+                          max_batch_size=16, max_delay_ms=200, max_queue_rows=100)
         batcher.start()
         long = asyncio.ensure_future(batcher.submit(rows(120, 110)))
         short = await asyncio.wait_for(batcher.submit(rows(3)), 60)

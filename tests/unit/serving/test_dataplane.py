@@ -15,6 +15,7 @@ from serving.errors import BadRequest, ModelNotFound, NotReady, Overloaded
 from serving.protocol import v2
 from serving.runtime.repository import Resident
 from serving.telemetry.metrics import Metrics
+from tests.codecs import text_codec
 from tests.unit.serving.test_store import manifest
 
 BODY = b'{"id": "r1", "inputs": [{"name": "input_ids", "shape": [1, 2], "datatype": "INT64", ' \
@@ -30,7 +31,7 @@ class OneModel:
     def __init__(self, loaded: bool = True) -> None:
         self.loaded, self.started, self.stopped = loaded, False, False
         self.resident = Resident(manifest(1), runtime=None, batcher=None,  # type: ignore[arg-type]
-                                 tokenizer=None)
+                                 codec=text_codec(max_rows=256, max_length=128))
 
     def models(self) -> list[str]:
         return ["sentiment"] if self.loaded else []
@@ -99,7 +100,7 @@ def sample(tier: Tier, name: str, **labels: str) -> float:
 def test_infer_parses_within_the_model_limits_and_counts_the_success() -> None:
     p, tier = plane()
     answer = asyncio.run(p.infer("sentiment", None, v2.HttpRequest(BODY)))
-    assert answer.id == "r1" and [list(r) for r in tier.parsed[0].token_rows or []] == [[5, 6]]
+    assert answer.id == "r1" and [list(r) for r in tier.parsed[0].inputs.rows] == [[5, 6]]
     assert sample(tier, "test_request_success_total", model="sentiment", version="1") == 1
     assert sample(tier, "test_request_duration_seconds_count", model="sentiment",
                   version="1") == 1
@@ -162,5 +163,5 @@ def test_start_serves_the_store_and_stop_drains_the_repository() -> None:
 def test_rows_are_numpy_int64() -> None:
     p, tier = plane()
     asyncio.run(p.infer("sentiment", None, v2.HttpRequest(BODY)))
-    (row,) = tier.parsed[0].token_rows or []
+    (row,) = tier.parsed[0].inputs.rows
     assert row.dtype == np.int64

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from registry.server.intake import platform
-from serving.model.text import Encoded, pad
+from serving.model.text import pad
 from serving.release import hardware, probe
+from serving.release.manifest import TensorSpec
 from sync.gen import sync_pb2 as pb
 
 X86 = """processor\t: 0
@@ -52,12 +53,17 @@ def test_the_registry_keeps_only_well_formed_platform_fields() -> None:
     assert all(f in ("avx2", "f") for f in kept["features"])
 
 
-def _inputs(rows: int = 70) -> Encoded:
+TOKENS = [TensorSpec("input_ids", "INT64", [-1, -1]),
+          TensorSpec("attention_mask", "INT64", [-1, -1])]
+
+
+def _inputs(rows: int = 70) -> probe.Feeds:
     rng = np.random.default_rng(0)
-    return pad([rng.integers(1, 100, size=int(n)) for n in rng.integers(2, 20, size=rows)])
+    batch = pad([rng.integers(1, 100, size=int(n)) for n in rng.integers(2, 20, size=rows)])
+    return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
 
 
-def _saved(tmp_path: Path) -> tuple[Path, Encoded, np.ndarray]:
+def _saved(tmp_path: Path) -> tuple[Path, probe.Feeds, np.ndarray]:
     inputs = _inputs(64)
     edge = np.random.default_rng(1).normal(size=(64, 2)).astype(np.float32)
     probe.save(tmp_path / probe.FILE, inputs, edge, -edge)
@@ -66,21 +72,21 @@ def _saved(tmp_path: Path) -> tuple[Path, Encoded, np.ndarray]:
 
 def test_a_probe_round_trips_and_measures_agreement_in_its_batches(tmp_path: Path) -> None:
     path, inputs, edge = _saved(tmp_path)
-    loaded = probe.load(path)
+    loaded = probe.load(path, TOKENS)
     assert loaded.rows == 64 and loaded.batch == probe.BATCH
-    np.testing.assert_array_equal(loaded.input_ids, inputs.input_ids)
+    np.testing.assert_array_equal(loaded.feeds["input_ids"], inputs["input_ids"])
     seen: list[int] = []
-    table = {tuple(row): i for i, row in enumerate(inputs.input_ids.tolist())}
+    table = {tuple(row): i for i, row in enumerate(inputs["input_ids"].tolist())}
 
-    def faithful(batch: Encoded) -> np.ndarray:  # answers with the reference, row by row
-        seen.append(len(batch.input_ids))
-        return edge[[table[tuple(r)] for r in batch.input_ids.tolist()]]
+    def faithful(batch: probe.Feeds) -> np.ndarray:  # answers with the reference, row by row
+        seen.append(len(batch["input_ids"]))
+        return edge[[table[tuple(r)] for r in batch["input_ids"].tolist()]]
 
     assert probe.measure(faithful, loaded, "edge") == probe.Measured(1.0, 64)
     assert seen == [32, 32]
     # the center reference is the negated edge: every label differs
     assert probe.measure(faithful, loaded, "center").agreement == 0.0
-    half = probe.measure(lambda b: np.where(np.arange(len(b.input_ids))[:, None] % 2 == 0,
+    half = probe.measure(lambda b: np.where(np.arange(len(b["input_ids"]))[:, None] % 2 == 0,
                                             faithful(b), -faithful(b)), loaded, "edge")
     assert half.agreement == 0.5
 
@@ -108,7 +114,7 @@ def test_a_bad_probe_file_is_refused_with_its_reason(tmp_path: Path, case: str) 
     path, _, _ = _saved(tmp_path)
     path.write_bytes(BAD[case](dict(np.load(path))))
     with pytest.raises(probe.ProbeError):
-        probe.load(path)
+        probe.load(path, TOKENS)
 
 
 def test_a_probe_that_unpacks_too_large_is_refused_before_it_is_read(tmp_path: Path) -> None:
@@ -116,4 +122,4 @@ def test_a_probe_that_unpacks_too_large_is_refused_before_it_is_read(tmp_path: P
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("input_ids.npy", b"\0" * (probe.MAX_BYTES + 1))
     with pytest.raises(probe.ProbeError, match="larger than"):
-        probe.load(path)
+        probe.load(path, TOKENS)

@@ -11,7 +11,7 @@ import msgspec
 import numpy as np
 
 from serving.config.settings import ServingSettings
-from serving.model.text import Encoded
+from serving.inputs.base import Feeds
 from serving.release.manifest import Manifest, Preprocessing
 from serving.runtime.repository import Repository, VersionLoader
 from serving.telemetry.metrics import Metrics
@@ -40,8 +40,8 @@ class Store:
 class Zeros:
     description = "zeros"
 
-    def predict(self, batch: Encoded) -> np.ndarray:
-        return np.zeros((len(batch.input_ids), 2), np.float32)
+    def predict(self, batch: Feeds) -> np.ndarray:
+        return np.zeros((len(batch["input_ids"]), 2), np.float32)
 
 
 class Heard:

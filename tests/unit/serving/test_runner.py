@@ -25,7 +25,6 @@ from serving.model.runner import (
     run_torchscript,
     text_inputs,
 )
-from serving.model.text import Encoded
 
 ROWS = 2 * BATCH + 6  # two full batches and a short one
 
@@ -56,8 +55,8 @@ def inputs(rows: int = ROWS) -> Inputs:
     ids = np.arange(1, rows * 4 + 1, dtype=np.int64).reshape(rows, 4)
     mask = np.ones_like(ids)
     mask[::3, 3] = 0
-    return Inputs([Encoded(ids[i:i + BATCH], mask[i:i + BATCH]) for i in range(0, rows, BATCH)],
-                  "calibration")
+    return Inputs([{"input_ids": ids[i:i + BATCH], "attention_mask": mask[i:i + BATCH]}
+                   for i in range(0, rows, BATCH)], "calibration")
 
 
 def test_texts_are_tokenized_in_publish_s_batches(tmp_path: Path) -> None:
@@ -67,17 +66,17 @@ def test_texts_are_tokenized_in_publish_s_batches(tmp_path: Path) -> None:
     tokenizer.save(str(tmp_path / "tokenizer.json"))
     texts = [" ".join(["a good film"] * (1 + i % 3)) for i in range(ROWS)]
     found = text_inputs(tmp_path / "tokenizer.json", 5, texts)
-    assert [len(b.input_ids) for b in found.batches] == [BATCH, BATCH, 6]
+    assert [len(b["input_ids"]) for b in found.batches] == [BATCH, BATCH, 6]
     assert found.rows == ROWS and found.kind == "calibration"
-    assert all(b.input_ids.shape[1] <= 5 for b in found.batches)  # truncated to max_length
+    assert all(b["input_ids"].shape[1] <= 5 for b in found.batches)  # truncated to max_length
 
 
 def test_a_torchscript_model_s_logits_are_joined_across_batches() -> None:
     given = inputs()
     logits = run_torchscript(torchscript.script(Counts()), given, "center")
     assert logits.shape == (ROWS, 2) and logits.dtype == np.float32
-    mask = np.concatenate([b.attention_mask for b in given.batches])
-    ids = np.concatenate([b.input_ids for b in given.batches])
+    mask = np.concatenate([b["attention_mask"] for b in given.batches])
+    ids = np.concatenate([b["input_ids"] for b in given.batches])
     assert np.array_equal(logits[:, 0], mask.sum(1))
     assert np.array_equal(logits[:, 1], (ids * mask).sum(1))
 
@@ -122,7 +121,8 @@ def test_an_onnx_model_gives_what_the_torchscript_one_gives(tmp_path: Path) -> N
 
 def test_an_onnx_model_that_fails_on_the_rows_is_refused_with_its_error(tmp_path: Path) -> None:
     session = onnx_session(counts_onnx(tmp_path / "counts.onnx"))
-    wrong = Inputs([Encoded(np.ones((2, 3), np.int64), np.ones((2, 4), np.int64))],
+    wrong = Inputs([{"input_ids": np.ones((2, 3), np.int64),
+                     "attention_mask": np.ones((2, 4), np.int64)}],
                    "generated")  # ids and mask of different lengths
     with pytest.raises(ModelFailed, match="the edge INT8 model failed on calibration inputs: "):
         run_onnx(session, wrong, "edge INT8")

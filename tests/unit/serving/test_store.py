@@ -12,6 +12,7 @@ from serving.release.manifest import (
     Fidelity,
     Manifest,
     Preprocessing,
+    TensorSpec,
     is_valid_name,
 )
 from serving.release.store import InstalledReleases, ModelStore, StoreError
@@ -26,7 +27,9 @@ def _artifact(name: str, fmt: str) -> Artifact:
 
 def manifest(version: int = 1) -> Manifest:
     return Manifest(
-        name="sentiment", version=version, labels=["neg", "pos"], inputs=[], outputs=[],
+        name="sentiment", version=version, labels=["neg", "pos"],
+        inputs=[TensorSpec("input_ids", "INT64", [-1, -1]),
+                TensorSpec("attention_mask", "INT64", [-1, -1])], outputs=[],
         preprocessing=Preprocessing("tokenizer.json", 64),
         center=_artifact("model.pt", "torchscript"), edge=_artifact("model.onnx", "onnx"),
         tokenizer=_artifact("tokenizer.json", "tokenizer"),

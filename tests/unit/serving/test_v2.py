@@ -10,8 +10,9 @@ import pytest
 from serving.errors import BadRequest
 from serving.protocol import v2
 from serving.transport.responses import error_response
+from tests.codecs import text_codec, texts_of
 
-LIMITS = v2.Limits(max_rows=4, max_text_bytes=50, max_length=4, vocab_size=1000,
+LIMITS = text_codec(max_rows=4, max_text_bytes=50, max_length=4, vocab_size=1000,
                    max_sequence=8)  # rows padded up to 8 (the tokenizer file's length) pass
 
 
@@ -32,12 +33,12 @@ def tensors(ids: object, mask: object, shape: list[int], **extra: object) -> byt
 
 def test_text_and_tensor_requests_parse() -> None:
     parsed = v2.parse(text(["a", "b"], id="r1", outputs=[{"name": "label"}]), LIMITS)
-    assert parsed.texts == ["a", "b"] and parsed.id == "r1" and parsed.outputs == ["label"]
-    assert v2.parse(text([["a"], ["b"]], [2, 1]), LIMITS).texts == ["a", "b"]
+    assert texts_of(parsed) == ["a", "b"] and parsed.id == "r1" and parsed.outputs == ["label"]
+    assert texts_of(v2.parse(text([["a"], ["b"]], [2, 1]), LIMITS)) == ["a", "b"]
     parsed = v2.parse(tensors([[5, 6, 0]], [[1, 1, 0]], [1, 3]), LIMITS)
-    assert parsed.token_rows is not None and parsed.token_rows[0].tolist() == [5, 6]
+    assert parsed.inputs.rows[0].tolist() == [5, 6]
     long = v2.parse(tensors([1, 2, 3, 4, 5, 6], [1] * 6, [1, 6]), LIMITS)
-    assert long.token_rows is not None and long.token_rows[0].tolist() == [1, 2, 3, 4]
+    assert long.inputs.rows[0].tolist() == [1, 2, 3, 4]
 
 
 @pytest.mark.parametrize(("raw", "message"), [
@@ -69,8 +70,8 @@ def test_client_mistakes_are_bad_requests(raw: bytes, message: str) -> None:
 
 def test_rows_padded_past_max_length_up_to_the_tokenizer_files_length_pass() -> None:
     padded = v2.parse(tensors([[7, 8, 9] + [0] * 5], [[1, 1, 1] + [0] * 5], [1, 8]), LIMITS)
-    assert padded.token_rows is not None and padded.token_rows[0].tolist() == [7, 8, 9]
-    strict = v2.Limits(max_rows=4, max_text_bytes=50, max_length=4, vocab_size=1000)
+    assert padded.inputs.rows[0].tolist() == [7, 8, 9]
+    strict = text_codec(max_rows=4, max_text_bytes=50, max_length=4, vocab_size=1000)
     with pytest.raises(BadRequest, match="the limit is 4"):  # no max_sequence: max_length
         v2.parse(tensors([1] * 5, [1] * 5, [1, 5]), strict)
 
@@ -155,7 +156,7 @@ def test_deep_nesting_anywhere_is_a_bad_request(where: str, depth: int) -> None:
 def test_moderate_nesting_in_parameters_is_still_accepted() -> None:
     nested = body(inputs=[{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}],
                   parameters={"x": [[[[[[[[1]]]]]]]]})
-    assert v2.parse(nested, LIMITS).texts == ["a"]
+    assert texts_of(v2.parse(nested, LIMITS)) == ["a"]
 
 
 def test_an_8_mib_token_body_with_a_huge_declared_shape_is_refused_unread() -> None:
@@ -165,7 +166,7 @@ def test_an_8_mib_token_body_with_a_huge_declared_shape_is_refused_unread() -> N
            f'"data": {ids}}}, {{"name": "attention_mask", "datatype": "INT64", '
            f'"shape": [256, 8000], "data": {ids}}}]}}').encode()
     assert len(raw) > 7 << 20
-    big = v2.Limits(max_rows=256, max_text_bytes=50, max_length=64, vocab_size=1000,
+    big = text_codec(max_rows=256, max_text_bytes=50, max_length=64, vocab_size=1000,
                     max_sequence=128)
     with pytest.raises(BadRequest, match="8000 tokens per row; the limit is 128"):
         v2.parse(raw, big)
@@ -191,7 +192,7 @@ def binary_text(count: int, data: bytes, **extra: object) -> tuple[bytes, str]:
 def test_binary_inputs_parse_like_their_json_form() -> None:
     raw, length = binary_text(2, strings(b"caf\xc3\xa9", b""), id="b1")
     parsed = v2.parse(raw, LIMITS, length)
-    assert parsed.texts == ["café", ""] and parsed.id == "b1"
+    assert texts_of(parsed) == ["café", ""] and parsed.id == "b1"
     ids = np.array([[101, 7, 102], [101, 102, 0]], dtype="<i8")
     mask = (ids != 0).astype("<i8")
     raw, length = framed({"inputs": [
@@ -201,8 +202,8 @@ def test_binary_inputs_parse_like_their_json_form() -> None:
          "data": mask.ravel().tolist()}]}, ids.tobytes())  # mixed: one binary, one JSON
     binary = v2.parse(raw, LIMITS, length)
     as_json = v2.parse(tensors(ids.ravel().tolist(), mask.ravel().tolist(), [2, 3]), LIMITS)
-    assert [r.tolist() for r in binary.token_rows or []] == \
-        [r.tolist() for r in as_json.token_rows or []] == [[101, 7, 102], [101, 102]]
+    assert [r.tolist() for r in binary.inputs.rows] == \
+        [r.tolist() for r in as_json.inputs.rows] == [[101, 7, 102], [101, 102]]
 
 
 @pytest.mark.parametrize(("length", "message"), [
@@ -233,9 +234,9 @@ def test_a_header_length_of_the_whole_body_leaves_no_binary_data_and_is_a_400() 
         v2.parse(whole, LIMITS, str(len(whole) + 1))
     framed_raw, length = binary_text(1, declared)
     assert int(length) == len(framed_raw) - len(declared)  # the header ends where data starts
-    assert v2.parse(framed_raw, LIMITS, length).texts == ["x"]
+    assert texts_of(v2.parse(framed_raw, LIMITS, length)) == ["x"]
     json_only = text(["x"])
-    assert v2.parse(json_only, LIMITS, str(len(json_only))).texts == ["x"]
+    assert texts_of(v2.parse(json_only, LIMITS, str(len(json_only)))) == ["x"]
 
 
 @pytest.mark.parametrize(("count", "data", "declared", "message"), [

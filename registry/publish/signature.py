@@ -1,0 +1,100 @@
+"""What the release's model takes and what its clients send: the model's inputs (declared, or
+read from a text model's ``forward`` signature) and the request input's kind, checked against
+both models before any work, and the kind's codec (``serving.inputs``) that publish decodes
+calibration rows with, exactly as the tiers will decode requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from registry.errors import InvalidRelease
+from registry.publish.source import TEXT_INPUTS, ReleaseSource
+from serving import inputs
+from serving.inputs.base import Bounds, Codec
+from serving.release.manifest import ImageInput, RequestInput, TensorInput, TensorSpec, TextInput
+
+TOKENIZER_FILE = "tokenizer.json"
+LEGACY = ["input_ids", "attention_mask"]  # schema 1: what every node can serve
+CALIBRATION_BOUNDS = Bounds(max_rows=1 << 20, max_text_bytes=1 << 20)
+
+
+@dataclass(frozen=True)
+class Signature:
+    inputs: list[TensorSpec]  # the model's, in forward's order
+    request: RequestInput
+    codec: Codec
+
+    @property
+    def legacy(self) -> bool:
+        """A text model with ids and mask: a schema-1 release, served by every node."""
+        return isinstance(self.request, TextInput) and [i.name for i in self.inputs] == LEGACY
+
+
+def resolve(source: ReleaseSource, names: list[str], role: str) -> Signature:
+    """The release's signature from the center model's ``forward`` argument ``names``."""
+    declared = source.inputs
+    if declared is None:
+        if not names or names[:2] != LEGACY or not set(names) <= set(TEXT_INPUTS):
+            raise InvalidRelease(
+                f"{source.center}: the {role} model takes forward({', '.join(names)}); a text "
+                f"model takes forward(input_ids, attention_mask[, token_type_ids]). Declare "
+                f"any other model's inputs: --input NAME:DATATYPE:SHAPE (e.g. "
+                f"--input image:FP32:-1,1,28,28, with --image for decoding), or \"inputs\" "
+                f"in tiered.json")
+        declared = [TensorSpec(name, "INT64", [-1, -1]) for name in names]
+    elif [i.name for i in declared] != names:
+        raise InvalidRelease(f"{source.center}: the {role} model takes forward("
+                             f"{', '.join(names)}), the release declares inputs "
+                             f"{[i.name for i in declared]}")
+    request = source.request or _derived(source, declared)
+    if isinstance(request, TextInput):  # the tokenizer is stored under one name
+        request = msgspec.structs.replace(
+            request, tokenizer=TOKENIZER_FILE if source.tokenizer else None)
+    tokenizer = source.tokenizer
+    try:
+        codec = inputs.codec([request], declared, CALIBRATION_BOUNDS,
+                             lambda name: tokenizer if tokenizer else Path(name))
+    except (ValueError, OSError, Exception) as exc:
+        raise InvalidRelease(f"the release's request input does not fit its model: "
+                             f"{exc}") from exc
+    return Signature(declared, request, codec)
+
+
+def _derived(source: ReleaseSource, declared: list[TensorSpec]) -> RequestInput:
+    if source.kind == "text":
+        return TextInput(tokenizer=TOKENIZER_FILE if source.tokenizer else None,
+                         max_length=source.max_length)
+    if len(declared) != 1:
+        raise InvalidRelease(f"a model with inputs {[i.name for i in declared]} needs its "
+                             f"request input declared (\"request\" in tiered.json)")
+    return TensorInput(declared[0].name)
+
+
+def image_input(spec: TensorSpec, options: dict[str, str]) -> ImageInput:
+    """``--image`` options (``scale=255,mean=0.5,std=0.5``; lists with ``/``) for an FP32
+    input of shape ``[-1, C, H, W]`` (NCHW) or ``[-1, H, W, C]`` (``layout=NHWC``)."""
+    layout = options.get("layout", "NCHW")
+    if len(spec.shape) != 4 or spec.datatype != "FP32":
+        raise InvalidRelease(f"--image needs an FP32 input of shape [-1, C, H, W]; "
+                             f"{spec.name} is {spec.datatype} {spec.shape}")
+    c, h, w = spec.shape[1:] if layout == "NCHW" else (spec.shape[3], *spec.shape[1:3])
+    fields: dict[str, object] = {"name": spec.name, "height": h, "width": w, "channels": c,
+                                 "layout": layout}
+    for key, value in options.items():
+        if key in ("mean", "std"):
+            fields[key] = [float(v) for v in value.split("/")]
+        elif key in ("scale",):
+            fields[key] = float(value)
+        elif key in ("resize", "max_pixels"):
+            fields[key] = int(value)
+        elif key != "layout":
+            raise InvalidRelease(f"--image: unknown option {key!r} (resize, scale, mean, std, "
+                                 f"layout, max_pixels)")
+    try:
+        return msgspec.convert(fields, ImageInput)
+    except msgspec.ValidationError as exc:
+        raise InvalidRelease(f"--image: {exc}") from exc

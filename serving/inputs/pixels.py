@@ -1,0 +1,85 @@
+"""Images to model inputs: decoding (JPEG/PNG, bounded before decoding), resizing, centre
+cropping, scaling and normalising as the release declares (``ImageInput``), the same way in
+publish, edge and center.
+
+An encoded image is untrusted: its header is read first (``Image.open`` reads only that), and
+an image claiming more than ``max_pixels`` pixels (a decompression bomb: a few KB of PNG that
+inflate to gigabytes) is refused before a pixel is decoded.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from serving.errors import BadRequest
+from serving.release.manifest import ImageInput
+
+FORMATS = ("JPEG", "PNG")
+MODES = {1: "L", 3: "RGB"}
+
+
+def decode(data: bytes, spec: ImageInput, row: int = 0) -> np.ndarray:
+    """An encoded JPEG or PNG as ``uint8`` pixels ``[height, width, channels]`` in the
+    release's channels (grey or RGB)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data), formats=FORMATS)
+            width, height = image.size
+            if width * height > spec.max_pixels:
+                raise BadRequest(f"image row {row}: {width}x{height} pixels; the limit is "
+                                 f"{spec.max_pixels} pixels")
+            image.load()
+            pixels = np.asarray(image.convert(MODES[spec.channels]), dtype=np.uint8)
+    except BadRequest:
+        raise
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Warning,
+            Image.DecompressionBombError) as exc:
+        raise BadRequest(f"image row {row} is not a decodable JPEG or PNG image "
+                         f"({type(exc).__name__})") from None
+    return pixels.reshape(pixels.shape[0], pixels.shape[1], spec.channels)
+
+
+def preprocess(pixels: np.ndarray, spec: ImageInput) -> np.ndarray:
+    """``uint8`` pixels ``[height, width, channels]`` as one model row: resized (the shorter
+    side to ``resize`` then centre-cropped, or straight to the model's size), scaled, minus
+    the mean over the std, in the model's layout (``[C, H, W]`` for NCHW)."""
+    if pixels.shape[:2] != (spec.height, spec.width):
+        pixels = _resize(pixels, spec)
+    values = pixels.astype(np.float32) / np.float32(spec.scale)
+    if spec.mean:
+        values -= np.asarray(spec.mean, dtype=np.float32)
+    if spec.std:
+        values /= np.asarray(spec.std, dtype=np.float32)
+    return np.ascontiguousarray(values.transpose(2, 0, 1) if spec.layout == "NCHW" else values)
+
+
+def _resize(pixels: np.ndarray, spec: ImageInput) -> np.ndarray:
+    image = Image.fromarray(pixels[:, :, 0] if spec.channels == 1 else pixels,
+                            MODES[spec.channels])
+    if spec.resize:
+        width, height = image.size
+        short = min(width, height)
+        size = (max(spec.width, round(width * spec.resize / short)),
+                max(spec.height, round(height * spec.resize / short)))
+        image = image.resize(size, Image.Resampling.BILINEAR)
+        left, top = (size[0] - spec.width) // 2, (size[1] - spec.height) // 2
+        image = image.crop((left, top, left + spec.width, top + spec.height))
+    else:
+        image = image.resize((spec.width, spec.height), Image.Resampling.BILINEAR)
+    out = np.asarray(image, dtype=np.uint8)
+    return out.reshape(spec.height, spec.width, spec.channels)
+
+
+def encode_png(pixels: np.ndarray) -> bytes:
+    """``uint8`` pixels ``[height, width, channels]`` as PNG (calibration and test data)."""
+    channels = pixels.shape[2] if pixels.ndim == 3 else 1
+    image = Image.fromarray(pixels.reshape(pixels.shape[0], pixels.shape[1]) if channels == 1
+                            else pixels, MODES[channels])
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()

@@ -1,0 +1,85 @@
+"""The ``tensor`` kind: a tensor passed through to the model input of the same name (tabular
+features, any other classifier). Its datatype must be the model's, its shape the model's with
+any batch size, its values finite (floats) and within the declared range. Rows are forwarded
+to the center as the same binary tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from serving.errors import BadRequest
+from serving.inputs.base import Bounds, Feeds, model_input, one_input, stacked
+from serving.protocol import v2
+from serving.release.manifest import TensorInput, TensorSpec
+
+MAX_ROW_ELEMENTS = 1 << 22  # a variable dimension is bounded by this per row
+
+
+class TensorCodec:
+    kind = "tensor"
+
+    def __init__(self, spec: TensorInput, inputs: list[TensorSpec], bounds: Bounds,
+                 files: Callable[[str], Path]) -> None:
+        self.spec, self.bounds = spec, bounds
+        self.model = model_input(inputs, spec.name)
+        if len(inputs) != 1:
+            raise ValueError(f"a tensor input feeds a model with one input; this one takes "
+                             f"{[i.name for i in inputs]}")
+        if self.model.datatype not in v2.NUMERIC:
+            raise ValueError(f"tensor input {spec.name!r}: {self.model.datatype} is not a "
+                             f"numeric V2 datatype")
+        self.float = self.model.datatype.startswith("FP")
+
+    def metadata(self) -> list[dict[str, Any]]:
+        return [{"name": self.spec.name, "datatype": self.model.datatype,
+                 "shape": list(self.model.shape)}]
+
+    def decode(self, tensors: list[v2.Tensor], parameters: dict[str, Any]) -> v2.Decoded:
+        want = f"{self.model.datatype} {self.model.shape}"
+        tensor = one_input(tensors, {self.spec.name: want})
+        if tensor.datatype != self.model.datatype:
+            raise BadRequest(f"input {tensor.name!r}: datatype {tensor.datatype}; this model "
+                             f"takes {want}")
+        v2.check_rows(tensor, (len(self.model.shape),), self.bounds.max_rows)
+        fixed = self.model.shape[1:]
+        if any(d != -1 and d != got for d, got in zip(fixed, tensor.shape[1:], strict=True)) \
+                or math.prod(tensor.shape[1:]) > MAX_ROW_ELEMENTS:
+            raise BadRequest(f"input {tensor.name!r}: shape {tensor.shape}; this model takes "
+                             f"{want}")
+        data = v2.array(tensor)
+        if self.float and not np.isfinite(data).all():
+            raise BadRequest(f"input {tensor.name!r} holds NaN or infinite values")
+        low, high = self.spec.minimum, self.spec.maximum
+        if (low is not None and (data < low).any()) or (high is not None and
+                                                        (data > high).any()):
+            raise BadRequest(f"input {tensor.name!r}: values must lie in [{low}, {high}]")
+        rows = list(data)
+        return v2.Decoded(rows, stacked(self.spec.name, self.model.datatype, rows))
+
+    def collate(self, rows: list[np.ndarray]) -> Feeds:
+        return {self.spec.name: np.stack(rows)}
+
+    def cost(self, row: np.ndarray) -> int:
+        return int(row.size)
+
+    def sample(self, rows: int, seed: int = 0) -> list[np.ndarray]:
+        rng = np.random.default_rng(seed)
+        shape = [d if d > 0 else 4 for d in self.model.shape[1:]]
+        dtype = np.dtype(v2.NUMERIC[self.model.datatype])
+        low = self.spec.minimum if self.spec.minimum is not None else -3.0
+        high = self.spec.maximum if self.spec.maximum is not None else 3.0
+        values = rng.uniform(low, high, size=(rows, *shape))
+        return list(values.astype(dtype.newbyteorder("=")))
+
+    def items(self, values: list[Any]) -> list[np.ndarray]:
+        dtype = np.dtype(v2.NUMERIC[self.model.datatype]).newbyteorder("=")
+        rows = [np.asarray(v, dtype=dtype) for v in values]
+        tensor = v2.Tensor(self.spec.name, [len(rows), *rows[0].shape], self.model.datatype,
+                           raw=np.stack(rows).tobytes()) if rows else None
+        return self.decode([tensor], {}).rows if tensor is not None else []
