@@ -84,11 +84,11 @@ class ImageCodec:
         return v2.Decoded(rows, stacked(self.spec.name, "UINT8", list(data)))
 
     def _floats(self, tensor: v2.Tensor) -> v2.Decoded:
-        v2.check_rows(tensor, (4,), self.bounds.max_rows)
-        if tensor.shape[1:] != self.row_shape:
+        if len(tensor.shape) != 4 or tensor.shape[1:] != self.row_shape:
             raise BadRequest(f"input {tensor.name!r}: FP32 shape {tensor.shape}; this model "
                              f"takes {[-1, *self.row_shape]} (or JPEG/PNG as BYTES, or UINT8 "
                              f"pixels)")
+        v2.check_rows(tensor, (4,), self.bounds.max_rows)
         data = v2.array(tensor)
         if not np.isfinite(data).all():
             raise BadRequest(f"input {tensor.name!r} holds NaN or infinite values")

@@ -37,8 +37,10 @@ def decode(data: bytes, spec: ImageInput, row: int = 0) -> np.ndarray:
             pixels = np.asarray(image.convert(MODES[spec.channels]), dtype=np.uint8)
     except BadRequest:
         raise
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Warning,
-            Image.DecompressionBombError) as exc:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise BadRequest(f"image row {row}: its header claims more pixels than the limit of "
+                         f"{spec.max_pixels} pixels") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Warning) as exc:
         raise BadRequest(f"image row {row} is not a decodable JPEG or PNG image "
                          f"({type(exc).__name__})") from None
     return pixels.reshape(pixels.shape[0], pixels.shape[1], spec.channels)

@@ -46,12 +46,13 @@ class TensorCodec:
         if tensor.datatype != self.model.datatype:
             raise BadRequest(f"input {tensor.name!r}: datatype {tensor.datatype}; this model "
                              f"takes {want}")
-        v2.check_rows(tensor, (len(self.model.shape),), self.bounds.max_rows)
         fixed = self.model.shape[1:]
-        if any(d != -1 and d != got for d, got in zip(fixed, tensor.shape[1:], strict=True)) \
+        if len(tensor.shape) != len(self.model.shape) or any(
+                d not in (-1, got) for d, got in zip(fixed, tensor.shape[1:], strict=True)) \
                 or math.prod(tensor.shape[1:]) > MAX_ROW_ELEMENTS:
             raise BadRequest(f"input {tensor.name!r}: shape {tensor.shape}; this model takes "
                              f"{want}")
+        v2.check_rows(tensor, (len(self.model.shape),), self.bounds.max_rows)
         data = v2.array(tensor)
         if self.float and not np.isfinite(data).all():
             raise BadRequest(f"input {tensor.name!r} holds NaN or infinite values")
