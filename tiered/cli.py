@@ -78,8 +78,13 @@ def up_cmd(http_port: int | None, grpc_port: int | None, consul_port: int | None
     def start() -> None:
         stack.up(timeout)
         summary(stack, s, time.monotonic() - started)
+        env = publish_settings(os.environ)
         if choice.train_behind:
-            releases.Behind(stack, s, publish_env=publish_settings(os.environ)).start()
+            releases.Behind(stack, s, publish_env=env).start()
+        if s.image_model:  # served beside the text model: built and published behind
+            releases.Behind(stack, s, releases.build_argv(releases.IMAGE_BUILDER,
+                                                          s.image_release),
+                            publish_env=env, target=releases.images(s)).start()
 
     run_until_stopped(stack, start, "the stack")
 
@@ -212,6 +217,9 @@ def summary(stack: Stack, s: TieredSettings, seconds: float) -> None:
     out.print(f"try:  curl -s {stack.url}/v2/models/{s.model}/infer -H 'X-Tiered-Region: eu' "
               f"-d '{{\"inputs\": [{{\"name\": \"text\", \"shape\": [1], \"datatype\": "
               f"\"BYTES\", \"data\": [\"A tedious slog.\"]}}]}}'")
+    if s.image_model:
+        out.print(f"images: tiered demo --model {s.image_model} (PNG digits; served once "
+                  f"built and rolled out behind, ~1 min: tiered status)")
     out.print("then: tiered demo   |   tiered status   |   Ctrl-C stops everything")
 
 
@@ -319,18 +327,34 @@ def swarm_provision_cmd(home: Path, folder: Path) -> None:
               help="Reviews of the test split to send.")
 @click.option("--concurrency", type=click.IntRange(1, 256), default=8, show_default=True)
 @click.option("--region", default=None, help="X-Tiered-Region hint (nearest edge first).")
+@click.option("--model", default=None, help="The model to send its demo's test split to: the "
+              "text model (reviews, the default) or the image model (digit PNGs).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def demo_cmd(url: str | None, rows: int, concurrency: int, region: str | None,
-             as_json: bool) -> None:
-    """Send the demo's test split through nginx; print the tier split, accuracy, p50/p99 and
+             model: str | None, as_json: bool) -> None:
+    """Send a demo's test split through nginx; print the tier split, accuracy, p50/p99 and
     which edge answered."""
     s = settings_from()
     state = load_state(s.root) or {}
     target = url or state.get("url") or f"http://127.0.0.1:{s.http_port}"
-    outcome = asyncio.run(demo_run.run(target, s.model, rows, concurrency, region))
+    model = model or s.model
+    if model not in (s.model, s.image_model):
+        raise click.BadParameter(f"{model!r}: the demos are {s.model!r} (text) and "
+                                 f"{s.image_model!r} (images)", param_hint="--model")
+    requests = None
+    if model == s.image_model and model != s.model:
+        if not (s.image_release / "test.jsonl").is_file():
+            raise click.ClickException(f"the image demo is not built in {s.image_release}: "
+                                       f"tiered up builds it")
+        requests = demo_run.image_requests(s.image_release, rows)
+    outcome = asyncio.run(demo_run.run(target, model, rows, concurrency, region, requests))
     home = Path(state.get("registry_home", s.registry_home))
     data = {"url": target, "sent": outcome.sent, "failed": outcome.failed,
-            "accuracy": outcome.accuracy, "by_version": by_version(outcome, s, home),
+            "model": model, "what": "reviews" if model == s.model else "images",
+            "accuracy": outcome.accuracy,
+            "by_version": by_version(outcome, s, home) if model == s.model else {
+                v: {"rows": n, "accuracy": outcome.correct_by_version[v] / n, "release": None}
+                for v, n in sorted(outcome.by_version.items())},
             "rows_by_tier": dict(outcome.rows_by_tier),
             "by_node": dict(outcome.by_node), "by_region": dict(outcome.by_region),
             "p50_ms": outcome.percentile(50), "p99_ms": outcome.percentile(99),
@@ -387,7 +411,7 @@ def status_cmd(as_json: bool, of_sites: bool) -> None:
             raise click.ClickException(f"Consul at {consul} refused the health query "
                                        f"({answer.status_code}: {answer.text[:200]})")
         health[service] = answer.json()
-    rows = status_rows(health, rollout, s.model)
+    rows = status_rows(health, rollout, [m for m in (s.model, s.image_model) if m])
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

@@ -1,12 +1,15 @@
-"""``tiered demo``: the demo's test split through nginx, one review per V2 request, a few at a
-time; what answered (edge or center, which edge), how accurately, how fast."""
+"""``tiered demo``: a demo's test split through nginx, one review (or one digit image, as PNG
+bytes in the binary tensor extension) per V2 request, a few at a time; what answered (edge or
+center, which edge), how accurately, how fast."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -40,17 +43,50 @@ class Outcome:
         return float(np.percentile(self.latencies_ms, q)) if self.latencies_ms else 0.0
 
 
+@dataclass(frozen=True)
+class Request:
+    """One demo request: its body (and the binary extension's header length), its label."""
+
+    content: bytes
+    label: str
+    header_length: int | None = None
+
+
+OUTPUTS = [{"name": "label"}, {"name": "tier"}]
+
+
 def test_split(rows: int) -> list[tuple[str, str]]:
     """(text, label name) for the first ``rows`` reviews of the demo's test split."""
     split = data.split(data.load_reviews(), seed=7).test
     return [(t, data.LABELS[y]) for t, y in zip(split.texts, split.labels, strict=True)][:rows]
 
 
+def text_requests(rows: int) -> list[Request]:
+    return [Request(json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
+                                            "data": [text]}], "outputs": OUTPUTS}).encode(),
+                    label) for text, label in test_split(rows)]
+
+
+def image_requests(release: Path, rows: int) -> list[Request]:
+    """The image demo's test PNGs (in ``release``), each one request carrying the PNG as a
+    BYTES element in the binary tensor extension, as a camera client sends it."""
+    from examples.digits.data import test_rows
+
+    out = []
+    for png, label in test_rows(release, rows):
+        head = json.dumps({"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES",
+                                       "parameters": {"binary_data_size": len(png) + 4}}],
+                           "outputs": OUTPUTS}).encode()
+        out.append(Request(head + len(png).to_bytes(4, "little") + png, label, len(head)))
+    return out
+
+
 async def run(url: str, model: str, rows: int, concurrency: int,
-              region: str | None = None) -> Outcome:
-    examples = test_split(rows)
+              region: str | None = None, requests: list[Request] | None = None) -> Outcome:
+    """``requests``: default, the text demo's reviews."""
+    examples = requests if requests is not None else text_requests(rows)
     outcome = Outcome()
-    queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+    queue: asyncio.Queue[Request] = asyncio.Queue()
     for example in examples:
         queue.put_nowait(example)
     headers = {"X-Tiered-Region": region} if region else {}
@@ -62,16 +98,19 @@ async def run(url: str, model: str, rows: int, concurrency: int,
     return outcome
 
 
-async def _worker(client: httpx.AsyncClient, model: str,
-                  queue: asyncio.Queue[tuple[str, str]], outcome: Outcome) -> None:
+async def _worker(client: httpx.AsyncClient, model: str, queue: asyncio.Queue[Request],
+                  outcome: Outcome) -> None:
     while not queue.empty():
-        text, label = queue.get_nowait()
-        body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": [text]}],
-                "outputs": [{"name": "label"}, {"name": "tier"}]}
+        request = queue.get_nowait()
+        label = request.label
+        headers = ({"Inference-Header-Content-Length": str(request.header_length)}
+                   if request.header_length is not None else
+                   {"content-type": "application/json"})
         outcome.sent += 1
         began = time.perf_counter()
         try:
-            response = await client.post(f"/v2/models/{model}/infer", json=body)
+            response = await client.post(f"/v2/models/{model}/infer",
+                                         content=request.content, headers=headers)
         except httpx.HTTPError as exc:
             outcome.failed += 1
             outcome.errors[type(exc).__name__] += 1

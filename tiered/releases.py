@@ -123,23 +123,48 @@ def build_argv(module: str, out: Path) -> list[str]:
     return [str(BIN / "python"), "-m", module, "--out", str(out)]
 
 
-def publish_argv(s: TieredSettings, folder: Path) -> list[str]:
-    return registry_cli(s.registry_home, "publish", str(folder), "--name", s.model,
+def publish_argv(s: TieredSettings, folder: Path, model: str | None = None) -> list[str]:
+    return registry_cli(s.registry_home, "publish", str(folder), "--name", model or s.model,
                         "--skip-existing")
 
 
+@dataclass(frozen=True)
+class Target:
+    """A release ``Behind`` builds and publishes: ``model`` from the folder ``release``."""
+
+    model: str
+    release: Path
+    what: str  # how notes name it: "full release", "digits release"
+
+
+def full(s: TieredSettings) -> Target:
+    """The demo's full text release (``s.trainer`` into ``s.release``)."""
+    return Target(s.model, s.release, "full release")
+
+
+def images(s: TieredSettings) -> Target:
+    """The image demo (``examples.digits.build`` into ``s.image_release``)."""
+    return Target(s.image_model, s.image_release, f"{s.image_model} release")
+
+
+IMAGE_BUILDER = "examples.digits.build"
+
+
 class Behind(threading.Thread):
-    """Trains the full release in a child process (``nice -n 19``), publishes it, then follows
-    the rollout in the registry until every node of the stack runs it. Its children are the
-    stack's (logged, echoed with a prefix, stopped by PID with the stack); its progress is in
-    ``stack.json`` for ``tiered status``."""
+    """Builds a release in a child process (``nice -n 19``): by default the full one trained
+    behind the quick one, or the image demo served beside the text one; publishes it, then
+    follows the rollout in the registry until every node of the stack runs it. Its children
+    are the stack's (logged, echoed with a prefix, stopped by PID with the stack); its
+    progress is in ``stack.json`` for ``tiered status``."""
 
     def __init__(self, stack: Stack, s: TieredSettings, build: list[str] | None = None,
-                 publish_env: dict[str, str] | None = None) -> None:
-        """``build``: the command that writes the full release into ``s.release`` (default:
-        ``s.trainer``), run at the lowest CPU priority; ``publish_env``: extra REGISTRY_*
-        settings for its publish."""
-        super().__init__(name="train-behind", daemon=True)
+                 publish_env: dict[str, str] | None = None,
+                 target: Target | None = None) -> None:
+        """``build``: the command that writes the release into ``target.release`` (default:
+        ``s.trainer`` into ``s.release``), run at the lowest CPU priority; ``publish_env``:
+        extra REGISTRY_* settings for its publish."""
+        self.target = target or full(s)
+        super().__init__(name=f"behind-{self.target.model}", daemon=True)
         self.stack, self.s = stack, s
         self.build = build or build_argv(s.trainer, s.release)
         self.publish_env = publish_env or {}
@@ -151,27 +176,30 @@ class Behind(threading.Thread):
             self.note("failed", f"{type(exc).__name__}: {exc}")
 
     def _run(self) -> None:
-        self.note("training", f"the full release, at low priority (log: "
-                              f"{self.stack.root / 'logs' / 'trainer.log'})")
-        build = self.stack.spawn("trainer", ["nice", "-n", "19", *self.build], role=JOB)
+        t = self.target
+        prefix = "trainer" if t.model == self.s.model else f"{t.model}-builder"
+        self.note("training", f"the {t.what}, at low priority (log: "
+                              f"{self.stack.root / 'logs' / (prefix + '.log')})")
+        build = self.stack.spawn(prefix, ["nice", "-n", "19", *self.build], role=JOB)
         if build.process.wait() != 0:
             if not self.stack.children.stopping.is_set():
                 self.note("failed", f"training exited with status {build.process.returncode}")
             return
-        self.note("publishing", "the full release")
-        publish = self.stack.spawn("publisher", publish_argv(self.s, self.s.release), role=JOB,
-                                   env=self.publish_env)
+        self.note("publishing", f"the {t.what}")
+        publish = self.stack.spawn(f"{prefix}-publisher" if prefix != "trainer" else
+                                   "publisher", publish_argv(self.s, t.release, t.model),
+                                   role=JOB, env=self.publish_env)
         if publish.process.wait() != 0:
             if not self.stack.children.stopping.is_set():
                 self.note("failed", f"publish exited with status {publish.process.returncode}")
             return
-        version = published_version(self.s)
-        self.note("rolling out", f"version {version}, the full release")
+        version = published_version(self.s, t)
+        self.note("rolling out", f"version {version}, the {t.what}")
         started = time.monotonic()
         while not self.stack.children.stopping.wait(1.0):
             behind = self.lagging(version)
             if not behind:
-                self.note("live", f"version {version}, the full release, on every node in "
+                self.note("live", f"version {version}, the {t.what}, on every node in "
                                   f"{time.monotonic() - started:.0f} s")
                 return
             if time.monotonic() - started > ROLLOUT_TIMEOUT_S:
@@ -184,7 +212,7 @@ class Behind(threading.Thread):
 
         with opened(self.s.registry_home) as catalog:
             active = {r["node"] for r in NodeBook(catalog.db).status(catalog)
-                      if r["model"] == self.s.model and r["version"] == version
+                      if r["model"] == self.target.model and r["version"] == version
                       and r["state"] == "ACTIVE"}
         nodes = [c.name for c in self.stack.children.values() if c.role in ("center", "edge")]
         return [n for n in nodes if n not in active]
@@ -192,20 +220,22 @@ class Behind(threading.Thread):
     def note(self, state: str, detail: str) -> None:
         if self.stack.children.stopping.is_set():
             return
-        self.stack.notes["full release"] = {"state": state, "detail": detail,
-                                            "since": time.strftime("%H:%M:%S")}
+        what = self.target.what
+        self.stack.notes[what] = {"state": state, "detail": detail,
+                                  "since": time.strftime("%H:%M:%S")}
         self.stack.save()
         if self.stack.echo is not None:
-            self.stack.echo("tiered", f"full release: {state}: {detail}")
+            self.stack.echo("tiered", f"{what}: {state}: {detail}")
 
 
-def published_version(s: TieredSettings) -> int:
-    """The version the full release folder was published as (the newest from its source)."""
-
-    digest = source_digest(s.release)
+def published_version(s: TieredSettings, target: Target | None = None) -> int:
+    """The version a release folder (default: the full one) was published as (the newest from
+    its source)."""
+    t = target or full(s)
+    digest = source_digest(t.release)
     with opened(s.registry_home) as catalog:
         rows = catalog.db.execute("SELECT MAX(version) FROM versions WHERE model = ? AND "
-                                  "source_sha256 = ?", [s.model, digest]).fetchone()
+                                  "source_sha256 = ?", [t.model, digest]).fetchone()
     if not rows or rows[0] is None:
-        raise RuntimeError(f"the registry has no {s.model} version from {s.release}")
+        raise RuntimeError(f"the registry has no {t.model} version from {t.release}")
     return int(rows[0])

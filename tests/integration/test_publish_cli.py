@@ -12,7 +12,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from registry.publish.validate import generated_inputs
+from registry.publish.validate import GENERATED_ROWS
 from serving.model import torchscript
 from serving.model.text import encode, load_tokenizer
 from serving.release.store import ModelStore
@@ -140,7 +140,7 @@ def test_single_torchscript_file(registry_cli: RegistryCli, tiny_release: Path) 
                                        "tolerance": None, "confidence": None, "rows": 0,
                                        "curve": [], "agreement": []}
     assert manifest["fidelity"]["inputs"] == "generated"
-    assert manifest["fidelity"]["rows"] == generated_inputs().rows
+    assert manifest["fidelity"]["rows"] == GENERATED_ROWS
     assert manifest["inputs"][0] == {"name": "input_ids", "datatype": "INT64", "shape": [-1, -1]}
     assert manifest["labels"] == ["0", "1"] and manifest["tokenizer"] is None
     labelled = registry_cli("publish", tiny_release / "center.pt", "--name", "solo",

@@ -43,11 +43,11 @@ def _client(url: str, stop: threading.Event, answers: Counter[str],
                 versions[:] = [*versions[-19:], response.json()["model_version"]]
 
 
-def _note(clone: Path) -> dict[str, str]:
+def _note(clone: Path, what: str = "full release") -> dict[str, str]:
     state = clone / "var" / "stack" / "stack.json"
     if not state.is_file():
         return {}
-    return dict(json.loads(state.read_text())["notes"].get("full release", {}))
+    return dict(json.loads(state.read_text())["notes"].get(what, {}))
 
 
 @pytest.mark.timeout(600)
@@ -94,6 +94,17 @@ def test_tiered_up_from_the_clone_root_serves_quick_then_full_live(tmp_path: Pat
         status = subprocess.run([str(BIN / "tiered"), "status"], env=env, cwd=clone,
                                 capture_output=True, text=True, timeout=60)
         assert "full release: live" in status.stdout, status.stdout + status.stderr
+        while _note(clone, "digits release").get("state") not in ("live", "failed", "stalled"):
+            assert time.monotonic() < deadline, _note(clone, "digits release")
+            time.sleep(1)
+        assert _note(clone, "digits release")["state"] == "live"  # the image demo, beside
+        images = subprocess.run([str(BIN / "tiered"), "demo", "--model", "digits", "--rows",
+                                 "200", "--json"], env=env, cwd=clone, capture_output=True,
+                                text=True, timeout=300)
+        assert images.returncode == 0, images.stderr
+        result = json.loads(images.stdout)
+        assert result["failed"] == 0 and result["accuracy"] > 0.9, result
+        assert set(result["rows_by_tier"]) == {"edge", "center"}, result  # unsure rows escalate
         demo = subprocess.run([str(BIN / "tiered"), "demo", "--rows", "200", "--json"],
                               env=env, cwd=clone, capture_output=True, text=True, timeout=300)
         assert demo.returncode == 0, demo.stderr
@@ -105,8 +116,9 @@ def test_tiered_up_from_the_clone_root_serves_quick_then_full_live(tmp_path: Pat
         status = subprocess.run([str(BIN / "tiered"), "status", "--json"], env=env, cwd=clone,
                                 capture_output=True, text=True, timeout=60)
         rows = json.loads(status.stdout)
-        assert {r["health"] for r in rows} == {"passing"} and len(rows) == 4
-        assert {r["state"] for r in rows if r["service"] != "tiered-registry"} == {"ACTIVE"}
+        assert {r["health"] for r in rows} == {"passing"} and len(rows) == 1 + 3 * 2
+        assert {(r["model"], r["state"]) for r in rows if r["service"] != "tiered-registry"} \
+            == {("sentiment", "ACTIVE"), ("digits", "ACTIVE")}  # both models on every node
     finally:
         stop.set()
         if client.is_alive():

@@ -1,0 +1,222 @@
+"""The request input kinds (``serving/inputs``): what each takes, refuses and forwards, on both
+sides of each bound."""
+
+from __future__ import annotations
+
+import io
+import math
+import zlib
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+from PIL import Image
+
+from serving import inputs
+from serving.errors import BadRequest
+from serving.inputs import pixels
+from serving.inputs.base import Bounds
+from serving.inputs.image import ImageCodec
+from serving.inputs.tensor import TensorCodec
+from serving.inputs.text import TextCodec
+from serving.protocol import v2
+from serving.release.manifest import (
+    SCHEMA,
+    ImageInput,
+    Manifest,
+    NewerSchema,
+    TensorInput,
+    TensorSpec,
+    TextInput,
+    decode,
+    encode,
+)
+from tests.unit.serving.test_store import manifest
+
+DIGIT = ImageInput(height=8, width=8, channels=1, scale=16.0, mean=[0.5], std=[0.25],
+                   max_pixels=100)
+IMAGE = [TensorSpec("image", "FP32", [-1, 1, 8, 8])]
+FEATURES = [TensorSpec("features", "FP32", [-1, 3])]
+
+
+def png(width: int, height: int, mode: str = "L", fmt: str = "PNG") -> bytes:
+    out = io.BytesIO()
+    values = np.arange(width * height * len(mode), dtype=np.uint8) % 17
+    shape = (height, width, len(mode)) if len(mode) > 1 else (height, width)
+    Image.fromarray(values.reshape(shape), mode).save(out, format=fmt)
+    return out.getvalue()
+
+
+def images(codec: ImageCodec, *data: bytes) -> v2.Decoded:
+    return codec.decode([v2.binary("image", "BYTES", list(data))], {})
+
+
+def image_codec(spec: ImageInput = DIGIT, max_rows: int = 4) -> ImageCodec:
+    return ImageCodec(spec, IMAGE, Bounds(max_rows=max_rows), Path)
+
+
+def test_an_encoded_image_is_decoded_scaled_normalised_and_laid_out_as_declared() -> None:
+    codec = image_codec()
+    (row,) = images(codec, png(8, 8)).rows
+    grey = np.arange(64, dtype=np.uint8).reshape(8, 8) % 17
+    assert row.shape == (1, 8, 8) and row.dtype == np.float32
+    np.testing.assert_allclose(row[0], (grey / 16 - 0.5) / 0.25, rtol=1e-6)
+    nhwc = ImageCodec(msgspec.structs.replace(DIGIT, layout="NHWC"),
+                      [TensorSpec("image", "FP32", [-1, 8, 8, 1])], Bounds(), Path)
+    assert images(nhwc, png(8, 8)).rows[0].shape == (8, 8, 1)
+
+
+def test_png_uint8_and_fp32_requests_give_the_same_rows_and_forward_as_they_came() -> None:
+    codec, data = image_codec(), png(8, 8)
+    grey = np.asarray(Image.open(io.BytesIO(data)))
+    encoded = images(codec, data, data)
+    raw = codec.decode([v2.binary("image", "UINT8", np.stack([grey, grey])[..., None])], {})
+    floats = codec.decode([v2.binary("image", "FP32", np.stack(encoded.rows))], {})
+    for other in (raw, floats):
+        np.testing.assert_array_equal(np.stack(other.rows), np.stack(encoded.rows))
+    (sent,) = encoded.forward([1])  # the client's PNG, not its FP32 tensor
+    assert sent.datatype == "BYTES" and v2.blobs(sent) == [data] and sent.shape == [1]
+    (sent,) = raw.forward([0])
+    assert sent.datatype == "UINT8" and sent.shape == [1, 8, 8, 1] and len(sent.raw or b"") == 64
+    (sent,) = floats.forward([0, 1])
+    assert sent.datatype == "FP32" and sent.shape == [2, 1, 8, 8]
+
+
+def test_a_larger_image_is_resized_and_rgb_is_made_grey() -> None:
+    codec = image_codec(msgspec.structs.replace(DIGIT, max_pixels=4096))
+    (row,) = images(codec, png(20, 16, "RGB")).rows
+    assert row.shape == (1, 8, 8)
+    cropped = image_codec(msgspec.structs.replace(DIGIT, resize=10, max_pixels=4096))
+    assert images(cropped, png(30, 12)).rows[0].shape == (1, 8, 8)
+
+
+def test_pixels_are_bounded_from_the_header_just_inside_and_just_outside() -> None:
+    codec = image_codec()  # max_pixels 100
+    assert len(images(codec, png(10, 10)).rows) == 1
+    with pytest.raises(BadRequest, match="10x11 pixels; the limit is 100"):
+        images(codec, png(10, 11))
+    with pytest.raises(BadRequest, match="of at most 100 pixels"):
+        codec.decode([v2.binary("image", "UINT8", np.zeros((1, 10, 11, 1), np.uint8))], {})
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (b"not an image", "not a decodable JPEG or PNG"),
+    (png(8, 8)[:40], "not a decodable JPEG or PNG"),  # truncated
+    (png(8, 8, fmt="GIF"), "not a decodable JPEG or PNG"),  # a format not taken
+    (b"", "not a decodable JPEG or PNG"),
+])
+def test_what_is_not_a_jpeg_or_png_is_refused(data: bytes, message: str) -> None:
+    with pytest.raises(BadRequest, match=message):
+        images(image_codec(), data)
+
+
+def test_a_jpeg_decodes() -> None:
+    assert images(image_codec(), png(8, 8, "RGB", "JPEG")).rows[0].shape == (1, 8, 8)
+
+
+@pytest.mark.parametrize(("tensor", "message"), [
+    (v2.binary("image", "FP32", np.full((1, 1, 8, 8), np.nan, np.float32)), "NaN or infinite"),
+    (v2.binary("image", "FP32", np.full((1, 1, 8, 8), np.inf, np.float32)), "NaN or infinite"),
+    (v2.binary("image", "FP32", np.zeros((1, 8, 8), np.float32)), "takes [-1, 1, 8, 8]"),
+    (v2.binary("image", "FP32", np.zeros((1, 1, 8, 9), np.float32)), "takes [-1, 1, 8, 8]"),
+    (v2.binary("image", "INT64", np.zeros((1, 64), np.int64)), "INT64 is not taken"),
+    (v2.binary("image", "UINT8", np.zeros((1, 8, 8, 3), np.uint8)), "takes [rows, height"),
+    (v2.binary("pixels", "UINT8", np.zeros((1, 8, 8, 1), np.uint8)), "unknown input 'pixels'"),
+])
+def test_image_tensors_that_do_not_fit_are_refused_naming_what_is_taken(
+        tensor: v2.Tensor, message: str) -> None:
+    with pytest.raises(BadRequest, match=message.replace("[", r"\[")):
+        image_codec().decode([tensor], {})
+
+
+def test_rows_are_bounded_per_request_just_inside_and_outside() -> None:
+    codec = image_codec(max_rows=2)
+    assert len(images(codec, png(8, 8), png(8, 8)).rows) == 2
+    with pytest.raises(BadRequest, match="3 rows; the limit is 2"):
+        images(codec, png(8, 8), png(8, 8), png(8, 8))
+
+
+def tensor_codec(**spec: float) -> TensorCodec:
+    return TensorCodec(TensorInput("features", **spec), FEATURES, Bounds(max_rows=4), Path)
+
+
+def test_features_pass_through_checked_by_datatype_shape_and_range() -> None:
+    codec = tensor_codec(minimum=0.0, maximum=1.0)
+    rows = codec.decode([v2.binary("features", "FP32", [[0.0, 0.5, 1.0]])], {})
+    assert np.stack(rows.rows).tolist() == [[0.0, 0.5, 1.0]]  # the bounds themselves pass
+    (sent,) = rows.forward([0])
+    assert (sent.datatype, sent.shape) == ("FP32", [1, 3])
+    for values in ([[-0.01, 0.5, 1.0]], [[0.0, 0.5, 1.01]]):
+        with pytest.raises(BadRequest, match=r"must lie in \[0.0, 1.0\]"):
+            codec.decode([v2.binary("features", "FP32", values)], {})
+    for tensor in (v2.binary("features", "FP64", [[0.0, 0.5, 1.0]]),
+                   v2.binary("features", "FP32", [[0.0, 0.5]]),
+                   v2.binary("features", "FP32", [0.0, 0.5, 1.0])):
+        with pytest.raises(BadRequest, match=r"this model takes FP32 \[-1, 3\]"):
+            codec.decode([tensor], {})
+    with pytest.raises(BadRequest, match="NaN or infinite"):
+        codec.decode([v2.binary("features", "FP32", [[0.0, math.nan, 1.0]])], {})
+    json = v2.Tensor("features", [1, 3], "FP32", json=b"[[1, 0.5, 0]]")  # nested JSON, ints
+    assert np.stack(codec.decode([json], {}).rows).tolist() == [[1.0, 0.5, 0.0]]
+
+
+def test_a_text_model_with_token_type_ids_gets_them_and_one_without_does_not() -> None:
+    from examples.sentiment.encoder import tokenizer_path
+
+    three = [TensorSpec(n, "INT64", [-1, -1]) for n in ("input_ids", "attention_mask",
+                                                         "token_type_ids")]
+    codec = TextCodec(TextInput(max_length=16), three, Bounds(), lambda _: tokenizer_path())
+    rows = codec.decode([v2.binary("text", "BYTES", ["a fine film", "dull"])], {}).rows
+    feeds = codec.collate(rows)
+    assert sorted(feeds) == sorted(n.name for n in three)
+    assert feeds["token_type_ids"].shape == feeds["input_ids"].shape
+    assert not feeds["token_type_ids"].any()
+    two = TextCodec(TextInput(max_length=16), three[:2], Bounds(), lambda _: tokenizer_path())
+    assert "token_type_ids" not in two.collate(rows)
+    with pytest.raises(ValueError, match="a text model takes"):
+        TextCodec(TextInput(), [TensorSpec("image", "FP32", [-1, 3])], Bounds(), Path)
+
+
+def test_a_schema_1_manifest_encodes_as_old_nodes_read_it_and_serves_as_text(
+        tmp_path: Path) -> None:
+    from examples.sentiment.encoder import tokenizer_path
+
+    old = manifest(1)
+    assert b'"request"' not in encode(old) and old.schema == 1
+    assert decode(encode(old)) == old
+    (kind,) = old.request_inputs()
+    assert isinstance(kind, TextInput) and kind.tokenizer == "tokenizer.json"
+    assert kind.max_length == old.preprocessing.max_length
+    (tmp_path / "tokenizer.json").write_bytes(tokenizer_path().read_bytes())
+    codec = inputs.for_manifest(old, tmp_path, Bounds())
+    assert isinstance(codec, TextCodec) and codec.metadata()[0]["name"] == "text"
+
+
+def test_a_schema_2_manifest_round_trips_its_kind_and_a_newer_one_is_refused_by_name() -> None:
+    image = msgspec.structs.replace(manifest(2), schema=SCHEMA, inputs=IMAGE, request=[DIGIT])
+    data = encode(image)
+    assert b'"kind": "image"' in data
+    assert decode(data).request == [DIGIT]
+    newer = msgspec.json.encode({**msgspec.to_builtins(image), "schema": SCHEMA + 1,
+                                 "video": {"fps": 30}})
+    with pytest.raises(NewerSchema, match=f"schema {SCHEMA + 1}: this node reads up to "
+                                          f"schema {SCHEMA}; upgrade it"):
+        decode(newer)
+    assert isinstance(decode(data), Manifest)
+
+
+def claiming(width: int, height: int) -> bytes:
+    """A 1x1 PNG whose header (IHDR, CRC fixed) claims ``width`` x ``height`` pixels."""
+    data = bytearray(png(1, 1))
+    data[16:24] = width.to_bytes(4, "big") + height.to_bytes(4, "big")
+    data[29:33] = zlib.crc32(bytes(data[12:29])).to_bytes(4, "big")
+    return bytes(data)
+
+
+def test_a_bomb_is_refused_from_its_header_before_decoding() -> None:
+    with pytest.raises(BadRequest, match="5000x5000 pixels; the limit is 100"):
+        pixels.decode(claiming(5000, 5000), DIGIT)  # ours: before a pixel is decoded
+    unbounded = msgspec.structs.replace(DIGIT, max_pixels=1 << 40)
+    with pytest.raises(BadRequest, match="claims more pixels than the limit"):
+        pixels.decode(claiming(20000, 20000), unbounded)  # Pillow's own guard, as a 400
