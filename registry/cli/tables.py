@@ -16,7 +16,7 @@ from registry.releases.reads import VersionRow
 from registry.store.chain import Finding, Record
 from registry.trust.anchor import SignedHead
 from serving.protocol.visible import visible
-from serving.release.manifest import Manifest
+from serving.release.manifest import ImageInput, Manifest, TextInput
 from serving.release.signing import encode_signature
 
 if TYPE_CHECKING:
@@ -76,6 +76,7 @@ def _manifest_table(m: Manifest, title: str, edge_fp32_size: int = 0) -> Table:
                                if edge_fp32_size else "")
     rows = [
         ("version", str(m.version)), ("labels", ", ".join(m.labels)),
+        ("inputs", _inputs(m)),
         ("center (TorchScript fp32)", f"{mib(m.center.size)}  sha256 {m.center.sha256[:12]}"),
         ("edge (ONNX INT8)", f"{edge}  sha256 {m.edge.sha256[:12]}"),
         ("INT8 fidelity", f"{pct(f.top1_agreement)} top-1 agreement on {f.rows} {f.inputs} "
@@ -95,6 +96,22 @@ def _manifest_table(m: Manifest, title: str, edge_fp32_size: int = 0) -> Table:
     for key, value in rows:
         table.add_row(key, escape(value))
     return table
+
+
+def _inputs(m: Manifest) -> str:
+    """What clients send (the request input's kind) and what the model takes."""
+    model = ", ".join(f"{i.name} {i.datatype} {i.shape}" for i in m.inputs)
+    kinds = []
+    for spec in m.request_inputs():
+        if isinstance(spec, ImageInput):
+            kinds.append(f"image: JPEG/PNG, UINT8 or FP32 -> {spec.channels}x{spec.height}x"
+                         f"{spec.width} {spec.layout}")
+        elif isinstance(spec, TextInput):
+            kinds.append(f"text: tokenized, max {spec.max_length} tokens" if spec.tokenizer
+                         else "text: token tensors only")
+        else:
+            kinds.append(f"tensor {spec.name}")
+    return f"{'; '.join(kinds)} ({model}; schema {m.schema})"
 
 
 def _quantization(m: Manifest) -> str:
