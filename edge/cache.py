@@ -19,8 +19,9 @@ class Cached:
 
 
 class ResponseCache:
-    """Keyed by model, edge version, threshold and the row's token ids (so equal texts and
-    equal tensors share entries). Degraded answers are never stored."""
+    """Keyed by model, edge version, threshold and the row as the model sees it (its input
+    kind's row: token ids, a normalised image, features; so equal inputs however they were
+    sent share entries). Degraded answers are never stored."""
 
     def __init__(self, size: int, ttl_s: float) -> None:
         self._cache: TTLCache[str, Cached] | None = TTLCache(size, ttl_s) if size else None

@@ -36,7 +36,8 @@ Predict = Callable[[Feeds], np.ndarray]
 Collate = Callable[[list[np.ndarray]], Feeds]  # rows -> one call's feeds (the input kind's)
 Cost = Callable[[np.ndarray], int]  # a row's cost (tokens for text): the plan's length
 Finish = Callable[[np.ndarray], np.ndarray]  # a call's outputs -> what the requests get
-# What one more model call costs, in padded token positions: a batch is split where the padding
+# What one more model call costs, in padded cost units (a text row's tokens; rows of other kinds
+# cost the same as each other, so their batches never split): a batch is split where the padding
 # a split saves is worth more than this. Measured with the demo's INT8 edge on a 2-core EPYC
 # (batches of 8-32 review texts): 16, 32 and 64 were within noise of each other, 0 (a call per
 # distinct length) and 256+ (hardly any split) clearly slower.
