@@ -25,8 +25,9 @@ from serving.telemetry import tracing
 from serving.telemetry.metrics import Metrics
 
 VERSION = "0.1.0"
-# Requests above this many bytes are parsed in a worker thread, off the event loop, so health
-# checks and the other requests keep being answered meanwhile; below it the hop costs more.
+# Requests above this many bytes (or the input kind's own bound: an image is decoded off the
+# loop whatever its size) are parsed in a worker thread, off the event loop, so health checks
+# and the other requests keep being answered meanwhile; below it the hop costs more.
 PARSE_INLINE_BYTES = 64 * 1024
 
 
@@ -126,7 +127,8 @@ class DataPlane:
                                       "tiered.request_bytes": request.size})
         try:
             codec = resident.codec
-            parsed = (request.parse(codec) if request.size <= PARSE_INLINE_BYTES
+            inline = min(PARSE_INLINE_BYTES, codec.inline_bytes)
+            parsed = (request.parse(codec) if request.size <= inline
                       else await asyncio.to_thread(request.parse, codec))
             result = await self.service.infer(resident, parsed)
         except ServingError as exc:

@@ -29,6 +29,7 @@ class Codec(Protocol):
     """One request input kind over one release's model (``serving/inputs/__init__``)."""
 
     kind: str
+    inline_bytes: int  # bodies up to this size are parsed on the event loop, larger in a thread
 
     def __init__(self, spec: Any, inputs: list[TensorSpec], bounds: Bounds,
                  files: Callable[[str], Path]) -> None: ...

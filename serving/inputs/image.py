@@ -24,6 +24,7 @@ from serving.release.manifest import ImageInput, TensorSpec
 
 class ImageCodec:
     kind = "image"
+    inline_bytes = 0  # decoding is work: every request is parsed off the event loop
 
     def __init__(self, spec: ImageInput, inputs: list[TensorSpec], bounds: Bounds,
                  files: Callable[[str], Path]) -> None:
@@ -65,6 +66,7 @@ class ImageCodec:
         if len(tensor.shape) == 2 and tensor.shape[1] != 1:
             raise BadRequest(f"input {tensor.name!r}: shape must be [rows] or [rows, 1]")
         images = v2.blobs(tensor)
+        pixels.sizes(images, self.spec)  # every header first: the request's pixels bounded
         rows = [pixels.preprocess(pixels.decode(data, self.spec, i), self.spec)
                 for i, data in enumerate(images)]
         return v2.Decoded(rows, encoded(self.spec.name, images))

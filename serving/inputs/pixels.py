@@ -9,8 +9,10 @@ inflate to gigabytes) is refused before a pixel is decoded.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import warnings
+from collections.abc import Iterator
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -20,29 +22,59 @@ from serving.release.manifest import ImageInput
 
 FORMATS = ("JPEG", "PNG")
 MODES = {1: "L", 3: "RGB"}
+MAX_REQUEST_PIXELS = 32 << 20
+"""Pixels one request's encoded images may decode to, all rows together (the body's size
+does not bound them: 64 highly compressed 4096x4096 PNGs fit in 1 MiB)."""
+
+
+def sizes(images: list[bytes], spec: ImageInput) -> list[tuple[int, int]]:
+    """Each encoded image's (width, height) from its header alone; refused past ``max_pixels``
+    for one image or ``MAX_REQUEST_PIXELS`` for all of them, before any pixel is decoded."""
+    out, total = [], 0
+    for row, data in enumerate(images):
+        with _opened(data, row) as image:
+            width, height = image.size
+        if width * height > spec.max_pixels:
+            raise BadRequest(f"image row {row}: {width}x{height} pixels; the limit is "
+                             f"{spec.max_pixels} pixels")
+        total += width * height
+        if total > MAX_REQUEST_PIXELS:
+            raise BadRequest(f"the request's images hold more than {MAX_REQUEST_PIXELS} "
+                             f"pixels together (row {row}); send fewer rows per request")
+        out.append((width, height))
+    return out
+
+
+@contextlib.contextmanager
+def _opened(data: bytes, row: int) -> Iterator[Image.Image]:
+    """The image's header read (``Image.open`` decodes nothing yet); undecodable data, other
+    formats and Pillow's own bomb guard become a ``BadRequest``."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data), formats=FORMATS) as image:
+                yield image
+    except BadRequest:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise BadRequest(f"image row {row}: its header claims more pixels than the limit") \
+            from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Warning) as exc:
+        raise BadRequest(f"image row {row} is not a decodable JPEG or PNG image "
+                         f"({type(exc).__name__})") from None
 
 
 def decode(data: bytes, spec: ImageInput, row: int = 0) -> np.ndarray:
     """An encoded JPEG or PNG as ``uint8`` pixels ``[height, width, channels]`` in the
-    release's channels (grey or RGB)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data), formats=FORMATS)
-            width, height = image.size
-            if width * height > spec.max_pixels:
-                raise BadRequest(f"image row {row}: {width}x{height} pixels; the limit is "
-                                 f"{spec.max_pixels} pixels")
+    release's channels (grey or RGB); its size checked from its header first."""
+    sizes([data], spec)  # row 0's bound alone; the caller bounds a request's rows together
+    with _opened(data, row) as image:
+        try:
             image.load()
             pixels = np.asarray(image.convert(MODES[spec.channels]), dtype=np.uint8)
-    except BadRequest:
-        raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        raise BadRequest(f"image row {row}: its header claims more pixels than the limit of "
-                         f"{spec.max_pixels} pixels") from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, Warning) as exc:
-        raise BadRequest(f"image row {row} is not a decodable JPEG or PNG image "
-                         f"({type(exc).__name__})") from None
+        except (OSError, ValueError, SyntaxError) as exc:
+            raise BadRequest(f"image row {row} is not a decodable JPEG or PNG image "
+                             f"({type(exc).__name__})") from None
     return pixels.reshape(pixels.shape[0], pixels.shape[1], spec.channels)
 
 

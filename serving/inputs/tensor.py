@@ -23,6 +23,7 @@ MAX_ROW_ELEMENTS = 1 << 22  # a variable dimension is bounded by this per row
 
 class TensorCodec:
     kind = "tensor"
+    inline_bytes = 64 * 1024  # checking a small tensor is cheaper than the hop to a thread
 
     def __init__(self, spec: TensorInput, inputs: list[TensorSpec], bounds: Bounds,
                  files: Callable[[str], Path]) -> None:

@@ -29,6 +29,7 @@ GENERATED_VOCAB = 100  # generated token ids stay below this, so any real vocabu
 
 class TextCodec:
     kind = "text"
+    inline_bytes = 64 * 1024  # tokenizing a small body is cheaper than the hop to a thread
 
     def __init__(self, spec: TextInput, inputs: list[TensorSpec], bounds: Bounds,
                  files: Callable[[str], Path]) -> None:

@@ -220,3 +220,17 @@ def test_a_bomb_is_refused_from_its_header_before_decoding() -> None:
     unbounded = msgspec.structs.replace(DIGIT, max_pixels=1 << 40)
     with pytest.raises(BadRequest, match="claims more pixels than the limit"):
         pixels.decode(claiming(20000, 20000), unbounded)  # Pillow's own guard, as a 400
+
+
+def test_a_requests_images_are_bounded_together_from_their_headers() -> None:
+    """64 highly compressed 4096x4096 PNGs fit in a 1 MiB body; their pixels together are
+    bounded before any is decoded."""
+    spec = msgspec.structs.replace(DIGIT, max_pixels=4096 * 4096)
+    full = [claiming(4096, 4096)] * 2  # exactly MAX_REQUEST_PIXELS
+    assert pixels.sizes(full, spec) == [(4096, 4096)] * 2
+    with pytest.raises(BadRequest, match="more than 33554432 pixels together"):
+        pixels.sizes([*full, claiming(1, 1)], spec)
+    codec = image_codec(spec, max_rows=8)
+    with pytest.raises(BadRequest, match="pixels together"):
+        images(codec, *full, claiming(1, 1))
+    assert codec.inline_bytes == 0  # images are always decoded off the event loop
