@@ -40,8 +40,9 @@ def resolve(source: ReleaseSource, names: list[str], role: str) -> Signature:
     if declared is None:
         if not names or names[:2] != LEGACY or not set(names) <= set(TEXT_INPUTS):
             raise InvalidRelease(
-                f"{source.center}: the {role} model takes forward({', '.join(names)}); a text "
-                f"model takes forward(input_ids, attention_mask[, token_type_ids]). Declare "
+                f"{source.center}: wrong input signature for the {role} model: forward("
+                f"{', '.join(names)}); a text model takes forward(input_ids, attention_mask[, "
+                f"token_type_ids]). Declare "
                 f"any other model's inputs: --input NAME:DATATYPE:SHAPE (e.g. "
                 f"--input image:FP32:-1,1,28,28, with --image for decoding), or \"inputs\" "
                 f"in tiered.json")

@@ -17,10 +17,11 @@ from center.runtime import TorchScriptRuntime
 from edge.runtime import OnnxRuntime
 from examples.sentiment import data
 from serving.model.scores import softmax
-from serving.model.text import load_tokenizer, pad, token_rows, unpadded
+from serving.model.text import load_tokenizer, token_rows, unpadded
 from serving.release.store import InstalledReleases
 from serving.runtime.batcher import Batcher, BatchStats
 from serving.runtime.repository import Runtime
+from tests.codecs import TOKEN_BATCHING, token_feeds
 
 pytestmark = pytest.mark.slow
 REQUESTS = 48
@@ -39,7 +40,7 @@ def runtime(stores: Path, tier: str) -> tuple[Runtime, list[list[np.ndarray]]]:
     folder = stores / tier / "tiny" / "1"
     served: Runtime = (OnnxRuntime(folder / manifest.edge.file, 1) if tier == "edge" else
                        TorchScriptRuntime(folder / manifest.center.file, torch.device("cpu"),
-                                          "fp32", 1))
+                                          "fp32", 1, [i.name for i in manifest.inputs]))
     tokenizer = unpadded(load_tokenizer(folder / (manifest.preprocessing.tokenizer or ""),
                                         manifest.preprocessing.max_length))
     rng = np.random.default_rng(3)
@@ -56,7 +57,7 @@ def batched(served: Runtime, requests: list[list[np.ndarray]],
     stats: list[BatchStats] = []
 
     async def main() -> list[np.ndarray]:
-        batcher = Batcher(served.predict, max_batch_size=32, max_delay_ms=100,
+        batcher = Batcher(served.predict, *TOKEN_BATCHING, max_batch_size=32, max_delay_ms=100,
                           max_queue_rows=1000, observe=stats.append, call_tokens=call_tokens)
         batcher.start()
         answers = await asyncio.gather(*(batcher.submit(r) for r in requests))
@@ -70,7 +71,7 @@ def batched(served: Runtime, requests: list[list[np.ndarray]],
 def test_length_grouped_batches_answer_every_request_as_its_rows_alone(stores: Path,
                                                                      tier: str) -> None:
     served, requests = runtime(stores, tier)
-    alone = [np.stack([served.predict(pad([row]))[0] for row in request])
+    alone = [np.stack([served.predict(token_feeds([row]))[0] for row in request])
              for request in requests]
     grouped, stats = batched(served, requests, call_tokens=32)
     whole, whole_stats = batched(served, requests, call_tokens=10 ** 9)  # one call per batch
