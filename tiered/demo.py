@@ -44,7 +44,7 @@ class Outcome:
 
 
 @dataclass(frozen=True)
-class Request:
+class DemoRequest:
     """One demo request: its body (and the binary extension's header length), its label."""
 
     content: bytes
@@ -61,13 +61,13 @@ def test_split(rows: int) -> list[tuple[str, str]]:
     return [(t, data.LABELS[y]) for t, y in zip(split.texts, split.labels, strict=True)][:rows]
 
 
-def text_requests(rows: int) -> list[Request]:
-    return [Request(json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
+def text_requests(rows: int) -> list[DemoRequest]:
+    return [DemoRequest(json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
                                             "data": [text]}], "outputs": OUTPUTS}).encode(),
                     label) for text, label in test_split(rows)]
 
 
-def image_requests(release: Path, rows: int) -> list[Request]:
+def image_requests(release: Path, rows: int) -> list[DemoRequest]:
     """The image demo's test PNGs (in ``release``), each one request carrying the PNG as a
     BYTES element in the binary tensor extension, as a camera client sends it."""
     from examples.digits.data import test_rows
@@ -77,16 +77,16 @@ def image_requests(release: Path, rows: int) -> list[Request]:
         head = json.dumps({"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES",
                                        "parameters": {"binary_data_size": len(png) + 4}}],
                            "outputs": OUTPUTS}).encode()
-        out.append(Request(head + len(png).to_bytes(4, "little") + png, label, len(head)))
+        out.append(DemoRequest(head + len(png).to_bytes(4, "little") + png, label, len(head)))
     return out
 
 
 async def run(url: str, model: str, rows: int, concurrency: int,
-              region: str | None = None, requests: list[Request] | None = None) -> Outcome:
+              region: str | None = None, requests: list[DemoRequest] | None = None) -> Outcome:
     """``requests``: default, the text demo's reviews."""
     examples = requests if requests is not None else text_requests(rows)
     outcome = Outcome()
-    queue: asyncio.Queue[Request] = asyncio.Queue()
+    queue: asyncio.Queue[DemoRequest] = asyncio.Queue()
     for example in examples:
         queue.put_nowait(example)
     headers = {"X-Tiered-Region": region} if region else {}
@@ -98,7 +98,7 @@ async def run(url: str, model: str, rows: int, concurrency: int,
     return outcome
 
 
-async def _worker(client: httpx.AsyncClient, model: str, queue: asyncio.Queue[Request],
+async def _worker(client: httpx.AsyncClient, model: str, queue: asyncio.Queue[DemoRequest],
                   outcome: Outcome) -> None:
     while not queue.empty():
         request = queue.get_nowait()

@@ -129,7 +129,7 @@ def publish_argv(s: TieredSettings, folder: Path, model: str | None = None) -> l
 
 
 @dataclass(frozen=True)
-class Target:
+class BehindRelease:
     """A release ``Behind`` builds and publishes: ``model`` from the folder ``release``."""
 
     model: str
@@ -137,14 +137,14 @@ class Target:
     what: str  # how notes name it: "full release", "digits release"
 
 
-def full(s: TieredSettings) -> Target:
+def full(s: TieredSettings) -> BehindRelease:
     """The demo's full text release (``s.trainer`` into ``s.release``)."""
-    return Target(s.model, s.release, "full release")
+    return BehindRelease(s.model, s.release, "full release")
 
 
-def images(s: TieredSettings) -> Target:
+def images(s: TieredSettings) -> BehindRelease:
     """The image demo (``examples.digits.build`` into ``s.image_release``)."""
-    return Target(s.image_model, s.image_release, f"{s.image_model} release")
+    return BehindRelease(s.image_model, s.image_release, f"{s.image_model} release")
 
 
 IMAGE_BUILDER = "examples.digits.build"
@@ -159,7 +159,7 @@ class Behind(threading.Thread):
 
     def __init__(self, stack: Stack, s: TieredSettings, build: list[str] | None = None,
                  publish_env: dict[str, str] | None = None,
-                 target: Target | None = None) -> None:
+                 target: BehindRelease | None = None) -> None:
         """``build``: the command that writes the release into ``target.release`` (default:
         ``s.trainer`` into ``s.release``), run at the lowest CPU priority; ``publish_env``:
         extra REGISTRY_* settings for its publish."""
@@ -228,7 +228,7 @@ class Behind(threading.Thread):
             self.stack.echo("tiered", f"{what}: {state}: {detail}")
 
 
-def published_version(s: TieredSettings, target: Target | None = None) -> int:
+def published_version(s: TieredSettings, target: BehindRelease | None = None) -> int:
     """The version a release folder (default: the full one) was published as (the newest from
     its source)."""
     t = target or full(s)
