@@ -36,11 +36,14 @@ serve: demo
 ## each prints its tables and writes docs/bench/*.md, gathered into docs/benchmarks.md
 bench: demo
 	$(BIN)/python -m bench.tiers --markdown docs/bench/tiers.md
+	$(BIN)/python -m bench.tiers --model digits --markdown docs/bench/tiers_digits.md
 	$(BIN)/pip install -q py-spy && $(BIN)/python -m bench.profile --markdown docs/bench/profile.md
 	$(BIN)/python -m bench.quantization --markdown docs/bench/quantization.md
 	$(BIN)/python -m bench.peers --markdown docs/bench/peers.md
+	$(BIN)/python -m bench.peers --model digits --markdown docs/bench/peers_digits.md
 	$(BIN)/python -m bench.protocols --markdown docs/bench/protocols.md
 	$(BIN)/python -m bench.cascade --markdown docs/bench/cascade.md --plot docs/cascade.png
+	$(BIN)/python -m bench.cascade --model digits --markdown docs/bench/cascade_digits.md --plot docs/digits_cascade.png
 	$(BIN)/python -m bench.control --markdown docs/bench/control.md --plot docs/control.png
 	$(BIN)/python -m bench.rollout --markdown docs/bench/rollout.md
 	$(BIN)/python -m bench.fleet --markdown docs/bench/fleet.md

@@ -174,11 +174,12 @@ class Plan:
     seconds: int
     warmup: int
     threads: int
+    model: str = MODEL  # the model the bodies are sent to (``bench.images.DIGITS``: digits)
 
 
 def wrk(plan: Plan, url: str, concurrency: int, seconds: int) -> Load:
     command = [plan.wrk, "-t1", f"-c{concurrency}", f"-d{seconds}s", "--timeout", "10s", "-s",
-               str(LUA), f"{url}/v2/models/{MODEL}/infer", "--", str(plan.bodies)]
+               str(LUA), f"{url}/v2/models/{plan.model}/infer", "--", str(plan.bodies)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=seconds + 60)
     values, _ = wrk_summary(result.stdout, result.stderr, result.returncode)
     return Load(int(values["requests"]), values["duration_us"] / 1e6, values["p50_us"] / 1e3,

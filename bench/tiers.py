@@ -1,8 +1,9 @@
 """Serving benchmark: the edge and center servers under HTTP load vs the raw model in-process.
 
-    .venv/bin/python -m bench.tiers [--duration SECONDS] [--quick] [--server-threads N]
-        [--markdown PATH]
+    .venv/bin/python -m bench.tiers [--model sentiment|digits] [--duration SECONDS] [--quick]
+        [--server-threads N] [--markdown PATH]
 
+``--model digits``: the image model instead of the demo text release (``bench.tiers_digits``).
 How it measures: docs/benchmark-methods.md, "Serving tiers".
 """
 
@@ -23,14 +24,11 @@ from rich.table import Table
 from bench.harness import (
     MODEL,
     TEXTS,
-    Counters,
     Cpu,
     Plan,
     Release,
-    Usage,
     bench_parser,
     console,
-    counters,
     ensure_wrk,
     parse_bench_args,
     pull,
@@ -40,32 +38,27 @@ from bench.harness import (
 )
 from bench.kit import BUSY_OTHERS, cores, machine, write_bodies, wrk_version
 from bench.markdown import Shown
-from harness.load import Load
-from harness.processes import TierProcess
+from bench.tier_runs import (
+    BATCHING_OFF,
+    BATCHING_ON,
+    CONCURRENCY,
+    EDGE_FLAGS,
+    SATURATION,
+    WORKERS,
+    Run,
+    measure,
+    ms,
+    rotating_batches,
+    time_batches,
+)
 
 RAW_BATCHES = (1, 8, 32)
-CONCURRENCY = (1, 8, 32)
-SATURATION = 32
-BATCHING_ON = ("--max-batch-size", "32", "--max-batch-delay-ms", "5")
-BATCHING_OFF = ("--max-batch-size", "1")
-EDGE_FLAGS = ("--cache-size", "0")
-WORKERS = 2  # the edge again with --workers 2 (each worker: the cores shared out as threads)
 GOAL_OVER_RAW = 1.3  # the edge server at c=32 vs raw single-row onnxruntime on the same texts
 GOAL_WORKERS_OVER_RAW = 1.8  # the same with --workers WORKERS (one acceptor, round-robin)
 GOAL_BATCHING = 3.0
 
 
 # --- results ---------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Run:
-    tier: str
-    batching: str
-    concurrency: int
-    load: Load
-    server: Counters
-    usage: Usage
-
 
 @dataclass(frozen=True)
 class Raw:
@@ -89,24 +82,6 @@ class Raw:
 
 
 # --- raw model, in-process -------------------------------------------------------------------
-
-def rotating_batches(texts: Sequence[str], size: int) -> list[list[str]]:
-    """Consecutive batches through the rotation until it lines up again (every text equally)."""
-    count = len(texts) // math.gcd(len(texts), size)
-    return [[texts[(k * size + i) % len(texts)] for i in range(size)] for k in range(count)]
-
-
-def time_batches(predict: Callable[[Any], object], batches: Sequence[Any],
-                 seconds: float) -> tuple[int, float]:
-    """(batches run, elapsed seconds) for ``predict`` cycling through ``batches``."""
-    for batch in batches[:3]:
-        predict(batch)  # warm-up
-    done, started = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - started) < seconds:
-        predict(batches[done % len(batches)])
-        done += 1
-    return done, elapsed
-
 
 def raw_runs(tier: str, release: Release, texts: Sequence[str], seconds: float,
              sizes: Sequence[int] = RAW_BATCHES) -> list[Raw]:
@@ -179,17 +154,6 @@ def check_answers(url: str, bodies: Path) -> None:
         raise RuntimeError(f"{url}: the edge escalated with threshold 0: {response.text[:500]}")
 
 
-def measure(plan: Plan, handle: TierProcess, tier: str, batching: str, concurrency: int) -> Run:
-    before, cpu = counters(handle.url, tier), Cpu.now(handle.pid)
-    load = wrk(plan, handle.url, concurrency, plan.seconds)
-    usage = Cpu.now(handle.pid).cores_since(cpu, load.seconds)
-    run = Run(tier, batching, concurrency, load, counters(handle.url, tier) - before, usage)
-    console.log(f"{tier:6} batching {batching:3} c={concurrency:<2} {load.rps:8.1f} req/s  "
-                f"p50 {load.p50_ms:7.2f} ms  p99 {load.p99_ms:7.2f} ms  errors {load.errors}  "
-                f"server {usage.server_cores:.2f} cores, others {usage.other_cores:.2f}")
-    return run
-
-
 def server_runs(plan: Plan, tier: str, store: Path, batching: str,
                 levels: Sequence[int], workers: int = 1) -> list[Run]:
     flags = (*(EDGE_FLAGS if tier == "edge" else ()), "--threads", str(plan.threads),
@@ -211,10 +175,6 @@ def machine_table(wrk: str, duration: int, threads: int) -> Table:
     for key, value in rows.items():
         table.add_row(key, value)
     return table
-
-
-def ms(value: float) -> str:
-    return "-" if math.isnan(value) else f"{value:.2f}"
 
 
 def raw_table(raws: Sequence[Raw]) -> Table:
@@ -331,11 +291,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = bench_parser(__doc__, "3 s runs, 1 s raw timing and warm-up (a smoke run, ~1 min)")
     parser.add_argument("--server-threads", type=int, default=0,
                         help="--threads for both servers (default 0: the runtime's default)")
+    parser.add_argument("--model", choices=(MODEL, "digits"), default=MODEL,
+                        help=f"the text demo release ({MODEL}, from --registry; default) or the "
+                             f"image one (digits: built when missing, published into a "
+                             f"temporary registry)")
     return parse_bench_args(parser, argv)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.model != MODEL:
+        from bench.tiers_digits import run
+
+        run(args)
+        return
     show = Shown(console)
     wrk_path = ensure_wrk()
     raw_seconds, warmup = (1.0, 1) if args.quick else (3.0, 2)

@@ -3,7 +3,10 @@
 --   wrk -t1 -c32 -d10s -s bench/v2_infer.lua http://127.0.0.1:PORT/v2/models/M/infer -- BODIES
 --
 -- BODIES is a file with one complete JSON request body per line (bench/kit.py write_bodies writes it);
--- requests rotate through the lines. done() prints two machine-readable lines:
+-- requests rotate through the lines. A BODIES file named *.bin holds bodies with binary tensor data
+-- (the V2 binary extension; bench/images.py write_binary_bodies writes it): each is a line
+-- "<json header length> <body length>", the body's bytes and a newline; each is sent with its
+-- Inference-Header-Content-Length. done() prints two machine-readable lines:
 --   BENCH_RESULT requests=.. duration_us=.. p50_us=.. p99_us=.. mean_us=.. max_us=..
 --   errors_connect=.. errors_read=.. errors_write=.. errors_status=.. errors_timeout=..
 --   BENCH_HIST <latency_us> ... (the 0.05th, 0.15th, ... 99.95th percentiles, microseconds):
@@ -18,10 +21,30 @@ function init(args)
   if path == nil then
     error("usage: wrk ... -s v2_infer.lua URL -- BODIES_FILE")
   end
-  local headers = {["Content-Type"] = "application/json"}
-  for line in io.lines(path) do
-    if #line > 0 then
-      requests[#requests + 1] = wrk.format("POST", nil, headers, line)
+  if path:match("%.bin$") then
+    local file = assert(io.open(path, "rb"))
+    while true do
+      local line = file:read("*l")
+      if line == nil or #line == 0 then
+        break
+      end
+      local header, size = line:match("^(%d+) (%d+)$")
+      if header == nil then
+        error("bad record line in " .. path .. ": " .. line)
+      end
+      local body = file:read(tonumber(size))
+      file:read(1) -- the newline after the body
+      requests[#requests + 1] = wrk.format("POST", nil, {
+        ["Content-Type"] = "application/octet-stream",
+        ["Inference-Header-Content-Length"] = header}, body)
+    end
+    file:close()
+  else
+    local headers = {["Content-Type"] = "application/json"}
+    for line in io.lines(path) do
+      if #line > 0 then
+        requests[#requests + 1] = wrk.format("POST", nil, headers, line)
+      end
     end
   end
   if #requests == 0 then

@@ -1,10 +1,11 @@
 """Cascade report: accuracy vs escalation on the test split, and the live cascade vs the center.
 
-    .venv/bin/python -m bench.cascade [--duration SECONDS] [--quick] [--no-live] [--plot PNG]
-        [--json PATH] [--markdown PATH]
+    .venv/bin/python -m bench.cascade [--model sentiment|digits] [--duration SECONDS]
+        [--quick] [--no-live] [--plot PNG] [--json PATH] [--markdown PATH]
 
-About 75 s on a quiet 2-core machine. How it measures: docs/benchmark-methods.md,
-"The cascade".
+About 75 s on a quiet 2-core machine. ``--model digits``: the image model's curve, offline
+(``bench.cascade.digits``; plot ``docs/digits_cascade.png``). How it measures:
+docs/benchmark-methods.md, "The cascade".
 """
 
 from __future__ import annotations
@@ -46,10 +47,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = bench_parser(__doc__, f"{QUICK_ROWS} rows for the live accuracy, 3 s wrk runs",
                           "python -m bench.cascade")
     parser.add_argument("--json", type=Path, help="write the raw numbers here")
-    parser.add_argument("--plot", type=Path, default=ROOT / "docs" / "cascade.png",
-                        help="PNG to write (default docs/cascade.png)")
+    parser.add_argument("--plot", type=Path, default=None,
+                        help="PNG to write (default docs/cascade.png; docs/digits_cascade.png "
+                             "with --model digits)")
     parser.add_argument("--no-live", action="store_true",
                         help="only the curve and the plot (no servers, no wrk)")
+    parser.add_argument("--model", choices=(MODEL, "digits"), default=MODEL,
+                        help=f"the text demo release ({MODEL}, from --registry; default) or the "
+                             f"image one (digits: built when missing, published into a "
+                             f"temporary registry; the curve only)")
     return parse_bench_args(parser, argv)
 
 
@@ -60,6 +66,12 @@ def _terminate(signum: int, frame: FrameType | None) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
+    if args.model != MODEL:
+        from bench.cascade.digits import run
+
+        run(args)
+        return
+    args.plot = args.plot or ROOT / "docs" / "cascade.png"
     wrk_path = None if args.no_live else ensure_wrk()
     shown = production(args.registry)
     version, calibration = int(shown["version"]), dict(shown["manifest"]["calibration"])

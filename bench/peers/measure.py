@@ -228,13 +228,39 @@ class Handle:
     log: Path
 
 
-def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
+@dataclass(frozen=True)
+class Served:
+    """The model every server serves: the Tiered edge from its store, the peers from its INT8
+    ONNX file with their runtime of its kind (text: ``onnx_text.py``, tokenized; image:
+    ``onnx_image.py``, FP32 in the model's layout)."""
+
+    name: str  # the V2 model name
+    store: Path  # the Tiered edge's model store
+    version: str
+    onnx: Path
+    labels: list[str]
+    kind: str = "text"  # text | image
+    tokenizer: Path | None = None
+    max_length: int = 0
+
+    @classmethod
+    def text(cls, release: Release, labels: list[str]) -> Served:
+        return cls(MODEL, release.store, release.folder.name, release.model_file, labels,
+                   "text", release.tokenizer, release.max_length)
+
+    @property
+    def classes(self) -> int:
+        return len(self.labels)
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], log: Path,
+               model: str = MODEL) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"server exited {process.returncode}: {log.read_text()[-3000:]}")
         try:
-            if httpx.get(f"{url}/v2/models/{MODEL}/ready", timeout=2).status_code == 200:
+            if httpx.get(f"{url}/v2/models/{model}/ready", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -250,44 +276,47 @@ def peer_env(venv: Venv, pythonpath: Path | None = None) -> dict[str, str]:
     return env
 
 
-def mlserver_command(spec: Spec, venv: Venv, release: Release, labels: list[str],
+def mlserver_command(spec: Spec, venv: Venv, served: Served,
                      folder: Path) -> tuple[list[str], int]:
-    """Write settings.json and sentiment/model-settings.json into ``folder``."""
+    """Write settings.json and MODEL/model-settings.json into ``folder``."""
     port = free_port()
     settings = {"host": "127.0.0.1", "http_port": port, "grpc_port": free_port(),
                 "metrics_port": free_port(), "parallel_workers": spec.workers,
                 "metrics_dir": str(folder / ".metrics"),
                 "environments_dir": str(folder / ".envs")}
-    model = {"name": MODEL, "implementation": "mlserver_runtime.OnnxTextClassifier",
+    extra: dict[str, object] = {"labels": served.labels, "threads": 0}
+    if served.kind == "text":
+        extra |= {"tokenizer": str(served.tokenizer), "max_length": served.max_length}
+    runtime = "OnnxTextClassifier" if served.kind == "text" else "OnnxImageClassifier"
+    model = {"name": served.name, "implementation": f"mlserver_runtime.{runtime}",
              "max_batch_size": MAX_BATCH_SIZE, "max_batch_time": MAX_BATCH_DELAY_MS / 1000,
-             "parameters": {"uri": str(release.model_file), "version": release.folder.name,
-                            "extra": {"tokenizer": str(release.tokenizer),
-                                      "max_length": release.max_length, "labels": labels,
-                                      "threads": 0}}}
-    (folder / MODEL).mkdir(parents=True)
+             "parameters": {"uri": str(served.onnx), "version": served.version,
+                            "extra": extra}}
+    (folder / served.name).mkdir(parents=True)
     (folder / "settings.json").write_text(json.dumps(settings, indent=2))
-    (folder / MODEL / "model-settings.json").write_text(json.dumps(model, indent=2))
+    (folder / served.name / "model-settings.json").write_text(json.dumps(model, indent=2))
     return [str(venv.bin / "mlserver"), "start", str(folder)], port
 
 
-def kserve_command(venv: Venv, release: Release, labels: list[str],
-                   workers: int) -> tuple[list[str], int]:
+def kserve_command(venv: Venv, served: Served, workers: int) -> tuple[list[str], int]:
     port = free_port()
-    return [str(venv.bin / "python"), str(HERE / "kserve_server.py"), "--model_name", MODEL,
-            "--http_port", str(port), "--enable_grpc", "false", "--workers", str(workers),
-            "--onnx", str(release.model_file), "--tokenizer", str(release.tokenizer),
-            "--max_length", str(release.max_length), "--labels", ",".join(labels),
+    kind = (["--tokenizer", str(served.tokenizer), "--max_length", str(served.max_length)]
+            if served.kind == "text" else ["--kind", served.kind])
+    return [str(venv.bin / "python"), str(HERE / "kserve_server.py"), "--model_name",
+            served.name, "--http_port", str(port), "--enable_grpc", "false", "--workers",
+            str(workers), "--onnx", str(served.onnx), *kind, "--labels",
+            ",".join(served.labels),
             # several workers: the cores shared out as intra-op threads, as Tiered's are
             "--threads", str(threads_per_worker(0, workers))], port
 
 
 @contextmanager
-def running(spec: Spec, venvs: dict[str, Venv], release: Release, labels: list[str],
+def running(spec: Spec, venvs: dict[str, Venv], served: Served,
             work: Path) -> Iterator[Handle]:
     """The server of ``spec`` on a free loopback port, stopped (tree and all) afterwards."""
     if spec.kind == "tiered":
         flags = (*TIERED_FLAGS, *(("--workers", str(spec.workers)) if spec.workers > 1 else ()))
-        tier = start_tier("edge", release.store, work, *flags, timeout=START_TIMEOUT_S)
+        tier = start_tier("edge", served.store, work, *flags, timeout=START_TIMEOUT_S)
         try:
             yield Handle(tier.url, tier.pid, tier.log)
         finally:
@@ -301,10 +330,10 @@ def running(spec: Spec, venvs: dict[str, Venv], release: Release, labels: list[s
     folder.mkdir()
     venv = venvs[spec.kind]
     if spec.kind == "mlserver":
-        command, port = mlserver_command(spec, venv, release, labels, folder)
+        command, port = mlserver_command(spec, venv, served, folder)
         env = peer_env(venv, HERE)
     else:
-        command, port = kserve_command(venv, release, labels, spec.workers)
+        command, port = kserve_command(venv, served, spec.workers)
         env = peer_env(venv)
     log = work / f"{spec.key}.log"
     with log.open("wb") as out:
@@ -312,7 +341,7 @@ def running(spec: Spec, venvs: dict[str, Venv], release: Release, labels: list[s
                                    env=env, start_new_session=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_ready(url, process, log)
+        wait_ready(url, process, log, served.name)
         yield Handle(url, process.pid, log)
     finally:
         stop_tree(process)
@@ -326,14 +355,14 @@ class Answer:
     probabilities: tuple[float, ...]
 
 
-def parse_answer(key: str, response: httpx.Response) -> Answer:
+def parse_answer(key: str, response: httpx.Response, classes: int = 2) -> Answer:
     if response.status_code != 200:
         raise RuntimeError(f"{key}: HTTP {response.status_code}: {response.text[:500]}")
     body = response.json()
     outputs = {o["name"]: o for o in body.get("outputs", [])}
     probs, label = outputs.get("probabilities"), outputs.get("label")
-    if probs is None or probs["datatype"] != "FP32" or list(probs["shape"]) != [1, 2]:
-        raise RuntimeError(f"{key}: no FP32 [1, 2] 'probabilities' output: {body}")
+    if probs is None or probs["datatype"] != "FP32" or list(probs["shape"]) != [1, classes]:
+        raise RuntimeError(f"{key}: no FP32 [1, {classes}] 'probabilities' output: {body}")
     if label is None or label["datatype"] != "BYTES" or list(label["shape"]) != [1]:
         raise RuntimeError(f"{key}: no BYTES [1] 'label' output: {body}")
     if key == "tiered" and body.get("parameters", {}).get("escalated", 0):
@@ -341,13 +370,14 @@ def parse_answer(key: str, response: httpx.Response) -> Answer:
     return Answer(str(label["data"][0]), tuple(float(p) for p in probs["data"]))
 
 
-def answers(key: str, url: str, bodies: Sequence[str], parallel: int) -> list[Answer]:
+def answers(key: str, url: str, bodies: Sequence[str], parallel: int, model: str = MODEL,
+            classes: int = 2) -> list[Answer]:
     """One request per body, ``parallel`` in flight (batching servers batch them)."""
     with httpx.Client(timeout=30, headers={"Content-Type": "application/json"}) as client, \
             ThreadPoolExecutor(parallel) as pool:
-        target = f"{url}/v2/models/{MODEL}/infer"
+        target = f"{url}/v2/models/{model}/infer"
         responses = list(pool.map(lambda body: client.post(target, content=body), bodies))
-    return [parse_answer(key, r) for r in responses]
+    return [parse_answer(key, r, classes) for r in responses]
 
 
 @dataclass(frozen=True)
@@ -408,16 +438,17 @@ def measure(plan: Plan, spec: Spec, handle: Handle, concurrency: int, rows: int 
     return result
 
 
-def run_server(plan: Plan, spec: Spec, venvs: dict[str, Venv], release: Release,
-               labels: list[str], check_bodies: Sequence[str],
-               levels: Sequence[int], multi: Plan | None = None) -> Outcome:
-    """The server's answers, then wrk at each of ``levels`` (one text per request) and, with
-    ``multi`` (its bodies hold MULTI_ROWS texts each), at MULTI_CONCURRENCY."""
+def run_server(plan: Plan, spec: Spec, venvs: dict[str, Venv], served: Served,
+               check_bodies: Sequence[str], levels: Sequence[int],
+               multi: Plan | None = None) -> Outcome:
+    """The server's answers, then wrk at each of ``levels`` (one row per request) and, with
+    ``multi`` (its bodies hold MULTI_ROWS rows each), at MULTI_CONCURRENCY."""
     outcome = Outcome(spec)
     console.log(f"starting {spec.label}")
-    with running(spec, venvs, release, labels, plan.logs) as handle:
-        outcome.alone = answers(spec.key, handle.url, check_bodies[:CHECK_ALONE], 1)
-        outcome.check = answers(spec.key, handle.url, check_bodies, CHECK_PARALLEL)
+    with running(spec, venvs, served, plan.logs) as handle:
+        ask = (served.name, served.classes)
+        outcome.alone = answers(spec.key, handle.url, check_bodies[:CHECK_ALONE], 1, *ask)
+        outcome.check = answers(spec.key, handle.url, check_bodies, CHECK_PARALLEL, *ask)
         wrk(plan, handle.url, WARMUP_CONCURRENCY, plan.warmup)
         outcome.results = [measure(plan, spec, handle, c) for c in levels]
         if multi is not None:

@@ -1,4 +1,5 @@
-"""MLServer custom runtime for the demo's INT8 ONNX text classifier (bench/peers/run.py).
+"""MLServer custom runtimes for the demo's INT8 ONNX text classifier and the digits INT8 ONNX
+image classifier (bench/peers/run.py).
 
 Runs inside the MLServer venv (``var/bench/venvs/mlserver``), so it imports nothing from the
 project. It does what Tiered's edge does for one batch: tokenize with the release's
@@ -18,6 +19,10 @@ model-settings.json ``parameters``: ``uri`` the ``model.onnx`` file; ``extra``:
 ``tokenizer`` (path), ``max_length`` (int), ``labels`` (list of str), ``threads`` (int, 0 =
 runtime default). The model runs in a one-thread executor, like Tiered's batcher, so the event
 loop keeps taking requests while a batch computes (also with ``parallel_workers: 0``).
+
+``OnnxImageClassifier`` does the same for an image model: one ``FP32`` input named ``image``
+already in the model's layout (``[n, 1, 28, 28]``, as Tiered takes it), no tokenizer; ``extra``:
+``labels``, ``threads``.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from mlserver import MLModel
 from mlserver.errors import InferenceError
 from mlserver.types import InferenceRequest, InferenceResponse, ResponseOutput
 from mlserver.utils import get_model_uri
+from onnx_image import IMAGE_INPUT, ImageOnnx, floats_of
 from onnx_text import INPUT, TextOnnx, texts_of
 
 
@@ -58,20 +64,63 @@ class OnnxTextClassifier(MLModel):
         loop = asyncio.get_running_loop()
         probabilities = await loop.run_in_executor(self.executor, self.model.probabilities,
                                                    texts)
-        n, classes = probabilities.shape
-        return InferenceResponse(
-            model_name=self.name, model_version=self.version, id=payload.id,
-            outputs=[
-                ResponseOutput(name="label", shape=[n], datatype="BYTES",
-                               data=[self.labels[i] for i in probabilities.argmax(1)]),
-                ResponseOutput(name="probabilities", shape=[n, classes], datatype="FP32",
-                               data=probabilities.astype(float).ravel().tolist()),
-                ResponseOutput(name="confidence", shape=[n], datatype="FP32",
-                               data=probabilities.max(1).astype(float).tolist()),
-            ])
+        return answer(self, payload, probabilities, self.labels)
 
     async def unload(self) -> bool:
-        executor: ThreadPoolExecutor | None = getattr(self, "executor", None)
-        if executor is not None:
-            executor.shutdown(wait=False)
+        return unload(self)
+
+
+class OnnxImageClassifier(MLModel):
+    """``implementation: mlserver_runtime.OnnxImageClassifier``: FP32 images in the model's
+    layout."""
+
+    async def load(self) -> bool:
+        parameters = self.settings.parameters
+        extra: dict[str, Any] = dict(parameters.extra or {}) if parameters else {}
+        path = await get_model_uri(self.settings)
+        self.model = ImageOnnx(path, int(extra.get("threads", 0)))
+        self.labels: list[str] = [str(label) for label in extra["labels"]]
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="onnx")
+        self.model.warm()
         return True
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        inputs = [i for i in payload.inputs if i.name == IMAGE_INPUT]
+        if not inputs or inputs[0].datatype != "FP32":
+            raise InferenceError(f"expected an FP32 input named {IMAGE_INPUT!r}")
+        shape = list(inputs[0].shape)
+        if len(shape) != 1 + len(self.model.row_shape) or shape[1:] != self.model.row_shape:
+            raise InferenceError(f"input {IMAGE_INPUT!r}: shape {shape}, the model takes "
+                                 f"[n, {', '.join(map(str, self.model.row_shape))}]")
+        images = floats_of(inputs[0].data, shape)
+        loop = asyncio.get_running_loop()
+        probabilities = await loop.run_in_executor(self.executor, self.model.probabilities,
+                                                   images)
+        return answer(self, payload, probabilities, self.labels)
+
+    async def unload(self) -> bool:
+        return unload(self)
+
+
+def answer(model: MLModel, payload: InferenceRequest, probabilities: Any,
+           labels: list[str]) -> InferenceResponse:
+    """``label`` BYTES ``[n]``, ``probabilities`` FP32 ``[n, classes]``, ``confidence`` FP32
+    ``[n]``."""
+    n, classes = probabilities.shape
+    return InferenceResponse(
+        model_name=model.name, model_version=model.version, id=payload.id,
+        outputs=[
+            ResponseOutput(name="label", shape=[n], datatype="BYTES",
+                           data=[labels[i] for i in probabilities.argmax(1)]),
+            ResponseOutput(name="probabilities", shape=[n, classes], datatype="FP32",
+                           data=probabilities.astype(float).ravel().tolist()),
+            ResponseOutput(name="confidence", shape=[n], datatype="FP32",
+                           data=probabilities.max(1).astype(float).tolist()),
+        ])
+
+
+def unload(model: MLModel) -> bool:
+    executor: ThreadPoolExecutor | None = getattr(model, "executor", None)
+    if executor is not None:
+        executor.shutdown(wait=False)
+    return True

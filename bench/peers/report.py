@@ -76,10 +76,11 @@ class Ratio:
 
 
 def ratios(outcomes: Sequence[Outcome], results: Sequence[Verdict],
-           single: Raw | None) -> list[Ratio]:
+           single: Raw | None, raw_goals: bool = True) -> list[Ratio]:
     """The three goals side by side: one Tiered process and ``--workers 2`` vs raw single-row
-    onnxruntime (judged at concurrency SATURATION), Tiered vs the best peer with as many
-    serving processes (at every concurrency >= GOAL_FROM, p99 no higher)."""
+    onnxruntime (judged at concurrency SATURATION; shown only, not judged, without
+    ``raw_goals``: those goals were set for the text demo model), Tiered vs the best peer with
+    as many serving processes (at every concurrency >= GOAL_FROM, p99 no higher)."""
     labels = {o.spec.key: o.spec.label for o in outcomes}
     out = []
     if single is not None:
@@ -90,8 +91,8 @@ def ratios(outcomes: Sequence[Outcome], results: Sequence[Verdict],
             for r in o.results:
                 if r.rows != 1 or r.concurrency < GOAL_FROM:
                     continue
-                goal = goals.get(o.spec.serving, math.nan) if r.concurrency == SATURATION \
-                    else math.nan
+                goal = goals.get(o.spec.serving, math.nan) \
+                    if r.concurrency == SATURATION and raw_goals else math.nan
                 out.append(Ratio(f"{o.spec.label} vs raw single-row", r.concurrency,
                                  r.load.rps, "onnxruntime, 1 row per call",
                                  single.rows_per_s, r.load.p99_ms, math.nan, goal))
@@ -147,22 +148,29 @@ class Context:
     venvs: dict[str, str]
     alone: dict[str, Agreement]  # answers vs the Tiered edge's, one request in flight
     agreement: dict[str, Agreement]  # CHECK_PARALLEL requests in flight
+    # the model's own words (empty: the text demo release's)
+    heading: str = "Tiered edge vs MLServer and KServe"
+    load: str = ""  # the "Load:" item
+    model: str = ""  # the "Model:" item
+    unit: str = "texts"  # what one row is
 
 
 def markdown(context: Context, outcomes: Sequence[Outcome], results: Sequence[Verdict],
              found: Sequence[Ratio] = ()) -> str:
     labels = {o.spec.key: o.spec.label for o in outcomes}
-    lines = ["## Tiered edge vs MLServer and KServe", "",
+    lines = [f"## {context.heading}", "",
              f"Measured {context.date} on {context.machine}, git {context.commit}; "
              f"{context.wrk}, {context.duration} s per run after a {context.warmup} s warm-up "
              f"at concurrency {WARMUP_CONCURRENCY}, load generator and server on the same "
              f"machine.", "", "Settings:", ""]
     lines += [f"- **{labels.get(k, k)}**: {v}" for k, v in context.settings.items()]
-    lines += [f"- Load: {TEXTS} test-split review texts rotated, one per request, the same V2 "
+    lines += [context.load or
+              f"- Load: {TEXTS} test-split review texts rotated, one per request, the same V2 "
               f"JSON bodies for every server (BYTES input `text` of shape [1], "
               f"`\"parameters\": {{\"threshold\": 0}}`, which the peers ignore); then "
               f"{MULTI_ROWS} texts per request (shape [{MULTI_ROWS}]) at concurrency "
               f"{MULTI_CONCURRENCY}.",
+              context.model or
               f"- Model: demo release `{MODEL}` {context.release}, INT8 ONNX, onnxruntime CPU "
               f"with the edge's session options (graph optimizations all, default intra-op "
               f"threads) in every server."]
@@ -172,38 +180,39 @@ def markdown(context: Context, outcomes: Sequence[Outcome], results: Sequence[Ve
 
     alone = next(iter(context.alone.values())).rows if context.alone else 0
     rows = next(iter(context.agreement.values())).rows if context.agreement else 0
-    lines += [f"- Answers vs the Tiered edge's: the first {alone} texts one request at a time "
-              f"(a batch of 1 everywhere): {agreeing(context.alone)}. The first {rows} texts "
+    unit = context.unit
+    lines += [f"- Answers vs the Tiered edge's: the first {alone} {unit} one request at a time "
+              f"(a batch of 1 everywhere): {agreeing(context.alone)}. The first {rows} {unit} "
               f"with {CHECK_PARALLEL} requests in flight (batching servers batch them, and "
               f"dynamic INT8 quantization depends on the batch-mates): "
               f"{agreeing(context.agreement)}.", "",
               "| server | concurrency | rows/req | req/s | rows/s | p50 ms | p99 ms | errors | "
-              "peak RSS MiB |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+              "peak RSS MiB | others' cores |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for o in outcomes:
         for r in o.results:
             lines.append(f"| {o.spec.label} | {r.concurrency} | {r.rows} | {fmt(r.load.rps)} "
                          f"| {fmt(r.rows_per_s)} | "
                          f"{fmt(r.load.p50_ms, 2)} | {fmt(r.load.p99_ms, 2)} | {r.load.errors} "
-                         f"| {fmt(r.peak_rss_mib, 0)} |")
+                         f"| {fmt(r.peak_rss_mib, 0)} | {cores(r.usage.other_cores, False)} |")
     busy = max((r.usage.other_cores for o in outcomes for r in o.results), default=0.0)
     lines.append("")
     if found:
-        lines += ["Goals, measured in this run (raw single-row: the same texts through "
+        lines += [f"Goals, measured in this run (raw single-row: the same {unit} through "
                   "onnxruntime in-process, one row per call, before the servers started):",
                   "", *ratios_markdown(found)]
     for result in results:
         lines += [result.line(labels), ""]
-    lines += [f"{line}\n" for line in multi_lines(outcomes)]
+    lines += [f"{line}\n" for line in multi_lines(outcomes, unit)]
     if busy > BUSY_OTHERS:
         lines += [f"Other processes used up to {busy:.2f} cores during a run: the machine was "
-                  f"shared and the numbers are skewed.", ""]
+                  f"shared and the rows marked (busy) are skewed.", ""]
     return "\n".join(lines)
 
 
-def multi_lines(outcomes: Sequence[Outcome]) -> list[str]:
-    """Rows/s with MULTI_ROWS texts per request: each Tiered configuration's against the best
-    peer's."""
+def multi_lines(outcomes: Sequence[Outcome], unit: str = "texts") -> list[str]:
+    """Rows/s with MULTI_ROWS rows (``unit``) per request: each Tiered configuration's against
+    the best peer's."""
     runs = {o.spec.key: r for o in outcomes for r in o.results if r.rows == MULTI_ROWS}
     labels = {o.spec.key: o.spec.label for o in outcomes}
     peers = [r for o in outcomes if o.spec.kind != "tiered" and o.spec.key in runs
@@ -211,7 +220,7 @@ def multi_lines(outcomes: Sequence[Outcome]) -> list[str]:
     if not peers:
         return []
     best = max(peers, key=lambda r: r.rows_per_s)
-    return [f"{MULTI_ROWS} texts per request, {MULTI_CONCURRENCY} requests in flight: "
+    return [f"{MULTI_ROWS} {unit} per request, {MULTI_CONCURRENCY} requests in flight: "
             f"{labels[o.spec.key]} {mine.rows_per_s:.0f} rows/s (p99 {mine.load.p99_ms:.1f} "
             f"ms) vs {labels[best.server]} {best.rows_per_s:.0f} rows/s (p99 "
             f"{best.load.p99_ms:.1f} ms): {mine.rows_per_s / best.rows_per_s:.2f}x"

@@ -1,26 +1,31 @@
 """Peer comparison: Tiered's edge vs Seldon MLServer and KServe's Python model server.
 
-    .venv/bin/python -m bench.peers [--duration S] [--quick] [--mlserver-workers 1,0]
-        [--json PATH] [--markdown PATH]
+    .venv/bin/python -m bench.peers [--model sentiment|digits] [--duration S] [--quick]
+        [--mlserver-workers 1,0] [--json PATH] [--markdown PATH]
 
-(``python -m bench.peers.run`` is the same.) About 3 minutes once the peer venvs exist. How it
-measures: docs/benchmark-methods.md, "Peers".
+(``python -m bench.peers.run`` is the same.) About 3 minutes once the peer venvs exist. With
+``--model digits`` every server serves the digits release's INT8 ONNX edge (``bench.images``:
+built when missing, published into a temporary registry), each request one FP32 image as JSON.
+How it measures: docs/benchmark-methods.md, "Peers".
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from importlib import metadata
 from pathlib import Path
 
 from rich.table import Table
 
+from bench import images
 from bench.harness import (
     MODEL,
     TEXTS,
@@ -39,12 +44,14 @@ from bench.peers.measure import (
     CONCURRENCY,
     MAX_BATCH_DELAY_MS,
     MAX_BATCH_SIZE,
+    MULTI_CONCURRENCY,
     MULTI_ROWS,
     PINS,
     QUICK_CHECK_TEXTS,
     QUICK_CONCURRENCY,
     TIERED_FLAGS,
     Outcome,
+    Served,
     Spec,
     Venv,
     agreement,
@@ -62,7 +69,7 @@ from bench.peers.report import (
     ratios_table,
     results_table,
 )
-from bench.tiers import single_row
+from bench.tiers import Raw, single_row
 
 # --- main ------------------------------------------------------------------------------------
 
@@ -77,6 +84,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="comma-separated process counts to run Tiered and KServe with "
                              "as well (their --workers; default 2, none with --quick)")
     parser.add_argument("--json", type=Path, help="write the raw numbers here")
+    parser.add_argument("--model", choices=(MODEL, images.DIGITS), default=MODEL,
+                        help=f"the text demo release ({MODEL}, from --registry; default) or the "
+                             f"image one (digits: built when missing, published into a "
+                             f"temporary registry)")
     args = parse_bench_args(parser, argv)
     try:
         workers = [int(w) for w in (args.mlserver_workers or ("1" if args.quick else "1,0"))
@@ -112,19 +123,21 @@ def specs(workers: Sequence[int], processes: Sequence[int] = ()) -> list[Spec]:
     return out
 
 
-def settings_lines(outcomes: Sequence[Outcome], venvs: dict[str, Venv]) -> dict[str, str]:
+def settings_lines(outcomes: Sequence[Outcome], venvs: dict[str, Venv],
+                   kind: str = "text") -> dict[str, str]:
     lines: dict[str, str] = {}
     for o in outcomes:
         s = o.spec
         if s.kind == "tiered":
             flags = " ".join((*TIERED_FLAGS, *(("--workers", str(s.workers))
                                                if s.workers > 1 else ())))
+            tokenizers = (f", tokenizers {metadata.version('tokenizers')}" if kind == "text"
+                          else "")
             lines[s.key] = (f"`edge {flags}` (batching = its defaults: "
                             f"{MAX_BATCH_SIZE} rows, {MAX_BATCH_DELAY_MS:g} ms; response cache "
                             f"off; no center); processes: {s.processes}; tiered "
                             f"{metadata.version('tiered')}, onnxruntime "
-                            f"{metadata.version('onnxruntime')}, tokenizers "
-                            f"{metadata.version('tokenizers')}")
+                            f"{metadata.version('onnxruntime')}{tokenizers}")
         elif s.kind == "mlserver":
             lines[s.key] = (f"custom runtime `bench/peers/mlserver_runtime.py`; adaptive "
                             f"batching max_batch_size {MAX_BATCH_SIZE}, max_batch_time "
@@ -148,6 +161,81 @@ def pins_text(venv: Venv) -> str:
     return ", ".join(f"{n} {v}" for n, v in venv.versions.items())
 
 
+@dataclass(frozen=True)
+class Setup:
+    """What every server is measured on: the model, the bodies, raw single-row onnxruntime on
+    the same rows, and how the report names them."""
+
+    served: Served
+    plan: Plan
+    multi: Plan  # MULTI_ROWS rows per request
+    check_bodies: list[str]
+    single: Raw
+    unit: str  # what one row is
+    heading: str = ""
+    load: str = ""
+    model: str = ""
+
+
+def text_setup(args: argparse.Namespace, work: Path, wrk_path: str, warmup: int) -> Setup:
+    """The demo release ``sentiment`` from ``--registry``: review texts as JSON."""
+    texts = review_texts(TEXTS)
+    release = pull(args.registry, "edge", work / "store")
+    manifest = json.loads((release.folder / "release.json").read_text())
+    labels = [str(label) for label in manifest["labels"]]
+    bodies = write_bodies(texts, work / "bodies.jsonl", threshold=0)
+    check_bodies = bodies.read_text().splitlines()[:QUICK_CHECK_TEXTS if args.quick
+                                                   else CHECK_TEXTS]
+    console.log(f"{MODEL} version {release.folder.name}: {release.model_file.name}, "
+                f"max_length {release.max_length}, labels {labels}")
+    console.log("raw single-row onnxruntime, in-process")
+    single = single_row(release, texts, 1.0 if args.quick else 3.0)
+    plan = Plan(wrk_path, work, bodies, args.duration, warmup, 0)
+    multi = Plan(wrk_path, work, write_bodies(texts, work / "bodies-32.jsonl", threshold=0,
+                                              rows=MULTI_ROWS), args.duration, warmup, 0)
+    return Setup(Served.text(release, labels), plan, multi, check_bodies, single, "texts")
+
+
+MULTI_IMAGE_BODIES = 100  # bodies of MULTI_ROWS images as JSON (~0.3 MB each)
+
+
+def digits_setup(args: argparse.Namespace, work: Path, wrk_path: str, warmup: int) -> Setup:
+    """The digits release: each test image as its FP32 tensor in JSON, the one form every
+    server takes (MLServer's REST has no binary tensor extension; the peers decode no PNG)."""
+    release = images.pull(images.published(work), "edge", work / "store")
+    test = images.test_images(release.spec)
+    labels = list(release.manifest.labels)
+    bodies = images.write_bodies(test, work / "bodies.jsonl", "fp32-json", threshold=0)
+    check_bodies = bodies.read_text().splitlines()[:QUICK_CHECK_TEXTS if args.quick
+                                                   else CHECK_TEXTS]
+    artifact = release.manifest.edge
+    console.log(f"{images.DIGITS} version {release.version}: {release.model_file.name} "
+                f"({artifact.precision}, {artifact.size:,} B), labels {labels}")
+    console.log("raw single-row onnxruntime, in-process")
+    raw = images.raw_runs("edge", release, test, 1.0 if args.quick else 3.0, sizes=(1,))[0]
+    single = Raw("edge", 1, raw.rows_per_s, raw.ms_per_batch, math.nan, raw.other_cores)
+    plan = Plan(wrk_path, work, bodies, args.duration, warmup, 0, images.DIGITS)
+    multi = Plan(wrk_path, work, images.write_bodies(
+        test, work / "bodies-32.jsonl", "fp32-json", threshold=0, rows=MULTI_ROWS,
+        count=MULTI_IMAGE_BODIES), args.duration, warmup, 0, images.DIGITS)
+    served = Served(images.DIGITS, release.store, str(release.version), release.model_file,
+                    labels, "image")
+    return Setup(
+        served, plan, multi, check_bodies, single, "images",
+        heading="Tiered edge vs MLServer and KServe: the image model (digits)",
+        load=f"- Load: the {len(test):,} test images of the digits release rotated, one per "
+             f"request, the same V2 JSON bodies for every server (FP32 input `image` of shape "
+             f"[1, 1, 28, 28], the PNG decoded and normalised beforehand, "
+             f"`\"parameters\": {{\"threshold\": 0}}`, which the peers ignore); then "
+             f"{MULTI_ROWS} images per request (shape [{MULTI_ROWS}, 1, 28, 28], the first "
+             f"{MULTI_IMAGE_BODIES} bodies) at concurrency {MULTI_CONCURRENCY}.",
+        model=f"- Model: the digits release's edge, a 4k-parameter CNN exported and quantized "
+              f"by `registry publish` ({artifact.precision}, {artifact.size:,} B ONNX), "
+              f"onnxruntime CPU with the edge's session options (graph optimizations all, "
+              f"default intra-op threads) in every server; the peers' runtimes "
+              f"`bench/peers/onnx_image.py`.")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     levels = QUICK_CONCURRENCY if args.quick else CONCURRENCY
@@ -156,30 +244,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     venvs = {name: ensure_venv(name, pins) for name, pins in PINS.items()}
     for venv in venvs.values():
         console.log(f"{venv.name} venv: {venv.describe()}: {pins_text(venv)}")
-    texts = review_texts(TEXTS)
     wanted = specs(args.mlserver_workers, args.processes)
     outcomes: list[Outcome] = []
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
         work = Path(tmp)
-        release = pull(args.registry, "edge", work / "store")
-        manifest = json.loads((release.folder / "release.json").read_text())
-        labels = [str(label) for label in manifest["labels"]]
-        bodies = write_bodies(texts, work / "bodies.jsonl", threshold=0)
-        check_bodies = bodies.read_text().splitlines()[:QUICK_CHECK_TEXTS if args.quick
-                                                       else CHECK_TEXTS]
-        console.log(f"{MODEL} version {release.folder.name}: {release.model_file.name}, "
-                    f"max_length {release.max_length}, labels {labels}")
-        console.log("raw single-row onnxruntime, in-process")
-        single = single_row(release, texts, 1.0 if args.quick else 3.0)
+        setup = (digits_setup if args.model == images.DIGITS else text_setup)(
+            args, work, wrk_path, warmup)
+        single = setup.single
         # spinning intra-op threads make it the measure most hurt by a busy machine
         console.log(f"raw single-row: {single.rows_per_s:.1f} rows/s (other processes "
                     f"{single.other_cores:.2f} cores)")
-        plan = Plan(wrk_path, work, bodies, args.duration, warmup, 0)
-        multi = Plan(wrk_path, work, write_bodies(texts, work / "bodies-32.jsonl", threshold=0,
-                                                  rows=MULTI_ROWS), args.duration, warmup, 0)
         for spec in wanted:
-            outcomes.append(run_server(plan, spec, venvs, release, labels, check_bodies,
-                                       levels, multi))
+            outcomes.append(run_server(setup.plan, spec, venvs, setup.served,
+                                       setup.check_bodies, levels, setup.multi))
     alone = {o.spec.key: agreement(outcomes[0].alone, o.alone) for o in outcomes[1:]}
     agree = {o.spec.key: agreement(outcomes[0].check, o.check) for o in outcomes[1:]}
     for key in agree:
@@ -193,10 +270,12 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"{sys.version.split()[0]}",
         commit=git_commit(), duration=args.duration, warmup=warmup,
         wrk=f"{wrk_version(wrk_path).split('[')[0].strip()} -t1",
-        release=f"version {release.folder.name}",
-        settings=settings_lines(outcomes, venvs),
+        release=f"version {setup.served.version}",
+        settings=settings_lines(outcomes, venvs, setup.served.kind),
         versions={name: v.versions for name, v in venvs.items()},
-        venvs={name: v.describe() for name, v in venvs.items()}, alone=alone, agreement=agree)
+        venvs={name: v.describe() for name, v in venvs.items()}, alone=alone, agreement=agree,
+        load=setup.load, model=setup.model, unit=setup.unit,
+        **({"heading": setup.heading} if setup.heading else {}))
     results = verdicts(outcomes)
     servers = Table(title="Servers", show_header=False)
     for o in outcomes:
@@ -206,9 +285,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     labels_by_key = {o.spec.key: o.spec.label for o in outcomes}
     for result in results:
         console.print(result.line(labels_by_key).replace("**", ""))
-    for line in multi_lines(outcomes):
+    for line in multi_lines(outcomes, setup.unit):
         console.print(line)
-    found = ratios(outcomes, results, single)
+    found = ratios(outcomes, results, single, raw_goals=setup.served.kind == "text")
     console.print(ratios_table(found))
     if args.markdown:
         args.markdown.write_text(markdown(context, outcomes, results, found) + "\n")
