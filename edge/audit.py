@@ -207,8 +207,8 @@ class Audit:
                 drift_z=s.drift_z, min_rows=s.audit_min_rows, psi_floor=s.drift_psi)
         return found
 
-    def sample(self, resident: Resident, parsed: v2.Parsed, rows: list[np.ndarray],
-               indices: list[int], answers: list[Cached], confidence: np.ndarray,
+    def sample(self, resident: Resident, parsed: v2.Parsed, indices: list[int],
+               answers: list[Cached], confidence: np.ndarray,
                controller: Controller | None) -> None:
         """Send a random share of the rows the edge answered itself to the center too, in the
         background: the client's answer never waits for it, and it is skipped (not queued) when

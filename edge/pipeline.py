@@ -118,20 +118,20 @@ class EdgeService:
                                         "tiered.escalated": len(unsure),
                                         "tiered.confidence": float(confidence.min())})
         if unsure:
-            escalated = await self._escalate(resident, parsed, rows, [indices[j] for j in unsure],
+            escalated = await self._escalate(resident, parsed, [indices[j] for j in unsure],
                                              [answers[j] for j in unsure])
             for j, answer in zip(unsure, escalated, strict=True):
                 answers[j] = answer
-        self.audit.sample(resident, parsed, rows, indices, answers, confidence, controller)
+        self.audit.sample(resident, parsed, indices, answers, confidence, controller)
         return answers
 
     def notes(self) -> list[str]:
         """What the readiness answer (and so the Consul check's output) should say."""
         return self.audit.notes()
 
-    async def _escalate(self, resident: Resident, parsed: v2.Parsed, rows: list[np.ndarray],
+    async def _escalate(self, resident: Resident, parsed: v2.Parsed,
                         indices: list[int], edge: list[Cached]) -> list[Cached]:
-        """The center's answers for ``rows[i]``, i in ``indices``; the edge's own, marked
+        """The center's answers for the request's rows ``indices``; the edge's own, marked
         ``edge-degraded``, when no center answers."""
         m = resident.manifest
         forms = parsed.inputs.forward(indices)  # the rows' smallest faithful form

@@ -42,8 +42,7 @@ def texts_of(parsed: v2.Parsed) -> list[str] | None:
 
 def token_feeds(rows: list[np.ndarray]) -> dict[str, np.ndarray]:
     """Token rows padded into one call's feeds, as the text codec collates them."""
-    batch = pad(rows)
-    return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+    return pad(rows).feeds()
 
 
 TOKEN_BATCHING = (token_feeds, len)  # a Batcher's collate and cost for token rows

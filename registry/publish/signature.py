@@ -59,7 +59,7 @@ def resolve(source: ReleaseSource, names: list[str], role: str) -> Signature:
     try:
         codec = inputs.codec([request], declared, CALIBRATION_BOUNDS,
                              lambda name: tokenizer if tokenizer else Path(name))
-    except (ValueError, OSError, Exception) as exc:
+    except Exception as exc:  # a codec refusing the model, or a tokenizer file that does not load
         raise InvalidRelease(f"the release's request input does not fit its model: "
                              f"{exc}") from exc
     return Signature(declared, request, codec)

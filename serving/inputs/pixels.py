@@ -33,16 +33,21 @@ def sizes(images: list[bytes], spec: ImageInput) -> list[tuple[int, int]]:
     out, total = [], 0
     for row, data in enumerate(images):
         with _opened(data, row) as image:
-            width, height = image.size
-        if width * height > spec.max_pixels:
-            raise BadRequest(f"image row {row}: {width}x{height} pixels; the limit is "
-                             f"{spec.max_pixels} pixels")
+            width, height = _bounded(image.size, spec, row)
         total += width * height
         if total > MAX_REQUEST_PIXELS:
             raise BadRequest(f"the request's images hold more than {MAX_REQUEST_PIXELS} "
                              f"pixels together (row {row}); send fewer rows per request")
         out.append((width, height))
     return out
+
+
+def _bounded(size: tuple[int, int], spec: ImageInput, row: int) -> tuple[int, int]:
+    width, height = size
+    if width * height > spec.max_pixels:
+        raise BadRequest(f"image row {row}: {width}x{height} pixels; the limit is "
+                         f"{spec.max_pixels} pixels")
+    return width, height
 
 
 @contextlib.contextmanager
@@ -67,8 +72,8 @@ def _opened(data: bytes, row: int) -> Iterator[Image.Image]:
 def decode(data: bytes, spec: ImageInput, row: int = 0) -> np.ndarray:
     """An encoded JPEG or PNG as ``uint8`` pixels ``[height, width, channels]`` in the
     release's channels (grey or RGB); its size checked from its header first."""
-    sizes([data], spec)  # row 0's bound alone; the caller bounds a request's rows together
     with _opened(data, row) as image:
+        _bounded(image.size, spec, row)  # from the header, before a pixel is decoded
         try:
             image.load()
             pixels = np.asarray(image.convert(MODES[spec.channels]), dtype=np.uint8)

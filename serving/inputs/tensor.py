@@ -15,6 +15,7 @@ import numpy as np
 
 from serving.errors import BadRequest
 from serving.inputs.base import Bounds, Feeds, model_input, one_input, stacked
+from serving.model.datatypes import native
 from serving.protocol import v2
 from serving.release.manifest import TensorInput, TensorSpec
 
@@ -73,14 +74,14 @@ class TensorCodec:
     def sample(self, rows: int, seed: int = 0) -> list[np.ndarray]:
         rng = np.random.default_rng(seed)
         shape = [d if d > 0 else 4 for d in self.model.shape[1:]]
-        dtype = np.dtype(v2.NUMERIC[self.model.datatype])
+        dtype = native(self.model.datatype)
         low = self.spec.minimum if self.spec.minimum is not None else -3.0
         high = self.spec.maximum if self.spec.maximum is not None else 3.0
         values = rng.uniform(low, high, size=(rows, *shape))
-        return list(values.astype(dtype.newbyteorder("=")))
+        return list(values.astype(dtype))
 
     def items(self, values: list[Any]) -> list[np.ndarray]:
-        dtype = np.dtype(v2.NUMERIC[self.model.datatype]).newbyteorder("=")
+        dtype = native(self.model.datatype)
         rows = [np.asarray(v, dtype=dtype) for v in values]
         tensor = v2.Tensor(self.spec.name, [len(rows), *rows[0].shape], self.model.datatype,
                            raw=np.stack(rows).tobytes()) if rows else None

@@ -79,10 +79,9 @@ class TextCodec:
         return v2.Decoded(rows, forward)
 
     def collate(self, rows: list[np.ndarray]) -> Feeds:
-        batch = pad(rows)
-        feeds = {IDS: batch.input_ids, MASK: batch.attention_mask}
+        feeds = pad(rows).feeds()
         if TYPES in self.feeds:
-            feeds[TYPES] = np.zeros_like(batch.input_ids)
+            feeds[TYPES] = np.zeros_like(feeds[IDS])
         return feeds
 
     def cost(self, row: np.ndarray) -> int:

@@ -81,7 +81,7 @@ def array(tensor: Tensor) -> np.ndarray:
     if kind is None:
         raise BadRequest(f"input {tensor.name!r}: {tensor.datatype!r} is not a numeric V2 "
                          f"datatype")
-    dtype, count = np.dtype(kind), math.prod(tensor.shape)
+    dtype, count = np.dtype(kind), math.prod(tensor.shape)  # little-endian, as sent
     if tensor.raw is not None:
         if len(tensor.raw) != dtype.itemsize * count:
             raise BadRequest(f"input {tensor.name!r}: shape {tensor.shape} of "
