@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from edge.cache import Cached
+from edge.cache import Answers
 from edge.controller import Controller
 from edge.errors import CenterUnavailable
 from edge.escalation import Centers
@@ -97,7 +98,8 @@ class Auditor:
         self._seen: deque[int] = deque()  # bin of each recent gate row
         self._seen_counts = np.zeros(len(bins), np.int64)
         self._lock = threading.Lock()
-        self._rng = np.random.default_rng(seed)
+        self._random = random.Random(seed)
+        self._skip = self._gap()  # rows before the next pick
         self.kept_share = 1.0  # share of rows the edge answers itself (moving average)
         self.audited = 0  # rows compared since start
 
@@ -111,11 +113,25 @@ class Auditor:
         return np.searchsorted(self._edges, confidence, side="left").clip(0, len(self._edges) - 1)
 
     def pick(self, rows: int) -> list[int]:
-        """Which of ``rows`` rows the edge answered itself go to the audit."""
+        """Which of ``rows`` rows the edge answered itself go to the audit: each row with
+        probability ``share``, independently of every other. Drawn as the gaps between picked
+        rows (geometric), which carry over from request to request: no draw per row, none for
+        a request that falls in a gap (most of them, at a share of a few percent)."""
         if self.share <= 0 or rows == 0:
             return []
         with self._lock:
-            return np.flatnonzero(self._rng.random(rows) < self.share).tolist()
+            picked, at = [], self._skip
+            while at < rows:
+                picked.append(at)
+                at += 1 + self._gap()
+            self._skip = at - rows
+            return picked
+
+    def _gap(self) -> int:
+        """Rows passed over before the next pick: geometric with success ``share``."""
+        if not 0 < self.share < 1:  # every row (or none: pick() never asks)
+            return 0
+        return int(math.log(1.0 - self._random.random()) / math.log(1.0 - self.share))
 
     def observe(self, confidence: np.ndarray) -> None:
         """Rows that reached the gate: their edge confidence (for the confidence drift)."""
@@ -201,22 +217,22 @@ class Audit:
         if found is None:
             s = self.settings
             for old in [k for k in self.auditors if k[0] == manifest.name]:
-                del self.auditors[old]  # one version at a time: a new calibration, a new audit
+                self.auditors.pop(old, None)  # one version at a time: a new calibration
             found = self.auditors[key] = Auditor(
                 manifest.calibration, share=s.audit_share, window=s.audit_window,
                 drift_z=s.drift_z, min_rows=s.audit_min_rows, psi_floor=s.drift_psi)
         return found
 
     def sample(self, resident: Resident, parsed: v2.Parsed, indices: list[int],
-               answers: list[Cached], confidence: np.ndarray,
+               answers: Answers, confidence: np.ndarray,
                controller: Controller | None) -> None:
         """Send a random share of the rows the edge answered itself to the center too, in the
         background: the client's answer never waits for it, and it is skipped (not queued) when
         audits are already in flight or the budget has no room."""
-        auditor = self.auditor(resident.manifest)
-        auditor.observe(confidence)
-        kept = [j for j, a in enumerate(answers) if a.tier == "edge"]
-        auditor.traffic(len(answers), sum(a.tier != "center" for a in answers))
+        auditor = self.auditor(resident.manifest)  # its observe() saw the rows' confidence
+        tiers = answers.tiers
+        kept = [j for j, tier in enumerate(tiers) if tier == "edge"]
+        auditor.traffic(len(tiers), len(tiers) - tiers.count("center"))
         picked = [kept[k] for k in auditor.pick(len(kept))]
         if not picked or len(self._tasks) >= self.settings.audit_in_flight:
             return
@@ -226,7 +242,7 @@ class Audit:
         chosen = [indices[j] for j in picked]
         task = asyncio.get_running_loop().create_task(self._audit(
             auditor, m, parsed.inputs.forward(chosen), len(chosen), confidence[picked],
-            np.asarray([answers[j].probabilities.argmax() for j in picked])))
+            answers.probabilities[picked].argmax(axis=1)))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

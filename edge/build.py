@@ -20,6 +20,7 @@ from edge.threshold import ThresholdPolicy
 from serving.release.manifest import Manifest
 from serving.release.store import ModelStore
 from serving.release.trust import node_trust
+from serving.runtime.batcher import Finish
 from serving.runtime.repository import Repository, VersionLoader
 from serving.telemetry.metrics import Metrics
 
@@ -42,14 +43,20 @@ def build_service(settings: EdgeSettings, metrics: Metrics | None = None,
     def load(manifest: Manifest, folder: Path) -> OnnxRuntime:
         return OnnxRuntime(folder / manifest.edge.file, settings.threads)
 
+    center = center or build_centers(settings)
+    audit = Audit(settings, center, stats)
+
+    def finisher(manifest: Manifest) -> Finish:
+        """The metrics' finisher; the audit's confidence window sees each call's rows too
+        (every row the batcher computes reaches the gate)."""
+        return stats.finisher(manifest, lambda c: audit.auditor(manifest).observe(c))
+
     store = ModelStore(settings.store, node_trust(settings.store, settings.release_key,
                                                     "edge"))
     repository = Repository(VersionLoader(store, "edge", load, settings, metrics,
-                                          finisher=stats.finisher))
+                                          finisher=finisher))
     policy = ThresholdPolicy(settings, stats)
     repository.listen(policy)  # a new version's calibration reaches the controller
-    center = center or build_centers(settings)
-    audit = Audit(settings, center, stats)
     metrics.quality.add_source(policy.report)
     metrics.quality.add_source(audit.report)
     return EdgeService(settings, metrics=metrics, stats=stats, repository=repository,

@@ -18,6 +18,42 @@ class Cached:
     center_version: str | None = None
 
 
+@dataclass
+class Answers:
+    """Rows' answers in order, as arrays: what the cascade works on (one numpy call per request,
+    not one per row). ``probabilities`` may be the batcher's own rows until one is replaced."""
+
+    probabilities: np.ndarray  # rows x labels
+    tiers: list[str]
+    versions: list[str | None]  # the center's version, for rows it answered
+
+    @classmethod
+    def of(cls, rows: list[Cached], labels: int) -> Answers:
+        probabilities = (np.stack([c.probabilities for c in rows]) if rows
+                         else np.zeros((0, labels), np.float32))
+        return cls(probabilities, [c.tier for c in rows], [c.center_version for c in rows])
+
+    def row(self, k: int) -> Cached:
+        return Cached(self.probabilities[k].copy(), self.tiers[k], self.versions[k])
+
+    def placed(self, hits: dict[int, Cached], misses: list[int], fresh: Answers) -> Answers:
+        """A request's answers: ``self`` holds its cache ``hits`` (in order), ``fresh`` the
+        answers of its rows ``misses``."""
+        if not hits:
+            return fresh
+        if not misses:
+            return self
+        rows = len(hits) + len(misses)
+        probabilities = np.empty((rows, self.probabilities.shape[1]), np.float32)
+        tiers: list[str] = [""] * rows
+        versions: list[str | None] = [None] * rows
+        for source, places in ((self, sorted(hits)), (fresh, misses)):
+            probabilities[places] = source.probabilities
+            for k, i in enumerate(places):
+                tiers[i], versions[i] = source.tiers[k], source.versions[k]
+        return Answers(probabilities, tiers, versions)
+
+
 class ResponseCache:
     """Keyed by model, edge version, threshold and the row as the model sees it (its input
     kind's row: token ids, a normalised image, features; so equal inputs however they were

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 
 
-def unsure(probabilities: np.ndarray, threshold: float) -> np.ndarray:
-    """Indices of rows whose confidence (max probability) is below the threshold.
+def unsure(confidence: np.ndarray, threshold: float) -> list[int]:
+    """Indices of rows whose confidence (their max probability) is below the threshold.
 
     A threshold of 1 escalates every row, even one the edge is certain about.
     """
-    confidence = probabilities.max(axis=1)
-    mask = np.ones(len(confidence), bool) if threshold >= 1 else confidence < threshold
-    return np.flatnonzero(mask)
+    if threshold >= 1:
+        return list(range(len(confidence)))
+    return np.flatnonzero(confidence < threshold).tolist()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -70,20 +71,24 @@ class EdgeMetrics:
                                                                         tier)
         return found
 
-    def finisher(self, manifest: Manifest) -> Finish:
+    def finisher(self, manifest: Manifest,
+                 observe: Callable[[np.ndarray], None] | None = None) -> Finish:
         """Per model call, in the batcher's thread: logits -> probabilities, and the call's
-        confidences into the histogram and the quality report (once per call, not per
-        request). The repository's ``finisher``."""
+        confidences into the histogram, the quality report and ``observe`` (once per call, not
+        per request). The repository's ``finisher``."""
         model, version = manifest.name, manifest.version
         histogram = self.confidence.labels(model, str(version))
         quality = self.quality
 
         def finish(logits: np.ndarray) -> np.ndarray:
             probabilities = classify.softmax(logits)
-            confidence = probabilities.max(axis=1).tolist()
+            top = probabilities.max(axis=1)
+            confidence = top.tolist()
             for value in confidence:
                 histogram.observe(value)
             quality.confidence(model, version, confidence)
+            if observe is not None:
+                observe(top)
             return probabilities
 
         return finish

@@ -118,7 +118,6 @@ class DataPlane:
                     request: Request) -> v2.InferResponse:
         """Resolve the model, parse within its limits, let the tier answer; count the outcome."""
         resident = self.repository.get(model, version)
-        labels = {"model": model, "version": str(resident.version)}
         started = time.perf_counter()
         if tracing.active():
             served = resident.manifest.model(self.repository.tier)
@@ -132,11 +131,13 @@ class DataPlane:
                       else await asyncio.to_thread(request.parse, codec))
             result = await self.service.infer(resident, parsed)
         except ServingError as exc:
-            self.metrics.request_failure.labels(**labels, reason=type(exc).__name__).inc()
+            self.metrics.request_failure.labels(model, str(resident.version),
+                                                type(exc).__name__).inc()
             raise
         seconds = time.perf_counter() - started
-        self.metrics.request_success.labels(**labels).inc()
-        self.metrics.request_duration.labels(**labels).observe(seconds)
+        success, duration = self.metrics.answered(model, resident.version)
+        success.inc()
+        duration.observe(seconds)
         self.metrics.quality.request(model, resident.version, seconds)
         return result
 

@@ -54,7 +54,7 @@ TIERED_FLAGS = ("--cache-size", "0", "--threads", "0", "--max-batch-size", str(M
                 "--max-batch-delay-ms", f"{MAX_BATCH_DELAY_MS:g}")
 CHECK_TEXTS, QUICK_CHECK_TEXTS, CHECK_PARALLEL = 64, 24, 8
 CHECK_ALONE = 8  # texts sent one at a time first: a batch of 1 everywhere, answers must match
-GOAL_RATIO, GOAL_FROM = 2.0, 8
+GOAL_RATIO, GOAL_FROM = 1.5, 8
 SAMPLE_S = 0.2
 START_TIMEOUT_S = 180
 

@@ -25,7 +25,7 @@ from bench.peers.measure import (
     Outcome,
     Verdict,
 )
-from bench.tiers import GOAL_OVER_RAW, GOAL_WORKERS_OVER_RAW, SATURATION, Raw
+from bench.tiers import GOALS, Raw
 
 # --- report ----------------------------------------------------------------------------------
 
@@ -33,12 +33,16 @@ def fmt(value: float, digits: int = 1) -> str:
     return "-" if math.isnan(value) else f"{value:.{digits}f}"
 
 
-def results_table(outcomes: Sequence[Outcome]) -> Table:
-    table = Table(title="Same load, same model: req/s, latency, errors, memory")
+def results_table(outcomes: Sequence[Outcome], limit: Raw | None = None) -> Table:
+    table = Table(title="Same load, same model: req/s, latency, errors, memory (first row: the "
+                        "model's own limit, in-process)")
     columns = ("server", "conc", "rows/req", "req/s", "rows/s", "p50 ms", "p99 ms", "errors",
                "peak RSS MiB", "server cores", "others' cores")
     for column in columns:
         table.add_column(column, justify="left" if column == "server" else "right")
+    if limit is not None:
+        table.add_row(limit_label(limit), "-", str(limit.batch), "-", fmt(limit.rows_per_s),
+                      "-", "-", "-", "-", "-", cores(limit.other_cores))
     for o in outcomes:
         for r in o.results:
             others = r.usage.other_cores
@@ -48,6 +52,10 @@ def results_table(outcomes: Sequence[Outcome]) -> Table:
                           fmt(r.peak_rss_mib, 0), f"{r.usage.server_cores:.2f}",
                           cores(others))
     return table
+
+
+def limit_label(limit: Raw) -> str:
+    return f"the model's limit: onnxruntime in-process, batch {limit.label}"
 
 
 @dataclass(frozen=True)
@@ -76,26 +84,27 @@ class Ratio:
 
 
 def ratios(outcomes: Sequence[Outcome], results: Sequence[Verdict],
-           single: Raw | None, raw_goals: bool = True) -> list[Ratio]:
-    """The three goals side by side: one Tiered process and ``--workers 2`` vs raw single-row
-    onnxruntime (judged at concurrency SATURATION; shown only, not judged, without
-    ``raw_goals``: those goals were set for the text demo model), Tiered vs the best peer with
-    as many serving processes (at every concurrency >= GOAL_FROM, p99 no higher)."""
+           limit: Raw | None, limit_goals: bool = True) -> list[Ratio]:
+    """The goals side by side: one Tiered process and ``--workers 2`` as a share of the model's
+    limit (its best in-process batch; judged where ``bench.tiers.GOALS`` sets a goal, shown
+    only without ``limit_goals``: those goals were set for the text demo model), Tiered vs the
+    best peer with as many serving processes (at every concurrency >= GOAL_FROM, p99 no
+    higher)."""
     labels = {o.spec.key: o.spec.label for o in outcomes}
+    names = {1: "one process", 2: "--workers 2"}
     out = []
-    if single is not None:
-        goals = {1: GOAL_OVER_RAW, 2: GOAL_WORKERS_OVER_RAW}
+    if limit is not None:
         for o in outcomes:
             if o.spec.kind != "tiered":
                 continue
             for r in o.results:
                 if r.rows != 1 or r.concurrency < GOAL_FROM:
                     continue
-                goal = goals.get(o.spec.serving, math.nan) \
-                    if r.concurrency == SATURATION and raw_goals else math.nan
-                out.append(Ratio(f"{o.spec.label} vs raw single-row", r.concurrency,
-                                 r.load.rps, "onnxruntime, 1 row per call",
-                                 single.rows_per_s, r.load.p99_ms, math.nan, goal))
+                goal = GOALS.get((names.get(o.spec.serving, ""), r.concurrency), math.nan) \
+                    if limit_goals else math.nan
+                out.append(Ratio(f"{o.spec.label} vs the model's limit", r.concurrency,
+                                 r.load.rps, f"onnxruntime in-process, batch {limit.label}",
+                                 limit.rows_per_s, r.load.p99_ms, math.nan, goal))
     for result in results:
         for v in result.levels:
             out.append(Ratio(f"{labels[result.tiered]} vs best peer, same processes",
@@ -105,8 +114,8 @@ def ratios(outcomes: Sequence[Outcome], results: Sequence[Verdict],
 
 
 def ratios_table(found: Sequence[Ratio]) -> Table:
-    table = Table(title="Goals, one run: Tiered vs raw single-row onnxruntime and vs the best "
-                        "peer")
+    table = Table(title="Goals, one run: Tiered vs the model's limit (a share: ratio < 1) and "
+                        "vs the best peer")
     for column in ("measure", "conc", "Tiered req/s", "reference", "ref req/s", "ratio",
                    "Tiered p99 ms", "ref p99 ms", "goal", "verdict"):
         table.add_column(column, justify="left" if column in ("measure", "reference")
@@ -114,9 +123,12 @@ def ratios_table(found: Sequence[Ratio]) -> Table:
     for r in found:
         table.add_row(r.what, str(r.concurrency), fmt(r.tiered_rps), r.reference,
                       fmt(r.reference_rps), f"{r.ratio:.2f}x", fmt(r.tiered_p99_ms, 2),
-                      fmt(r.reference_p99_ms, 2),
-                      "-" if math.isnan(r.goal) else f">= {r.goal:g}x", r.verdict)
+                      fmt(r.reference_p99_ms, 2), goal_text(r.goal), r.verdict)
     return table
+
+
+def goal_text(goal: float) -> str:
+    return "-" if math.isnan(goal) else f">= {goal:.0%}" if goal < 1 else f">= {goal:g}x"
 
 
 def ratios_markdown(found: Sequence[Ratio]) -> list[str]:
@@ -126,8 +138,7 @@ def ratios_markdown(found: Sequence[Ratio]) -> list[str]:
     for r in found:
         lines.append(f"| {r.what} | {r.concurrency} | {fmt(r.tiered_rps)} | {r.reference} | "
                      f"{fmt(r.reference_rps)} | {r.ratio:.2f}x | {fmt(r.tiered_p99_ms, 2)} | "
-                     f"{fmt(r.reference_p99_ms, 2)} | "
-                     f"{'-' if math.isnan(r.goal) else f'>= {r.goal:g}x'} | "
+                     f"{fmt(r.reference_p99_ms, 2)} | {goal_text(r.goal)} | "
                      f"{'**' + r.verdict + '**' if r.verdict != '-' else '-'} |")
     return [*lines, ""]
 
@@ -153,6 +164,7 @@ class Context:
     load: str = ""  # the "Load:" item
     model: str = ""  # the "Model:" item
     unit: str = "texts"  # what one row is
+    limit: Raw | None = None  # the model's best in-process batch on this CPU
 
 
 def markdown(context: Context, outcomes: Sequence[Outcome], results: Sequence[Verdict],
@@ -189,6 +201,10 @@ def markdown(context: Context, outcomes: Sequence[Outcome], results: Sequence[Ve
               "| server | concurrency | rows/req | req/s | rows/s | p50 ms | p99 ms | errors | "
               "peak RSS MiB | others' cores |",
               "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    if context.limit is not None:
+        lines.append(f"| {limit_label(context.limit)} | - | {context.limit.batch} | - | "
+                     f"{fmt(context.limit.rows_per_s)} | - | - | - | - | "
+                     f"{cores(context.limit.other_cores, False)} |")
     for o in outcomes:
         for r in o.results:
             lines.append(f"| {o.spec.label} | {r.concurrency} | {r.rows} | {fmt(r.load.rps)} "
@@ -198,8 +214,8 @@ def markdown(context: Context, outcomes: Sequence[Outcome], results: Sequence[Ve
     busy = max((r.usage.other_cores for o in outcomes for r in o.results), default=0.0)
     lines.append("")
     if found:
-        lines += [f"Goals, measured in this run (raw single-row: the same {unit} through "
-                  "onnxruntime in-process, one row per call, before the servers started):",
+        lines += [f"Goals, measured in this run (the model's limit: the same {unit} through "
+                  "onnxruntime in-process in its best batch, before the servers started):",
                   "", *ratios_markdown(found)]
     for result in results:
         lines += [result.line(labels), ""]

@@ -69,7 +69,7 @@ from bench.peers.report import (
     ratios_table,
     results_table,
 )
-from bench.tiers import Raw, single_row
+from bench.tiers import LIMIT, Raw, limit_of, raw_runs
 
 # --- main ------------------------------------------------------------------------------------
 
@@ -163,14 +163,14 @@ def pins_text(venv: Venv) -> str:
 
 @dataclass(frozen=True)
 class Setup:
-    """What every server is measured on: the model, the bodies, raw single-row onnxruntime on
-    the same rows, and how the report names them."""
+    """What every server is measured on: the model, the bodies, the model's limit on the same
+    rows (its best in-process batch), and how the report names them."""
 
     served: Served
     plan: Plan
     multi: Plan  # MULTI_ROWS rows per request
     check_bodies: list[str]
-    single: Raw
+    limit: Raw
     unit: str  # what one row is
     heading: str = ""
     load: str = ""
@@ -188,12 +188,12 @@ def text_setup(args: argparse.Namespace, work: Path, wrk_path: str, warmup: int)
                                                    else CHECK_TEXTS]
     console.log(f"{MODEL} version {release.folder.name}: {release.model_file.name}, "
                 f"max_length {release.max_length}, labels {labels}")
-    console.log("raw single-row onnxruntime, in-process")
-    single = single_row(release, texts, 1.0 if args.quick else 3.0)
+    console.log(f"the model's limit: onnxruntime in-process, batches of 1 and {LIMIT}")
+    limit = limit_of(raw_runs("edge", release, texts, 1.0 if args.quick else 3.0, (1, LIMIT)))
     plan = Plan(wrk_path, work, bodies, args.duration, warmup, 0)
     multi = Plan(wrk_path, work, write_bodies(texts, work / "bodies-32.jsonl", threshold=0,
                                               rows=MULTI_ROWS), args.duration, warmup, 0)
-    return Setup(Served.text(release, labels), plan, multi, check_bodies, single, "texts")
+    return Setup(Served.text(release, labels), plan, multi, check_bodies, limit, "texts")
 
 
 MULTI_IMAGE_BODIES = 100  # bodies of MULTI_ROWS images as JSON (~0.3 MB each)
@@ -211,9 +211,10 @@ def digits_setup(args: argparse.Namespace, work: Path, wrk_path: str, warmup: in
     artifact = release.manifest.edge
     console.log(f"{images.DIGITS} version {release.version}: {release.model_file.name} "
                 f"({artifact.precision}, {artifact.size:,} B), labels {labels}")
-    console.log("raw single-row onnxruntime, in-process")
-    raw = images.raw_runs("edge", release, test, 1.0 if args.quick else 3.0, sizes=(1,))[0]
-    single = Raw("edge", 1, raw.rows_per_s, raw.ms_per_batch, math.nan, raw.other_cores)
+    console.log("the model's limit: onnxruntime in-process, its best batch")
+    raw = images.best(images.raw_runs("edge", release, test, 1.0 if args.quick else 3.0),
+                      "edge")
+    limit = Raw("edge", raw.batch, raw.rows_per_s, raw.ms_per_batch, math.nan, raw.other_cores)
     plan = Plan(wrk_path, work, bodies, args.duration, warmup, 0, images.DIGITS)
     multi = Plan(wrk_path, work, images.write_bodies(
         test, work / "bodies-32.jsonl", "fp32-json", threshold=0, rows=MULTI_ROWS,
@@ -221,7 +222,7 @@ def digits_setup(args: argparse.Namespace, work: Path, wrk_path: str, warmup: in
     served = Served(images.DIGITS, release.store, str(release.version), release.model_file,
                     labels, "image")
     return Setup(
-        served, plan, multi, check_bodies, single, "images",
+        served, plan, multi, check_bodies, limit, "images",
         heading="Tiered edge vs MLServer and KServe: the image model (digits)",
         load=f"- Load: the {len(test):,} test images of the digits release rotated, one per "
              f"request, the same V2 JSON bodies for every server (FP32 input `image` of shape "
@@ -250,10 +251,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         work = Path(tmp)
         setup = (digits_setup if args.model == images.DIGITS else text_setup)(
             args, work, wrk_path, warmup)
-        single = setup.single
-        # spinning intra-op threads make it the measure most hurt by a busy machine
-        console.log(f"raw single-row: {single.rows_per_s:.1f} rows/s (other processes "
-                    f"{single.other_cores:.2f} cores)")
+        limit = setup.limit
+        console.log(f"the model's limit: {limit.rows_per_s:.1f} rows/s, batch {limit.label} "
+                    f"(other processes {limit.other_cores:.2f} cores)")
         for spec in wanted:
             outcomes.append(run_server(setup.plan, spec, venvs, setup.served,
                                        setup.check_bodies, levels, setup.multi))
@@ -274,20 +274,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         settings=settings_lines(outcomes, venvs, setup.served.kind),
         versions={name: v.versions for name, v in venvs.items()},
         venvs={name: v.describe() for name, v in venvs.items()}, alone=alone, agreement=agree,
-        load=setup.load, model=setup.model, unit=setup.unit,
+        load=setup.load, model=setup.model, unit=setup.unit, limit=limit,
         **({"heading": setup.heading} if setup.heading else {}))
     results = verdicts(outcomes)
     servers = Table(title="Servers", show_header=False)
     for o in outcomes:
         servers.add_row(o.spec.label, context.settings[o.spec.key].replace("**", ""))
     console.print(servers)
-    console.print(results_table(outcomes))
+    console.print(results_table(outcomes, limit))
     labels_by_key = {o.spec.key: o.spec.label for o in outcomes}
     for result in results:
         console.print(result.line(labels_by_key).replace("**", ""))
     for line in multi_lines(outcomes, setup.unit):
         console.print(line)
-    found = ratios(outcomes, results, single, raw_goals=setup.served.kind == "text")
+    found = ratios(outcomes, results, limit, limit_goals=setup.served.kind == "text")
     console.print(ratios_table(found))
     if args.markdown:
         args.markdown.write_text(markdown(context, outcomes, results, found) + "\n")

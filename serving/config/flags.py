@@ -15,7 +15,7 @@ from pydantic import SecretStr
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
-SCALARS: dict[type, Any] = {int: int, float: float, str: str,
+SCALARS: dict[type, Any] = {bool: click.BOOL, int: int, float: float, str: str,
                             Path: click.Path(path_type=Path)}
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -38,6 +39,7 @@ class Metrics:
         self.registry = registry or CollectorRegistry()
         self.quality = QualityWindow()  # drained into the registry's quality reports
         self.throughput: dict[tuple[str, int], Throughput] = {}  # per model version
+        self._answered: dict[tuple[str, int], tuple[Any, Any]] = {}
         r = self.registry
         self.request_success = Counter(f"{prefix}_request_success", "Inference requests "
                                        "answered", MV, registry=r)
@@ -72,6 +74,18 @@ class Metrics:
                                        "model computed, padding included; useful/computed = "
                                        "what length-aware batching keeps of the work",
                                        MV, registry=r)
+
+    def answered(self, model: str, version: int) -> tuple[Any, Any]:
+        """The ``request_success`` and ``request_duration`` children of a model version, looked
+        up once (two labels() calls per request were a measurable share of a cheap model's
+        serving time)."""
+        key = (model, version)
+        found = self._answered.get(key)
+        if found is None:
+            labels = (model, str(version))
+            found = self._answered[key] = (self.request_success.labels(*labels),
+                                           self.request_duration.labels(*labels))
+        return found
 
     def observer(self, model: str, version: int) -> Observer:
         labels = (model, str(version))

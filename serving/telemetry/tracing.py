@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
 import time
 from collections.abc import Iterator, Mapping, MutableMapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
 
@@ -120,45 +121,58 @@ _server: ContextVar[ServerSpan | None] = ContextVar("tiered_server_span", defaul
 
 
 def _fresh_traceparent() -> str:
-    return f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-00"
+    """A new trace context, unsampled. Its ids need to be unique, not secret (W3C Trace
+    Context): Python's generator (reseeded in a forked worker) instead of a system call per
+    request that came without one."""
+    return f"00-{random.getrandbits(128) or 1:032x}-{random.getrandbits(64) or 1:016x}-00"
 
 
-@contextmanager
+class _Serving:
+    """``handle`` is the request's server span and ``tid`` the logs' trace id, for the
+    ``with`` (a class, not a generator: it runs once per request)."""
+
+    __slots__ = ("handle", "server", "tid", "token")
+
+    def __init__(self, handle: ServerSpan, tid: str) -> None:
+        self.handle, self.tid = handle, tid
+
+    def __enter__(self) -> ServerSpan:
+        self.token, self.server = trace_id.set(self.tid), _server.set(self.handle)
+        return self.handle
+
+    def __exit__(self, *_: object) -> None:
+        _server.reset(self.server)
+        trace_id.reset(self.token)
+
+
 def server_span(name: str, carrier: Mapping[str, str],
-                attributes: Mapping[str, Any]) -> Iterator[ServerSpan]:
+                attributes: Mapping[str, Any]) -> AbstractContextManager[ServerSpan]:
     """A SERVER span named ``name``, child of the ``traceparent`` in ``carrier`` (HTTP headers or
     gRPC metadata, lower-case keys); its trace id in the logs for the duration."""
+    if _tracer is not None:
+        return _traced(_tracer, name, carrier, attributes)
+    # off: pass the client's context on as it came (a fresh one, unsampled, if none)
     given = carrier.get(TRACEPARENT, "")
-    given = given if isinstance(given, str) else ""
-    if _tracer is None:
-        # off: pass the client's context on as it came (a fresh one, unsampled, if none)
-        tid = _trace_id(given.strip())
-        passed = {TRACEPARENT: given.strip() if tid else _fresh_traceparent()}
-        state = carrier.get(TRACESTATE, "")
-        if tid and isinstance(state, str) and 0 < len(state) <= _MAX_TRACESTATE:
-            passed[TRACESTATE] = state
-        with _serving(ServerSpan(None, passed), tid or passed[TRACEPARENT][3:35]) as handle:
-            yield handle
-        return
-    parent = PROPAGATOR.extract({k: v for k, v in carrier.items()
-                                 if k in (TRACEPARENT, TRACESTATE) and isinstance(v, str)})
-    with _tracer.start_as_current_span(name, context=parent, kind=SpanKind.SERVER,
-                                       attributes=dict(attributes),
-                                       record_exception=False, set_status_on_exception=False
-                                       ) as span, \
-            _serving(ServerSpan(span, {}), f"{span.get_span_context().trace_id:032x}") as handle:
-        yield handle
+    given = given.strip() if isinstance(given, str) else ""
+    tid = _trace_id(given) if given else None
+    passed = {TRACEPARENT: given if tid else _fresh_traceparent()}
+    state = carrier.get(TRACESTATE, "")
+    if tid and isinstance(state, str) and 0 < len(state) <= _MAX_TRACESTATE:
+        passed[TRACESTATE] = state
+    return _Serving(ServerSpan(None, passed), tid or passed[TRACEPARENT][3:35])
 
 
 @contextmanager
-def _serving(handle: ServerSpan, tid: str) -> Iterator[ServerSpan]:
-    """``handle`` is the request's server span and ``tid`` the logs' trace id, for the call."""
-    token, server = trace_id.set(tid), _server.set(handle)
-    try:
+def _traced(tracer: trace.Tracer, name: str, carrier: Mapping[str, str],
+            attributes: Mapping[str, Any]) -> Iterator[ServerSpan]:
+    parent = PROPAGATOR.extract({k: v for k, v in carrier.items()
+                                 if k in (TRACEPARENT, TRACESTATE) and isinstance(v, str)})
+    with tracer.start_as_current_span(name, context=parent, kind=SpanKind.SERVER,
+                                      attributes=dict(attributes),
+                                      record_exception=False, set_status_on_exception=False
+                                      ) as span, \
+            _Serving(ServerSpan(span, {}), f"{span.get_span_context().trace_id:032x}") as handle:
         yield handle
-    finally:
-        _server.reset(server)
-        trace_id.reset(token)
 
 
 def set_attributes(**attributes: Any) -> None:
@@ -168,15 +182,15 @@ def set_attributes(**attributes: Any) -> None:
         handle.set(**attributes)
 
 
-@contextmanager
 def span(name: str, kind: SpanKind = SpanKind.INTERNAL,
-         **attributes: Any) -> Iterator[trace.Span | None]:
+         **attributes: Any) -> AbstractContextManager[trace.Span | None]:
     """A child span of the current one (None, at no cost, when off)."""
     if _tracer is None:
-        yield None
-        return
-    with _tracer.start_as_current_span(name, kind=kind, attributes=attributes) as current:
-        yield current
+        return _OFF
+    return _tracer.start_as_current_span(name, kind=kind, attributes=attributes)
+
+
+_OFF: AbstractContextManager[None] = nullcontext()
 
 
 def inject(headers: MutableMapping[str, str]) -> None:

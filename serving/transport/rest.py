@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -28,7 +27,7 @@ from serving.errors import PayloadTooLarge
 from serving.protocol import v2
 from serving.release.trust import NodeTrust
 from serving.telemetry import tracing
-from serving.telemetry.logs import request_id
+from serving.telemetry.logs import IDS, request_id
 from serving.transport import openapi
 from serving.transport.responses import error_response
 
@@ -54,51 +53,63 @@ def _plane(request: Request[Any, Any, Any]) -> DataPlane:
 # Consul's checks, nginx's probes and Prometheus ask these every few seconds: a line each at
 # info level buried the lifecycle (1,525 of the first 8,641 lines of `make up`)
 PROBES = frozenset({"/v2/health/live", "/v2/health/ready", "/metrics"})
+RID = HEADER.encode()
+TRACE_HEADERS = tuple((key, key.encode()) for key in (tracing.TRACEPARENT, tracing.TRACESTATE))
 
 
-def request_id_middleware(app: ASGIApp, probes: Counter | None = None) -> ASGIApp:
-    """Accept or generate X-Request-ID, expose it to logs, return it, log the request; the
-    request's server span (child of the client's ``traceparent``), its trace id in the logs.
-    A probe (``PROBES``) answered below 400 is logged at debug level and counted in
-    ``probes`` (by path and status); one that fails is logged like any request."""
+def request_id_middleware(app: ASGIApp, probes: Counter | None = None,
+                          access_log: bool = True) -> ASGIApp:
+    """Accept or generate X-Request-ID, expose it to logs, return it; the request's server span
+    (child of the client's ``traceparent``), its trace id in the logs. With ``access_log``, a
+    line per request; without, only requests answered 5xx (or not at all) are logged. A probe
+    (``PROBES``) answered below 400 is logged at debug level and counted in ``probes`` (by path
+    and status); one that fails is logged like any request."""
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        rid = headers.get(HEADER.encode(), b"").decode("latin-1")[:128] or uuid.uuid4().hex
+        given = headers.get(RID)
+        rid = given.decode("latin-1")[:128] if given else IDS.next()
         token = request_id.set(rid)
         started, status = time.perf_counter(), 0
         method, route = scope.get("method", ""), scope.get("path_template") or scope["path"]
-        carrier = {key: headers.get(key.encode(), b"").decode("latin-1")
-                   for key in (tracing.TRACEPARENT, tracing.TRACESTATE)}
+        carrier = {key: headers[raw].decode("latin-1") for key, raw in TRACE_HEADERS
+                   if raw in headers}
+        rid_header = (RID, rid.encode("latin-1"))
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                message["headers"] = [*message.get("headers", []),
-                                      (HEADER.encode(), rid.encode("latin-1"))]
+                message["headers"] = [*message.get("headers", []), rid_header]
             await send(message)
 
+        traced = tracing.active()
         with tracing.server_span(f"{method} {route}", carrier, {
                 "http.request.method": method, "http.route": route, "url.path": scope["path"],
-                "url.scheme": scope.get("scheme", "http"), "tiered.request_id": rid}) as span:
+                "url.scheme": scope.get("scheme", "http"), "tiered.request_id": rid}
+                if traced else {}) as span:
             try:
                 await app(scope, receive, send_with_id)
             finally:
-                span.set(**{"http.response.status_code": status})
-                if status >= 500 or status == 0:
-                    span.fail(f"HTTP {status}")
-                client = scope.get("client") or ("", 0)  # which connection: --workers spreads them
-                probe = scope["path"] in PROBES
+                if traced:
+                    span.set(**{"http.response.status_code": status})
+                    if status >= 500 or status == 0:
+                        span.fail(f"HTTP {status}")
+                path = scope["path"]
+                probe = path in PROBES
                 if probe and probes is not None:
-                    probes.labels(scope["path"], str(status)).inc()
-                level = logging.DEBUG if probe and 0 < status < 400 else logging.INFO
-                log.log(level, "%s %s %s", method, scope["path"], status, extra={"fields": {
-                    "status": status, "ms": round((time.perf_counter() - started) * 1000, 2),
-                    "client": f"{client[0]}:{client[1]}"}})
+                    probes.labels(path, str(status)).inc()
+                if access_log or status >= 500 or status == 0:
+                    level = logging.DEBUG if probe and 0 < status < 400 else logging.INFO
+                    if log.isEnabledFor(level):
+                        client = scope.get("client") or ("", 0)  # --workers spreads them
+                        log.log(level, "%s %s %s", method, path, status, extra={"fields": {
+                            "status": status,
+                            "ms": round((time.perf_counter() - started) * 1000, 2),
+                            "client": f"{client[0]}:{client[1]}"}})
                 request_id.reset(token)
 
     return middleware
@@ -236,10 +247,10 @@ class TierApp(Litestar):
     before routing, in :func:`request_id_middleware` like every route (ids, trace, access
     log)."""
 
-    def __init__(self, *, infer: ASGIApp, **config: Any) -> None:
+    def __init__(self, *, infer: ASGIApp, access_log: bool = True, **config: Any) -> None:
         super().__init__(**config)
         self.infer = infer
-        self._infer = request_id_middleware(infer)  # infer is never a probe
+        self._infer = request_id_middleware(infer, access_log=access_log)  # never a probe
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if (scope["type"] == "http" and scope["method"] == "POST"
@@ -266,9 +277,10 @@ def create_app(plane: DataPlane, lifecycle: Lifecycle | None = None) -> Litestar
 
     settings = plane.service.settings
     return TierApp(
-        infer=infer_handler(plane, settings.max_body_bytes),
+        infer=infer_handler(plane, settings.max_body_bytes), access_log=settings.access_log,
         route_handlers=[live, ready, server_metadata, model_metadata, model_ready, infer, metrics],
-        middleware=[partial(request_id_middleware, probes=plane.metrics.probes)],
+        middleware=[partial(request_id_middleware, probes=plane.metrics.probes,
+                            access_log=settings.access_log)],
         lifespan=[lifespan], debug=False,
         exception_handlers={Exception: on_error}, request_max_body_size=settings.max_body_bytes,
         state=State({"plane": plane}), logging_config=None,

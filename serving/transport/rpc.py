@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,7 +41,7 @@ from serving.protocol import v2
 from serving.protocol.keepalive import KEEPALIVE
 from serving.protocol.wire import Malformed, ParseInterceptor
 from serving.telemetry import tracing
-from serving.telemetry.logs import request_id
+from serving.telemetry.logs import IDS, request_id
 from serving.transport.responses import ErrorResponse, error_response
 
 log = logging.getLogger("serving.grpc")
@@ -144,6 +143,7 @@ async def _abort(context: grpc.aio.ServicerContext[Any, Any], code: grpc.StatusC
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
+        self.access_log = plane.service.settings.access_log
 
     async def ServerLive(self, request: pb.ServerLiveRequest,
                          context: grpc.aio.ServicerContext[Any, Any]) -> pb.ServerLiveResponse:
@@ -159,7 +159,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelReady(self, request: pb.ModelReadyRequest,
                          context: grpc.aio.ServicerContext[Any, Any]) -> pb.ModelReadyResponse:
-        async with _call(context, "ModelReady", request):
+        async with _call(context, "ModelReady", request, self.access_log):
             self.plane.model_ready(request.name, request.version or None)
             return pb.ModelReadyResponse(ready=True)
         raise AssertionError("unreachable")  # _call aborts
@@ -172,7 +172,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelMetadata(
             self, request: pb.ModelMetadataRequest,
             context: grpc.aio.ServicerContext[Any, Any]) -> pb.ModelMetadataResponse:
-        async with _call(context, "ModelMetadata", request):
+        async with _call(context, "ModelMetadata", request, self.access_log):
             m = self.plane.model_metadata(request.name, request.version or None)
             tensor = pb.ModelMetadataResponse.TensorMetadata
             return pb.ModelMetadataResponse(
@@ -185,7 +185,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request: pb.ModelInferRequest,
                          context: grpc.aio.ServicerContext[Any, Any]) -> pb.ModelInferResponse:
-        async with _call(context, "ModelInfer", request):
+        async with _call(context, "ModelInfer", request, self.access_log):
             result = await self.plane.infer(request.model_name, request.model_version or None,
                                             GrpcRequest(request))
             return infer_response(result)
@@ -194,13 +194,13 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
 @contextlib.asynccontextmanager
 async def _call(context: grpc.aio.ServicerContext[Any, Any], method: str,
-                request: object) -> AsyncIterator[None]:
+                request: object, access_log: bool = True) -> AsyncIterator[None]:
     """The request id (``x-request-id`` metadata, else a new one) in logs and trailing metadata,
     a message that did not parse as INVALID_ARGUMENT, any other error as its answer's code
-    (``CODES``), an access log line."""
+    (``CODES``), an access log line (with ``access_log``; else only for server faults)."""
     metadata = dict(context.invocation_metadata() or ())
     given = metadata.get(REQUEST_ID, "")
-    rid = (given if isinstance(given, str) else "")[:128] or uuid.uuid4().hex
+    rid = (given if isinstance(given, str) else "")[:128] or IDS.next()
     token = request_id.set(rid)
     started, code = time.perf_counter(), grpc.StatusCode.OK
     context.set_trailing_metadata(((REQUEST_ID, rid),))
@@ -221,8 +221,10 @@ async def _call(context: grpc.aio.ServicerContext[Any, Any], method: str,
             span.set(**{"rpc.grpc.status_code": code.value[0]})
             if code in SERVER_FAULTS:
                 span.fail(code.name)
-            log.info("grpc %s %s", method, code.name, extra={"fields": {
-                "status": code.name, "ms": round((time.perf_counter() - started) * 1000, 2)}})
+            if access_log or code in SERVER_FAULTS:
+                log.info("grpc %s %s", method, code.name, extra={"fields": {
+                    "status": code.name,
+                    "ms": round((time.perf_counter() - started) * 1000, 2)}})
             request_id.reset(token)
 
 

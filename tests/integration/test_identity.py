@@ -314,7 +314,7 @@ def test_grpc_escalations_go_only_to_centers_with_a_center_certificate(
     ports = {"center": free_port(), "registry": free_port()}
     centers = {role: start("center", tmp_path / "center", tmp_path, "--tls-cert",
                            str(tls / f"{role}.pem"), "--tls-key", str(tls / f"{role}.key"),
-                           "--grpc-port", str(port), ca=tls / "ca.pem")
+                           "--grpc-port", str(port), "--access-log", "true", ca=tls / "ca.pem")
                for role, port in ports.items()}
     urls = ",".join(f"grpcs://127.0.0.1:{ports[role]}" for role in ("registry", "center"))
     edge = start("edge", tmp_path / "edge", tmp_path, "--center-ca", str(tls / "ca.pem"),

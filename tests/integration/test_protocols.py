@@ -64,9 +64,10 @@ def pair(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Iterat
     root = tmp_path_factory.mktemp("protocols")
     fill_stores(root, tiny_release)  # published, pulled into root/center and root/edge
     ports = free_port(), free_port()
-    center = start("center", root / "center", root, "--grpc-port", str(ports[0]))
+    center = start("center", root / "center", root, "--grpc-port", str(ports[0]),
+                   "--access-log", "true")
     edge = start("edge", root / "edge", root, "--center-url", center.url, "--grpc-port",
-                 str(ports[1]), "--cache-size", "0")
+                 str(ports[1]), "--cache-size", "0", "--access-log", "true")
     yield Pair(Tier(center, ports[0]), Tier(edge, ports[1]), root)
     edge.stop()
     center.stop()

@@ -93,7 +93,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Itera
     cli("publish", tiny_release, "--name", "tiny")
     for tier in ("center", "edge"):
         cli("pull", "tiny", "--tier", tier, "--store", root / tier)
-    center = start("center", root / "center", root)
+    center = start("center", root / "center", root, "--access-log", "true")
     edge = start("edge", root / "edge", root, "--center-url", center.url)
     yield Stack(cli, tiny_release, root, center, edge)
     edge.stop()

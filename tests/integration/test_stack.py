@@ -42,7 +42,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Itera
     fleet = Stack(root, cli.home, "stack-token-0123456789", http_port=free_port(),
                   consul_port=free_port(), centers=2, grpc_port=free_port(),
                   nginx_flags=("--rate", "300", "--burst", "100", "--expose-center",
-                               "--expose-registry-metrics"))
+                               "--expose-registry-metrics"),
+                  # the tiers' environment: access logs on, for the trace test's log lines
+                  tracing={"EDGE_ACCESS_LOG": "true", "CENTER_ACCESS_LOG": "true"})
     try:
         fleet.up(timeout=120)
         yield fleet

@@ -109,9 +109,10 @@ def traced(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Iter
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
            "OTEL_EXPORTER_OTLP_INSECURE": "true", "OTEL_BSP_SCHEDULE_DELAY": "100"}
     center_grpc, grpc_port = free_port(), free_port()
-    center = start("center", root / "center", root, "--grpc-port", str(center_grpc), env=env)
+    center = start("center", root / "center", root, "--grpc-port", str(center_grpc),
+                   "--access-log", "true", env=env)
     edge = start("edge", root / "edge", root, "--center-url", center.url, "--cache-size", "0",
-                 "--grpc-port", str(grpc_port), env=env)
+                 "--grpc-port", str(grpc_port), "--access-log", "true", env=env)
     yield Traced(collector, center, edge, grpc_port, center_grpc, root, env)
     edge.stop()
     center.stop()
@@ -205,7 +206,8 @@ def test_an_escalation_over_grpc_carries_the_trace_in_its_metadata(traced: Trace
                                                                      tmp_path: Path) -> None:
     trace = "1f0e2d3c4b5a69788796a5b4c3d2e1f0"
     edge = start("edge", traced.root / "edge", tmp_path, "--center-url",
-                 f"grpc://127.0.0.1:{traced.center_grpc}", "--cache-size", "0", env=traced.env)
+                 f"grpc://127.0.0.1:{traced.center_grpc}", "--cache-size", "0",
+                 "--access-log", "true", env=traced.env)
     try:
         body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
                             "data": ["a fine film"]}], "parameters": {"threshold": 1.0}}

@@ -104,7 +104,7 @@ def wait_all_ready(server: Server, workers: int = 2) -> None:
 def test_workers_take_connections_in_turn_restart_and_stop_together(
         stores: Path, tmp_path: Path) -> None:
     server = start("edge", stores / "edge", tmp_path, "--workers", "2", "--cache-size", "0",
-                   "--threads", "0", env=ENV)
+                   "--threads", "0", "--access-log", "true", env=ENV)
     try:
         workers = children(server)
         assert len(workers) == 2
@@ -156,7 +156,7 @@ def test_quality_reports_count_every_workers_traffic(tmp_path: Path, tiny_releas
         shutil.copytree(stores / "edge", tmp_path / "edge")
         server = start("edge", tmp_path / "edge", tmp_path, "--workers", "2", "--cache-size",
                        "0", "--registry", registry.target, "--sync-backoff-max-s", "1",
-                       registry_secret=TOKEN, env=ENV)
+                       "--access-log", "true", registry_secret=TOKEN, env=ENV)
         try:
             wait_all_ready(server)
             keep_alive(server.url, CONNECTIONS, PER_CONNECTION)

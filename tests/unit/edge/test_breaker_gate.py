@@ -43,7 +43,9 @@ def test_retry_after_opens_the_circuit_for_that_long() -> None:
 
 
 def test_gate_thresholds() -> None:
-    probabilities = np.array([[0.9, 0.1], [0.55, 0.45], [0.3, 0.7], [0.0, 1.0]])
-    assert unsure(probabilities, 0.75).tolist() == [1, 2]
-    assert unsure(probabilities, 0).tolist() == []
-    assert unsure(probabilities, 1).tolist() == [0, 1, 2, 3]  # 1 escalates even certain rows
+    confidence = np.array([[0.9, 0.1], [0.55, 0.45], [0.3, 0.7], [0.0, 1.0]]).max(axis=1)
+    assert unsure(confidence, 0.75) == [1, 2]
+    assert unsure(confidence, 0.7) == [1]  # at the threshold: the edge answers
+    assert unsure(confidence, np.nextafter(0.7, 1)) == [1, 2]  # just above it: escalated
+    assert unsure(confidence, 0) == []
+    assert unsure(confidence, 1) == [0, 1, 2, 3]  # 1 escalates even certain rows

@@ -9,6 +9,7 @@ import pytest
 from litestar.exceptions import MethodNotAllowedException
 from litestar.testing import TestClient
 
+from serving.config.settings import ServingSettings
 from serving.errors import ModelNotFound, Overloaded, ServingError
 from serving.transport.responses import INTERNAL, error_response
 from serving.transport.rest import create_app
@@ -63,12 +64,15 @@ def test_a_route_and_the_infer_handler_answer_an_error_alike() -> None:
     assert route.json() == handler.json() == {"error": "model 'nope' has no version None"}
 
 
-def test_probes_are_counted_not_logged_and_requests_are_logged(
-        caplog: pytest.LogCaptureFixture) -> None:
-    """Consul's checks and nginx's probes every few seconds would bury the lifecycle: a
-    passing probe is a debug line and a count in /metrics; a failing probe, an inference and
-    a 404 stay in the log."""
-    p, _ = plane()
+def access_logged(caplog: pytest.LogCaptureFixture, access_log: bool) -> tuple[list[str], str]:
+    """What the access log said (and /metrics) for 3 passing probes, an inference, a 404, an
+    inference that fails with a 500 and a failing readiness probe."""
+    p, tier = plane()
+    tier.settings = ServingSettings(access_log=access_log)
+    failing, _ = plane(fail=RuntimeError("boom"))
+    failing.service.settings = tier.settings  # type: ignore[misc]
+    not_ready, _ = plane(loaded=False)
+    not_ready.service.settings = tier.settings  # type: ignore[misc]
     with caplog.at_level(logging.INFO, logger="serving.access"), \
             TestClient(create_app(p)) as client:
         for _ in range(3):
@@ -76,11 +80,35 @@ def test_probes_are_counted_not_logged_and_requests_are_logged(
         assert client.post("/v2/models/sentiment/infer", content=BODY).status_code == 200
         assert client.get("/v2/models/nope").status_code == 404
         scraped = client.get("/metrics").text
-        with TestClient(create_app(plane(loaded=False)[0])) as empty:
+        with TestClient(create_app(failing)) as broken:
+            assert broken.post("/v2/models/sentiment/infer", content=BODY).status_code == 500
+        with TestClient(create_app(not_ready)) as empty:
             assert empty.get("/v2/health/ready").status_code == 503
-    logged = [r.getMessage() for r in caplog.records if r.name == "serving.access"]
+    return [r.getMessage() for r in caplog.records if r.name == "serving.access"], scraped
+
+
+def test_with_the_access_log_on_requests_are_logged_and_probes_counted_not_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Consul's checks and nginx's probes every few seconds would bury the lifecycle: a
+    passing probe is a debug line and a count in /metrics; a failing probe, an inference and
+    a 404 stay in the log."""
+    logged, scraped = access_logged(caplog, access_log=True)
     assert not any("/v2/health/live" in line or "/metrics" in line for line in logged), logged
     assert any("POST /v2/models/sentiment/infer 200" in line for line in logged), logged
     assert any("GET /v2/models/nope 404" in line for line in logged), logged
+    assert any("POST /v2/models/sentiment/infer 500" in line for line in logged), logged
     assert any("GET /v2/health/ready 503" in line for line in logged), logged  # news
+    assert 'test_probe_requests_total{path="/v2/health/live",status="200"} 3.0' in scraped
+
+
+def test_with_the_access_log_off_by_default_only_server_faults_are_logged(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Off (the default, as in Triton): no line for an answered request, a client's 4xx or a
+    passing probe; a 500 and a failing readiness probe (5xx) are still logged, and probes
+    still counted."""
+    assert ServingSettings().access_log is False
+    logged, scraped = access_logged(caplog, access_log=False)
+    assert not any(" 200" in line or " 404" in line for line in logged), logged
+    assert any("POST /v2/models/sentiment/infer 500" in line for line in logged), logged
+    assert any("GET /v2/health/ready 503" in line for line in logged), logged
     assert 'test_probe_requests_total{path="/v2/health/live",status="200"} 3.0' in scraped
