@@ -22,7 +22,6 @@ little-endian length-prefixed elements), or from the gRPC transport (typed ``con
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Protocol
@@ -174,8 +173,8 @@ def parse(body: bytes, decoder: Decoder, header_length: str | None = None) -> Pa
         if wanted is not None:
             binary[output.name] = wanted
     outputs = [o.name for o in request.outputs] if request.outputs is not None else None
-    parsed = validate(request.id, request.parameters, tensors, outputs, decoder)
-    return dataclasses.replace(parsed, binary_all=binary_all, binary=binary)
+    return validate(request.id, request.parameters, tensors, outputs, decoder, binary_all,
+                    binary)
 
 
 def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
@@ -223,12 +222,14 @@ def _tensors(inputs: list[RequestInput], tail: memoryview) -> list[Tensor]:
 
 
 def validate(request_id: str | None, parameters: dict[str, Any], tensors: list[Tensor],
-             outputs: list[str] | None, decoder: Decoder) -> Parsed:
+             outputs: list[str] | None, decoder: Decoder, binary_all: bool = False,
+             binary: Mapping[str, bool] | None = None) -> Parsed:
     """The request that ``tensors`` make, every transport's, decoded by the release's kind."""
     names = [t.name for t in tensors]
     if len(set(names)) != len(names):
         raise BadRequest(f"duplicate input names: {names}")
-    return Parsed(request_id, parameters, decoder.decode(tensors, parameters), outputs)
+    return Parsed(request_id, parameters, decoder.decode(tensors, parameters), outputs,
+                  binary_all, binary or {})
 
 
 def _numpy(value: Any) -> Any:
