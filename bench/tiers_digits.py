@@ -120,10 +120,11 @@ def runs_table(title: str, runs: Sequence[Run]) -> Table:
 
 
 def versus_table(runs: Sequence[Run], raws: Sequence[RawImages]) -> Table:
-    table = Table(title="Servers vs their raw runtime on the same images (same run): req/s "
-                        "over raw rows/s")
+    table = Table(title="Servers as a share of the model's limit (its best in-process batch on "
+                        "the same images, same run; the server also decodes each PNG) and vs "
+                        "raw single rows")
     for column in ("tier", "configuration", "conc", "req/s", "p50 ms", "p99 ms",
-                   "raw 1-row rows/s", "vs 1-row", "raw best rows/s (batch)", "vs best"):
+                   "raw 1-row rows/s", "vs 1-row", "limit rows/s (batch)", "share of limit"):
         table.add_column(column, justify="left" if column in ("tier", "configuration")
                          else "right")
     for r in runs:

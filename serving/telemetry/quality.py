@@ -119,7 +119,10 @@ class QualityWindow:
         self.inflows: list[Callable[[QualityWindow], None]] = []  # run first in each drain
 
     def _window(self, model: str, version: int) -> _Window:
-        return self._windows.setdefault((model, version), _Window())
+        found = self._windows.get((model, version))
+        if found is None:  # built only when missing: it holds two numpy arrays
+            found = self._windows[(model, version)] = _Window()
+        return found
 
     def request(self, model: str, version: int, seconds: float) -> None:
         with self._lock:
