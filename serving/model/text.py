@@ -77,7 +77,8 @@ def unpadded(tokenizer: Tokenizer) -> Tokenizer:
 
 def token_rows(tokenizer: Tokenizer, texts: list[str]) -> tuple[list[np.ndarray], list[bool]]:
     """Token ids per text (truncated to the tokenizer's limit) and whether each was truncated."""
-    batch = tokenizer.encode_batch(texts)
+    # one text (most requests): encode, without encode_batch's set-up for a parallel batch
+    batch = [tokenizer.encode(texts[0])] if len(texts) == 1 else tokenizer.encode_batch(texts)
     return ([np.asarray(e.ids, dtype=np.int64) for e in batch],
             [bool(e.overflowing) for e in batch])
 

@@ -14,6 +14,7 @@ from serving.runtime.repository import Resident
 __all__ = ["outputs_metadata", "response", "softmax"]
 
 OUTPUTS = ("label", "probabilities", "confidence", "tier")
+SMALL = 8  # rows up to which the outputs are computed on Python lists
 
 
 def outputs_metadata(resident: Resident) -> list[dict[str, Any]]:
@@ -29,13 +30,19 @@ def response(resident: Resident, parsed: v2.Parsed, probabilities: np.ndarray,
     """The V2 response; only the outputs the request asked for, when it asked."""
     n, labels = probabilities.shape
     names = resident.manifest.labels
+    values = probabilities.astype(np.float32, copy=False)
+    if n <= SMALL:  # in Python: numpy's argmax and max cost more than this on a few rows
+        rows = values.tolist()
+        top = [row.index(max(row)) for row in rows]  # the first of equal maxima, as argmax
+        confidence: Any = [row[k] for row, k in zip(rows, top, strict=True)]
+        flat: Any = [p for row in rows for p in row]
+    else:
+        top = values.argmax(1).tolist()
+        confidence, flat = values.max(1), values.ravel()
     tensors = {
-        "label": v2.ResponseOutput("label", [n], "BYTES",
-                                   [names[i] for i in probabilities.argmax(1)]),
-        "probabilities": v2.ResponseOutput("probabilities", [n, labels], "FP32",
-                                           probabilities.astype(np.float32).ravel()),
-        "confidence": v2.ResponseOutput("confidence", [n], "FP32",
-                                        probabilities.max(1).astype(np.float32)),
+        "label": v2.ResponseOutput("label", [n], "BYTES", [names[i] for i in top]),
+        "probabilities": v2.ResponseOutput("probabilities", [n, labels], "FP32", flat),
+        "confidence": v2.ResponseOutput("confidence", [n], "FP32", confidence),
         "tier": v2.ResponseOutput("tier", [n], "BYTES", tiers),
     }
     wanted = parsed.outputs if parsed.outputs is not None else list(OUTPUTS)
