@@ -28,30 +28,30 @@ class Answers:
     versions: list[str | None]  # the center's version, for rows it answered
 
     @classmethod
-    def of(cls, rows: list[Cached], labels: int) -> Answers:
-        probabilities = (np.stack([c.probabilities for c in rows]) if rows
-                         else np.zeros((0, labels), np.float32))
-        return cls(probabilities, [c.tier for c in rows], [c.center_version for c in rows])
+    def empty(cls, labels: int) -> Answers:
+        return cls(np.zeros((0, labels), np.float32), [], [])
 
     def row(self, k: int) -> Cached:
         return Cached(self.probabilities[k].copy(), self.tiers[k], self.versions[k])
 
-    def placed(self, hits: dict[int, Cached], misses: list[int], fresh: Answers) -> Answers:
-        """A request's answers: ``self`` holds its cache ``hits`` (in order), ``fresh`` the
-        answers of its rows ``misses``."""
+    @classmethod
+    def merged(cls, hits: dict[int, Cached], misses: list[int], fresh: Answers) -> Answers:
+        """A request's answers: its cache ``hits`` by position, and ``fresh``, the answers of
+        its rows ``misses``."""
         if not hits:
             return fresh
-        if not misses:
-            return self
         rows = len(hits) + len(misses)
-        probabilities = np.empty((rows, self.probabilities.shape[1]), np.float32)
+        labels = next(iter(hits.values())).probabilities.shape[0]
+        probabilities = np.empty((rows, labels), np.float32)
         tiers: list[str] = [""] * rows
         versions: list[str | None] = [None] * rows
-        for source, places in ((self, sorted(hits)), (fresh, misses)):
-            probabilities[places] = source.probabilities
-            for k, i in enumerate(places):
-                tiers[i], versions[i] = source.tiers[k], source.versions[k]
-        return Answers(probabilities, tiers, versions)
+        for i, hit in hits.items():
+            probabilities[i] = hit.probabilities
+            tiers[i], versions[i] = hit.tier, hit.center_version
+        probabilities[misses] = fresh.probabilities
+        for k, i in enumerate(misses):
+            tiers[i], versions[i] = fresh.tiers[k], fresh.versions[k]
+        return cls(probabilities, tiers, versions)
 
 
 class ResponseCache:

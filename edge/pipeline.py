@@ -56,8 +56,7 @@ class EdgeService:
         fresh = await self._cascade(resident, parsed, rows, misses, threshold, controller)
         for k, i in enumerate(misses):
             self.cache.put(keys[i], fresh.row(k))
-        cached = Answers.of([hits[i] for i in sorted(hits)], len(m.labels))
-        return self._respond(resident, parsed, rows, cached.placed(hits, misses, fresh),
+        return self._respond(resident, parsed, rows, Answers.merged(hits, misses, fresh),
                              threshold, cached=len(hits))
 
     def _respond(self, resident: Resident, parsed: v2.Parsed, rows: list[np.ndarray],
@@ -97,7 +96,7 @@ class EdgeService:
         unsure ones replaced by the center's (or marked degraded when no center answers, shed
         when the controller's budget is spent)."""
         if not indices:
-            return Answers.of([], len(resident.manifest.labels))
+            return Answers.empty(len(resident.manifest.labels))
         edge = await resident.batcher.submit([rows[i] for i in indices])  # probabilities
         answers = Answers(edge, ["edge"] * len(indices), [None] * len(indices))
         confidence = edge.max(axis=1)
@@ -121,6 +120,7 @@ class EdgeService:
             await self._escalate(resident, parsed, indices, unsure, answers)
         self.audit.sample(resident, parsed, indices, answers, confidence, controller)
         return answers
+
     def notes(self) -> list[str]:
         """What the readiness answer (and so the Consul check's output) should say."""
         return self.audit.notes()

@@ -136,6 +136,20 @@ def test_repeated_rows_come_from_the_cache_with_their_tier(tmp_path: Path) -> No
     assert sorted(hits) == [0, 1] and misses == [2]
 
 
+def test_a_request_of_cached_and_new_rows_answers_each_in_its_place(tmp_path: Path) -> None:
+    calls: list[dict[str, Any]] = []
+    service, batcher = edge(tmp_path, center_answering(calls)), FixedBatcher()
+    r = resident(batcher)
+    infer(service, r, parsed(SURE, UNSURE))  # rows 0 and 1 cached
+    out = outputs(infer(service, r, parsed(SURE, UNSURE, UNSURE, SURE)))
+    assert batcher.batches[1] == [UNSURE, SURE]  # only rows 2 and 3 reach the model
+    assert out["tier"] == ["edge", "center", "center", "edge"]
+    assert out["label"] == ["pos", "neg", "neg", "pos"]
+    assert out["confidence"][1] == out["confidence"][2] == pytest.approx(0.8)
+    assert out["confidence"][0] == out["confidence"][3] > 0.99
+    assert len(calls) == 2  # the first request's unsure row, then row 2 of the second
+
+
 def test_without_a_cache_every_request_reaches_the_model_and_the_center(tmp_path: Path) -> None:
     calls: list[dict[str, Any]] = []
     service = edge(tmp_path, center_answering(calls), cache_size=0)
