@@ -8,9 +8,10 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from bench.harness import Counters, Cpu, Plan, Usage, console, counters, wrk
+from bench.kit import BUSY_OTHERS
 from harness.load import Load
 from harness.processes import TierProcess
 
@@ -65,3 +66,19 @@ def time_batches(predict: Callable[[Any], object], batches: Sequence[Any],
 
 def ms(value: float) -> str:
     return "-" if math.isnan(value) else f"{value:.2f}"
+
+
+class Timed(Protocol):
+    """An in-process timing (text's ``Raw``, the images' ``RawImages``)."""
+
+    @property
+    def other_cores(self) -> float: ...
+
+
+def interference_note(raws: Sequence[Timed], runs: Sequence[Run]) -> str:
+    """How busy the rest of the machine was during the raw timings and the server runs."""
+    busy = max([r.other_cores for r in raws] + [r.usage.other_cores for r in runs])
+    if busy <= BUSY_OTHERS:
+        return f"Other processes used at most {busy:.2f} cores during any measurement."
+    return (f"[red]Other processes used up to {busy:.2f} cores during a measurement: the "
+            f"flagged rows are skewed; rerun on a quiet machine.[/]")

@@ -36,7 +36,7 @@ from bench.harness import (
     server,
     wrk,
 )
-from bench.kit import BUSY_OTHERS, cores, machine, write_bodies, wrk_version
+from bench.kit import cores, machine, write_bodies, wrk_version
 from bench.markdown import Shown
 from bench.tier_runs import (
     BATCHING_OFF,
@@ -46,6 +46,7 @@ from bench.tier_runs import (
     SATURATION,
     WORKERS,
     Run,
+    interference_note,
     measure,
     ms,
     rotating_batches,
@@ -302,14 +303,6 @@ def cost_table(edge: tuple[Run, Run], center: tuple[Run, Run], raws: Sequence[Ra
     for name, e, c in rows:
         table.add_row(name, ms(e), ms(c), f"{c / e:.2f}x")
     return table
-
-
-def interference_note(raws: Sequence[Raw], runs: Sequence[Run]) -> str:
-    busy = max([r.other_cores for r in raws] + [r.usage.other_cores for r in runs])
-    if busy <= BUSY_OTHERS:
-        return f"Other processes used at most {busy:.2f} cores during any measurement."
-    return (f"[red]Other processes used up to {busy:.2f} cores during a measurement: the "
-            f"flagged rows are skewed; rerun on a quiet machine.[/]")
 
 
 # --- main ------------------------------------------------------------------------------------

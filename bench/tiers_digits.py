@@ -21,7 +21,7 @@ from rich.table import Table
 from bench import images
 from bench.harness import Plan, console, ensure_wrk, server, wrk
 from bench.images import DIGITS, FORM_NAMES, Escalated, ImageRelease, RawImages, TestImages
-from bench.kit import BUSY_OTHERS, cores, machine, wrk_version
+from bench.kit import cores, machine, wrk_version
 from bench.markdown import Shown
 from bench.tier_runs import (
     BATCHING_ON,
@@ -30,6 +30,7 @@ from bench.tier_runs import (
     SATURATION,
     WORKERS,
     Run,
+    interference_note,
     measure,
     ms,
 )
@@ -181,14 +182,6 @@ def keep_lines(runs: Sequence[Run], raws: Sequence[RawImages], decode_us: float)
                              f"of its best batch ({top.batch}: {top.rows_per_s:.1f} rows/s); "
                              f"p50 {r.load.p50_ms:.2f} ms, p99 {r.load.p99_ms:.2f} ms.")
     return lines
-
-
-def interference_note(raws: Sequence[RawImages], runs: Sequence[Run]) -> str:
-    busy = max([r.other_cores for r in raws] + [r.usage.other_cores for r in runs])
-    if busy <= BUSY_OTHERS:
-        return f"Other processes used at most {busy:.2f} cores during any measurement."
-    return (f"[red]Other processes used up to {busy:.2f} cores during a measurement: the "
-            f"flagged rows are skewed; rerun on a quiet machine.[/]")
 
 
 # --- main ------------------------------------------------------------------------------------
