@@ -13,7 +13,9 @@ A standalone registry has no standby to lose records to and tells its head at on
 Each tick reads the head together with the newest change id in one read transaction: a
 standby that acked that id holds that head (it applies whole transactions in order, or a
 snapshot taken after it). Heads read while no standby had them wait here, newest last, until
-one is held; the newest held is told and the older ones are dropped with it.
+one is held; the newest held is told and the older ones are dropped with it, and told only
+while the chain still holds it (a registry demoted, its database replaced by a snapshot and
+promoted again in the same process must not tell a head of its old history).
 """
 
 from __future__ import annotations
@@ -66,5 +68,6 @@ class WitnessGate:
             if len(changes.standbys_at(conn, candidate.position)) >= self.wanted:
                 for _ in range(i + 1):
                     self.waiting.popleft()
-                return candidate.head
+                held = chain.hash_at(conn, candidate.head.seq) == candidate.head.hash
+                return candidate.head if held else None
         return None

@@ -193,6 +193,31 @@ def test_heads_waiting_for_a_standby_are_bounded_and_the_newest_is_told_once_hel
     assert not gate.waiting
 
 
+def test_heads_of_an_earlier_term_are_never_told_after_the_history_was_replaced(
+        pair: tuple[sqlite_utils.Database, sqlite_utils.Database]) -> None:
+    """Primary ``a`` read record 4 (never replicated) and lost the lock; ``b`` led and wrote
+    its own record 4; ``a``'s database became ``b``'s (the snapshot a diverged registry
+    copies) and ``a`` led again in the same process: its old record 4 must not be told."""
+    primary, standby = pair
+    gate = WitnessGate(1)
+    due(gate, primary)
+    lost = write(primary)
+    assert due(gate, primary) is None  # waiting
+    with transaction(standby) as conn:
+        role.set_role(conn, "primary", term=3, lease_until=time.time() + 60)
+        leader.promotion_record(conn, "t", "registry-a", 3, "registry-b")
+    ours = chain.head(standby.conn)
+    ack(standby, "registry-b", changes.position(primary.conn) + 5)  # past the lost record's
+    assert due(gate, standby) == ours != lost  # the same gate, now on the replaced history
+    # were the term the same, a held head the chain no longer holds is still not told
+    write(standby)  # a newer head, not yet on any standby
+    with transaction(standby) as conn:
+        conn.execute("DELETE FROM replicas")
+        changes.acked(conn, "registry-c", 1)
+    gate.waiting.append(witness_gate.Candidate(lost, 1))
+    assert due(gate, standby) is None
+
+
 def test_rewriting_a_replicated_told_record_is_still_caught(
         pair: tuple[sqlite_utils.Database, sqlite_utils.Database], tmp_path: Path) -> None:
     primary, _ = pair
