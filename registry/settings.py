@@ -214,7 +214,8 @@ class RegistrySettings(ConsulSettings):
     witness_interval_s: float = Field(default=5.0, gt=0, le=3600)
     """How often, at most, ``registry serve`` tells the connected nodes its audit chain's new
     head (signed): each keeps the newest and shows it in its hello, so records removed later
-    (an older signed head put back) are caught when the nodes reconnect."""
+    (an older signed head put back) are caught when the nodes reconnect. The primary of a
+    group tells only a head ``sync_standbys`` standbys (at least one) hold."""
 
     chunking: bool = True
     """Cut each published artifact into content-defined chunks (FastCDC, zstd-compressed,

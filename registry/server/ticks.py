@@ -18,7 +18,6 @@ from registry.server.metrics import SyncMetrics
 from registry.server.service import SyncService
 from registry.server.session import Database
 from registry.settings import RegistrySettings
-from registry.store import chain
 from registry.store.chain import Head
 from serving import tasks
 
@@ -68,14 +67,14 @@ class Ticks:
 
     async def _tell(self) -> None:
         """Every ``witness_interval_s``: when the audit chain moved, tell the nodes its new
-        head (``registry.server.witness_teller``)."""
+        head (``registry.server.witness_teller``; in a group once a standby holds it)."""
         told: Head | None = None
         while True:
             await asyncio.sleep(self.settings.witness_interval_s)
             if self.service.refusing is not None:
                 continue
             try:
-                head = await self.db.run(lambda: chain.head(self.db.catalog.db.conn))
+                head = await self.db.run(self.service.witnesses.due)
                 if head is not None and head != told:
                     self.service.witnesses.tell(head)
                     told = head

@@ -1,6 +1,7 @@
 """Audit witnesses: the chain's head, signed and told to every node, and the heads nodes show
 back at hello, checked against the chain (``registry.trust.witness_check``): a registry that
-later loses records meets the nodes that were told of them."""
+later loses records meets the nodes that were told of them. In a group only heads a standby
+holds are told (``registry.ha.witness_gate``): a failover must not look like a rewrite."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import logging
 from typing import TYPE_CHECKING
 
 from registry.fleet import nodes
+from registry.ha.witness_gate import WitnessGate
 from registry.server.metrics import SyncMetrics
 from registry.store.chain import Head
+from registry.store.db import read
 from registry.trust import witness_check
 from sync.gen import sync_pb2 as pb
 
@@ -26,6 +29,13 @@ class WitnessTeller:
         self.db, self.metrics, self.sessions = db, metrics, sessions
         self.writes, self.metadata = writes, metadata
         self.told: pb.ServerMessage | None = None  # the chain's head as last told (signed)
+        self.gate = WitnessGate(db.settings.sync_standbys)
+
+    def due(self) -> Head | None:
+        """On the database thread: the newest head that may be told now (in a group, one a
+        standby holds; None: none)."""
+        with read(self.db.catalog.db) as conn:
+            return self.gate.due(conn)
 
     def tell(self, head: Head) -> None:
         """Sign ``head`` once and queue it to every connected node (and to those that connect
