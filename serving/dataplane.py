@@ -27,7 +27,7 @@ from serving.runtime.parsing import Gone, ParsePool
 from serving.runtime.repository import Repository, Resident
 from serving.telemetry import tracing
 from serving.telemetry.metrics import Metrics
-from serving.telemetry.refusals import Refusals
+from serving.telemetry.refusals import RefusalLog
 
 VERSION = "0.1.0"
 # Requests above this many bytes (or the input kind's own bound: an image is decoded off the
@@ -74,15 +74,21 @@ class Request(Protocol):
 
 
 class DataPlane:
-    def __init__(self, service: Service) -> None:
-        self.service = service
+    def __init__(self, service: Service, parsing: ParsePool, refusals: RefusalLog) -> None:
+        """Built by :meth:`of` (the tier's wiring); ``parsing``: where requests are parsed,
+        ``refusals``: where refused and slow ones are told."""
+        self.service, self.parsing, self.refusals = service, parsing, refusals
         self.repository = service.repository
         self.metrics = service.metrics
         self._watch: asyncio.Task[None] | None = None  # the store watcher, from start to stop
+
+    @classmethod
+    def of(cls, service: Service) -> DataPlane:
+        """The data plane of ``service``, its parse pool and refusal log from its settings."""
         s = service.settings
         threads = s.parse_threads or min(MAX_PARSE_THREADS, len(os.sched_getaffinity(0)))
-        self.parsing = ParsePool(threads, s.parse_queue, s.parse_deadline_s)
-        self.refusals = Refusals(service.metrics, s.slow_request_s)
+        return cls(service, ParsePool(threads, s.parse_queue, s.parse_deadline_s),
+                   RefusalLog(service.metrics, s.slow_request_s))
 
     async def start(self) -> None:
         """Serve what the store holds (edge autonomy: before any registry is reached)."""

@@ -42,7 +42,7 @@ class Overloaded(ServingError):
         self.headers = {"Retry-After": str(retry_after)}
 
 
-class Refused(BadRequest):
+class InputRefused(BadRequest):
     """An input past a bound checked before any work is spent on it: an image's scans,
     segments, chunks or metadata (``serving.inputs.structure``). ``reason`` names the bound."""
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import numpy as np
 from PIL import Image, ImageFile, PngImagePlugin, UnidentifiedImageError
 
-from serving.errors import BadRequest, Refused
+from serving.errors import BadRequest, InputRefused
 from serving.inputs import structure
 from serving.release.manifest import ImageInput
 
@@ -46,7 +46,7 @@ def sizes(images: list[bytes], spec: ImageInput) -> list[tuple[int, int]]:
     for row, data in enumerate(images):
         segments += structure.check(data, row).in_python
         if segments > MAX_REQUEST_SEGMENTS:
-            raise Refused(f"the request's images hold more than {MAX_REQUEST_SEGMENTS} JPEG "
+            raise InputRefused(f"the request's images hold more than {MAX_REQUEST_SEGMENTS} JPEG "
                           f"header segments and PNG chunks together (row {row}); the limit "
                           f"is {MAX_REQUEST_SEGMENTS}: send fewer rows per request",
                           "segments")

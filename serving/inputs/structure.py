@@ -7,7 +7,7 @@ scan being a pass over every block; 200,000 empty COM markers cost Pillow's mark
 per open; a PNG's zTXt chunks are inflated at open. Here a JPEG's marker segments are walked
 (their lengths; a scan's entropy-coded data searched for the next marker in C, by ``re``) and
 a PNG's chunks, each count and size checked as it is met, so walking costs at most the bound
-plus one linear search: a request past one is refused with :class:`Refused`, naming it.
+plus one linear search: a request past one is refused with :class:`InputRefused`, naming it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-from serving.errors import Refused
+from serving.errors import InputRefused
 
 MAX_SCANS = 32  # SOS markers: libjpeg's progressive scripts write 6 (grey) or 10 (colour)
 MAX_SEGMENTS = 128  # JPEG marker segments (a baseline JPEG has ~10, a progressive one ~30)
@@ -51,7 +51,7 @@ class Structure:
 
 
 def check(data: bytes, row: int) -> Structure:
-    """The structure of a JPEG or PNG, :class:`Refused` past a bound; anything else is left
+    """The structure of a JPEG or PNG, :class:`InputRefused` past a bound; anything else is left
     to Pillow (which refuses what is neither)."""
     if data.startswith(b"\xff\xd8"):
         return _jpeg(data, row)
@@ -60,8 +60,8 @@ def check(data: bytes, row: int) -> Structure:
     return Structure()
 
 
-def _refuse(row: int, what: str, limit: int, reason: str) -> Refused:
-    return Refused(f"image row {row}: more than {limit} {what}; the limit is {limit}", reason)
+def _refuse(row: int, what: str, limit: int, reason: str) -> InputRefused:
+    return InputRefused(f"image row {row}: more than {limit} {what}; the limit is {limit}", reason)
 
 
 def _metadata(found: Structure, row: int, length: int) -> None:
@@ -139,5 +139,5 @@ def _inflated(found: Structure, row: int, kind: bytes, body: bytes) -> None:
     except zlib.error:
         return  # Pillow refuses it
     if len(inflated) > MAX_INFLATED:
-        raise Refused(f"image row {row}: a {kind.decode()} chunk inflates to more than "
+        raise InputRefused(f"image row {row}: a {kind.decode()} chunk inflates to more than "
                       f"{MAX_INFLATED} bytes; the limit is {MAX_INFLATED}", "compressed")

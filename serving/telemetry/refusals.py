@@ -14,7 +14,7 @@ log = logging.getLogger("serving.refused")
 LINES_PER_S = 10  # warning lines a second, at most; beyond it only counted
 
 
-class Refusals:
+class RefusalLog:
     def __init__(self, metrics: Metrics, slow_s: float) -> None:
         self.metrics, self.slow_s = metrics, slow_s
         self._second, self._lines, self._suppressed = 0, 0, 0
