@@ -5,6 +5,7 @@ and count a refused or slow request leaves (``serving.telemetry.refusals``)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 from pathlib import Path
@@ -23,6 +24,7 @@ from serving.release.manifest import ImageInput, TensorSpec
 from serving.runtime.parsing import ParsePool
 from serving.runtime.repository import Resident
 from serving.telemetry.logs import request_id
+from serving.transport import rest
 from tests import image_attacks as attack
 from tests.unit.serving.test_dataplane import OneModel, Tier
 from tests.unit.serving.test_store import manifest
@@ -228,4 +230,56 @@ def test_refusal_lines_are_throttled_and_the_next_says_how_many_were_left_out(
         asyncio.run(plane.infer("sentiment", None, Images(bomb)))
     last = [r for r in caplog.records if r.name == "serving.refused"][-1]
     assert last.fields["suppressed"] == 25 - len(lines)  # type: ignore[attr-defined]
+    plane.parsing.close()
+
+
+def binary_request(*images: bytes) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """Headers and body of a V2 binary request of encoded images."""
+    raw = b"".join(len(i).to_bytes(4, "little") + i for i in images)
+    header = json.dumps({"inputs": [{"name": "image", "datatype": "BYTES",
+                                     "shape": [len(images)],
+                                     "parameters": {"binary_data_size": len(raw)}}]}).encode()
+    return [(b"inference-header-content-length", str(len(header)).encode())], header + raw
+
+
+def test_a_rest_client_that_leaves_has_its_queued_parse_abandoned(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    walked: list[int] = []
+    real = pixels.sizes
+    monkeypatch.setattr(pixels, "sizes", lambda images, spec: walked.append(1) or real(
+        images, spec))
+    plane, tier = image_plane(parse_threads=1)
+    headers, content = binary_request(attack.png())
+    sent: list[dict[str, Any]] = []
+
+    async def scenario() -> None:
+        left = asyncio.Event()
+        messages = iter([{"type": "http.request", "body": content, "more_body": False}])
+
+        async def receive() -> dict[str, Any]:
+            message = next(messages, None)
+            if message is None:
+                await left.wait()
+                return {"type": "http.disconnect"}
+            return message
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        blocker = Blocking()
+        holding = asyncio.ensure_future(plane.parsing.run(plane.parsing.job(), blocker))
+        await asyncio.sleep(0.05)
+        scope = {"type": "http", "path": "/v2/models/sentiment/infer", "headers": headers}
+        answering = asyncio.ensure_future(rest.infer_handler(plane, 1 << 20)(
+            scope, receive, send))
+        await asyncio.sleep(0.05)
+        left.set()  # the client goes while its request waits for the parse thread
+        await answering
+        blocker.release.set()
+        await holding
+        await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+    assert sent[0]["status"] == 499 and walked == []  # its image was never looked at
+    assert refused_count(tier, "gone") == 1 and plane.parsing.held == 0
     plane.parsing.close()
