@@ -10,7 +10,7 @@ import time
 
 from serving.telemetry.metrics import Metrics
 
-log = logging.getLogger("serving.refused")
+log = logging.getLogger(__name__)
 LINES_PER_S = 10  # warning lines a second, at most; beyond it only counted
 
 

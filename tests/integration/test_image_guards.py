@@ -92,7 +92,7 @@ def test_attacks_are_refused_by_edge_and_center_while_an_honest_client_is_answer
     assert statuses and set(statuses) == {200}
     assert max(latencies) < 2.0, max(latencies)
     lines = [json.loads(line) for line in edge.log.read_text().splitlines()
-             if line.startswith("{") and '"serving.refused"' in line]
+             if line.startswith("{") and '"serving.telemetry.refusals"' in line]
     named = {(line["request_id"], line["reason"]) for line in lines}
     assert {(f"attack-{r}-edge", r) for r in ATTACKS} <= named
     assert all(line["level"] == "warning" and line["model"] == MODEL for line in lines)
