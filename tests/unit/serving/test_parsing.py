@@ -29,6 +29,7 @@ from tests import image_attacks as attack
 from tests.unit.serving.test_dataplane import OneModel, Tier
 from tests.unit.serving.test_store import manifest
 
+LOGGER = "serving.telemetry.refusals"
 SPEC = ImageInput(height=8, width=8, channels=1)
 
 
@@ -183,11 +184,11 @@ def test_a_refused_request_logs_one_warning_naming_it_and_is_counted_by_reason(
         finally:
             request_id.reset(token)
 
-    with caplog.at_level(logging.INFO, logger="serving.telemetry.refusals"):
+    with caplog.at_level(logging.INFO, logger=LOGGER):
         with pytest.raises(InputRefused):
             asyncio.run(send(attack.png(), bomb))
         asyncio.run(send(attack.png()))  # answered at once: no line
-    (line,) = [r for r in caplog.records if r.name == "serving.telemetry.refusals"]
+    (line,) = [r for r in caplog.records if r.name == LOGGER]
     fields = line.fields  # type: ignore[attr-defined]
     assert line.levelno == logging.WARNING
     assert "request refused (scans): image row 1: more than 32 JPEG scans" in line.getMessage()
@@ -202,9 +203,9 @@ def test_a_slow_request_logs_a_warning_and_a_fast_one_does_not(
     for slow_s, lines in ((60.0, 0), (1e-9, 1)):  # the same request, either side of the bound
         plane, tier = image_plane(slow_request_s=slow_s)
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="serving.telemetry.refusals"):
+        with caplog.at_level(logging.INFO, logger=LOGGER):
             asyncio.run(plane.infer("sentiment", None, Images(attack.png())))
-        found = [r for r in caplog.records if r.name == "serving.telemetry.refusals"]
+        found = [r for r in caplog.records if r.name == LOGGER]
         assert len(found) == lines
         assert tier.metrics.registry.get_sample_value(
             "test_request_slow_total", {"model": "sentiment"}) == (lines or None)
@@ -218,17 +219,17 @@ def test_refusal_lines_are_throttled_and_the_next_says_how_many_were_left_out(
         caplog: pytest.LogCaptureFixture) -> None:
     plane, tier = image_plane()
     bomb = attack.scan_bomb(attack.progressive(64), 40)
-    with caplog.at_level(logging.INFO, logger="serving.telemetry.refusals"):
+    with caplog.at_level(logging.INFO, logger=LOGGER):
         for _ in range(25):
             with pytest.raises(InputRefused):
                 asyncio.run(plane.infer("sentiment", None, Images(bomb)))
-    lines = [r for r in caplog.records if r.name == "serving.telemetry.refusals"]
+    lines = [r for r in caplog.records if r.name == LOGGER]
     assert refused_count(tier, "scans") == 25  # every one counted
     assert 10 <= len(lines) <= 20  # at most 10 a second were written
     plane.refusals._second -= 1  # a second later
-    with caplog.at_level(logging.INFO, logger="serving.telemetry.refusals"), pytest.raises(InputRefused):
+    with caplog.at_level(logging.INFO, logger=LOGGER), pytest.raises(InputRefused):
         asyncio.run(plane.infer("sentiment", None, Images(bomb)))
-    last = [r for r in caplog.records if r.name == "serving.telemetry.refusals"][-1]
+    last = [r for r in caplog.records if r.name == LOGGER][-1]
     assert last.fields["suppressed"] == 25 - len(lines)  # type: ignore[attr-defined]
     plane.parsing.close()
 
