@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from serving.telemetry.metrics import Metrics
 
@@ -15,8 +16,9 @@ LINES_PER_S = 10  # warning lines a second, at most; beyond it only counted
 
 
 class RefusalLog:
-    def __init__(self, metrics: Metrics, slow_s: float) -> None:
-        self.metrics, self.slow_s = metrics, slow_s
+    def __init__(self, metrics: Metrics, slow_s: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.metrics, self.slow_s, self.clock = metrics, slow_s, clock
         self._second, self._lines, self._suppressed = 0, 0, 0
 
     def refused(self, model: str, reason: str, message: str, wall_s: float,
@@ -31,7 +33,7 @@ class RefusalLog:
             self._line(f"slow request: {wall_s:.2f} s", model, "slow", wall_s, cpu_s)
 
     def _line(self, message: str, model: str, reason: str, wall_s: float, cpu_s: float) -> None:
-        second = int(time.monotonic())
+        second = int(self.clock())
         if second != self._second:
             self._second, self._lines = second, 0
         self._lines += 1
