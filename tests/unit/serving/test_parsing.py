@@ -295,3 +295,26 @@ def test_a_rest_client_that_leaves_has_its_queued_parse_abandoned(
     assert sent[0]["status"] == 499 and walked == []  # its image was never looked at
     assert refused_count(tier, "gone") == 1 and plane.parsing.held == 0
     plane.parsing.close()
+
+
+def test_a_jobs_cpu_is_read_from_its_thread_while_it_runs_and_kept_once_done() -> None:
+    job, spinning, stop = work.Job(deadline=float("inf"), seconds=5), threading.Event(), [False]
+
+    def spin() -> None:
+        job.started(threading.get_ident())
+        spinning.set()
+        while not stop[0]:
+            pass
+        job.finished()
+
+    thread = threading.Thread(target=spin)
+    thread.start()
+    spinning.wait(5)
+    time_spent, waited = 0.0, 0
+    while time_spent < 0.05 and waited < 1000:  # this thread sleeps: only the job's is read
+        threading.Event().wait(0.01)
+        time_spent, waited = job.cpu(), waited + 1
+    assert job.cpu_s is None and time_spent >= 0.05
+    stop[0] = True
+    thread.join()
+    assert job.cpu_s is not None and job.cpu() == job.cpu_s >= time_spent
