@@ -15,7 +15,7 @@ def wire(settings: EdgeSettings) -> Process:
     service = build_service(settings)
     node = Node(settings, service.repository, service.watches())
     subscribe(node, service.metrics, service.policy.set_budget)
-    return Process(DataPlane(service), node)
+    return Process(DataPlane.of(service), node)
 
 
 cli = tier_command("edge", EdgeSettings, wire)

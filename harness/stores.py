@@ -19,10 +19,11 @@ def _registry(home: Path, *args: str | Path) -> None:
                         "REGISTRY_ACTOR": "bench@fuzz"}, timeout=300)
 
 
-def fill_stores(root: Path, release: Path, model: str = "tiny") -> None:
-    """Publish ``release`` to a registry under ``root`` and pull it into both tiers' stores."""
+def fill_stores(root: Path, release: Path, model: str = "tiny", *flags: str | Path) -> None:
+    """Publish ``release`` (with ``registry publish``'s ``flags``) to a registry under ``root``
+    and pull it into both tiers' stores."""
     home = root / "registry"
-    _registry(home, "publish", release, "--name", model)
+    _registry(home, "publish", release, "--name", model, *flags)
     for tier in ("center", "edge"):
         _registry(home, "pull", model, "--tier", tier, "--store", root / tier)
 

@@ -9,6 +9,7 @@ stops the model repository: ``start`` serves what the store holds, ``stop`` drai
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any, Protocol
 
@@ -18,17 +19,23 @@ from serving.config import environment
 from serving.config.settings import ServingSettings
 from serving.errors import NotReady, ServingError
 from serving.fleet.discovery import OnChange
+from serving.inputs import Codec
+from serving.inputs.work import Job
 from serving.protocol import v2
 from serving.runtime import classify
+from serving.runtime.parsing import Gone, ParsePool
 from serving.runtime.repository import Repository, Resident
 from serving.telemetry import tracing
 from serving.telemetry.metrics import Metrics
+from serving.telemetry.refusals import RefusalLog
 
 VERSION = "0.1.0"
 # Requests above this many bytes (or the input kind's own bound: an image is decoded off the
-# loop whatever its size) are parsed in a worker thread, off the event loop, so health checks
-# and the other requests keep being answered meanwhile; below it the hop costs more.
+# loop whatever its size) are parsed in a parse thread (``serving.runtime.parsing``), off the
+# event loop, so health checks and the other requests keep being answered meanwhile; below it
+# the hop costs more.
 PARSE_INLINE_BYTES = 64 * 1024
+MAX_PARSE_THREADS = 8  # the default's ceiling: decoding is CPU, more threads than cores idle
 
 
 class Service(Protocol):
@@ -67,11 +74,21 @@ class Request(Protocol):
 
 
 class DataPlane:
-    def __init__(self, service: Service) -> None:
-        self.service = service
+    def __init__(self, service: Service, parsing: ParsePool, refusals: RefusalLog) -> None:
+        """Built by :meth:`of` (the tier's wiring); ``parsing``: where requests are parsed,
+        ``refusals``: where refused and slow ones are told."""
+        self.service, self.parsing, self.refusals = service, parsing, refusals
         self.repository = service.repository
         self.metrics = service.metrics
         self._watch: asyncio.Task[None] | None = None  # the store watcher, from start to stop
+
+    @classmethod
+    def of(cls, service: Service) -> DataPlane:
+        """The data plane of ``service``, its parse pool and refusal log from its settings."""
+        s = service.settings
+        threads = s.parse_threads or min(MAX_PARSE_THREADS, len(os.sched_getaffinity(0)))
+        return cls(service, ParsePool(threads, s.parse_queue, s.parse_deadline_s),
+                   RefusalLog(service.metrics, s.slow_request_s))
 
     async def start(self) -> None:
         """Serve what the store holds (edge autonomy: before any registry is reached)."""
@@ -85,6 +102,7 @@ class DataPlane:
             await asyncio.gather(self._watch, return_exceptions=True)
         await self.service.stop()
         await self.repository.stop()
+        self.parsing.close()
 
     def ready(self) -> list[str]:
         """The models served; :class:`NotReady` while there is none."""
@@ -114,9 +132,10 @@ class DataPlane:
         resident = self.repository.get(model, version)
         return {"name": model, "version": str(resident.version), "ready": True}
 
-    async def infer(self, model: str, version: str | None,
-                    request: Request) -> v2.InferResponse:
-        """Resolve the model, parse within its limits, let the tier answer; count the outcome."""
+    async def infer(self, model: str, version: str | None, request: Request,
+                    gone: Gone | None = None) -> v2.InferResponse:
+        """Resolve the model, parse within its limits, let the tier answer; count the outcome.
+        ``gone``: completes when the client has gone away (then its parsing is abandoned)."""
         resident = self.repository.get(model, version)
         started = time.perf_counter()
         if tracing.active():
@@ -124,22 +143,36 @@ class DataPlane:
             tracing.set_attributes(**{"tiered.model": model, "tiered.version": resident.version,
                                       "tiered.release_digest": served.sha256,
                                       "tiered.request_bytes": request.size})
+        job = self.parsing.job()
         try:
-            codec = resident.codec
-            inline = min(PARSE_INLINE_BYTES, codec.inline_bytes)
-            parsed = (request.parse(codec) if request.size <= inline
-                      else await asyncio.to_thread(request.parse, codec))
+            parsed = await self._parse(request, resident.codec, job, gone)
             result = await self.service.infer(resident, parsed)
         except ServingError as exc:
             self.metrics.request_failure.labels(model, str(resident.version),
                                                 type(exc).__name__).inc()
+            if exc.reason:
+                self.refusals.refused(model, exc.reason, str(exc),
+                                      time.perf_counter() - started, job.cpu())
             raise
         seconds = time.perf_counter() - started
         success, duration = self.metrics.answered(model, resident.version)
         success.inc()
         duration.observe(seconds)
         self.metrics.quality.request(model, resident.version, seconds)
+        self.refusals.answered(model, seconds, job.cpu())
         return result
+
+    async def _parse(self, request: Request, codec: Codec, job: Job,
+                     gone: Gone | None) -> v2.Parsed:
+        """The request parsed: on the event loop when small (the hop costs more), else in the
+        parse pool, bounded by its queue and the job's deadline."""
+        if request.size <= min(PARSE_INLINE_BYTES, codec.inline_bytes):
+            cpu = time.thread_time()
+            try:
+                return request.parse(codec)
+            finally:
+                job.cpu_s = time.thread_time() - cpu
+        return await self.parsing.run(job, lambda: request.parse(codec), gone)
 
     def exposition(self) -> bytes:
         """The Prometheus text exposition of this process's metrics; with several workers

@@ -13,6 +13,7 @@ from __future__ import annotations
 class ServingError(Exception):
     status = 500
     headers: dict[str, str] = {}  # noqa: RUF012 - class default, never mutated
+    reason = ""  # set: a guard refused the request; counted and logged by it (dataplane)
 
 
 class BadRequest(ServingError):
@@ -39,6 +40,41 @@ class Overloaded(ServingError):
     def __init__(self, message: str, retry_after: int = 1) -> None:
         super().__init__(message)
         self.headers = {"Retry-After": str(retry_after)}
+
+
+class InputRefused(BadRequest):
+    """An input past a bound checked before any work is spent on it: an image's scans,
+    segments, chunks or metadata (``serving.inputs.structure``). ``reason`` names the bound."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class ParseBusy(Overloaded):
+    """Every parse thread is busy and the parse queue is full (``parse_queue``)."""
+
+    reason = "busy"
+
+
+class ParseDeadline(ServingError):
+    """Parsing (decoding) the request took longer than ``parse_deadline_s``; what was left of
+    it was not done."""
+
+    status = 503
+    reason = "deadline"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.headers = {"Retry-After": "1"}
+
+
+class ClientGone(ServingError):
+    """The client went away before its request was parsed: the rest is not done. Nobody
+    reads the answer; 499 is nginx's status for it, in the logs."""
+
+    status = 499
+    reason = "gone"
 
 
 class SigningError(Exception):

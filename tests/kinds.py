@@ -100,3 +100,41 @@ def tabular_release(out: Path) -> tuple[Path, Path]:
 def torchscript_file(model: nn.Module, path: Path) -> Path:
     torchscript.save(torchscript.script(model.eval()), path)
     return path
+
+
+class Brightness(nn.Module):
+    """A one-conv CNN telling dark 8x8 grey images from bright ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.head = nn.Conv2d(1, 4, 3, padding=1), nn.Linear(4, 2)
+
+    def forward(self, image: Tensor) -> Tensor:
+        return self.head(torch.relu(self.conv(image)).mean(dim=(2, 3)))
+
+
+def image_release(out: Path, rows: int = 64) -> tuple[Path, Path]:
+    """``bright.pt`` (input ``image:FP32:-1,1,8,8``, labels ``dark,bright``) and the
+    ``calibration.jsonl`` of the PNGs it is calibrated on, built in a second or two."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    labels = np.arange(rows) % 2
+    grey = np.clip(rng.normal(60 + 130 * labels[:, None, None], 25, (rows, 8, 8)), 0, 255)
+    grey = grey.astype(np.uint8)
+    torch.manual_seed(0)
+    model = Brightness()
+    x, y = torch.from_numpy(grey[:, None] / np.float32(255)), torch.from_numpy(labels)
+    optimiser = torch.optim.Adam(model.parameters(), lr=0.05)
+    for _ in range(60):
+        optimiser.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimiser.step()
+    (out / "cal").mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i, image in enumerate(grey):
+        Image.fromarray(image, "L").save(out / "cal" / f"{i:03d}.png")
+        lines.append(json.dumps({"image": f"cal/{i:03d}.png",
+                                 "label": ["dark", "bright"][labels[i]]}))
+    (out / "calibration.jsonl").write_text("\n".join(lines) + "\n")
+    return torchscript_file(model, out / "bright.pt"), out / "calibration.jsonl"

@@ -234,6 +234,24 @@ class ServingSettings(ConsulSettings):
     """Time the calls still open on an aged connection get before it is closed (a health Watch
     stream ends here and the client opens a new one)."""
 
+    parse_threads: int = Field(default=0, ge=0, le=256)
+    """Threads that parse requests off the event loop (decode images, read bodies over 64 KB),
+    a pool of their own (0 = this machine's usable cores, at most 8)."""
+
+    parse_queue: int = Field(default=64, ge=0)
+    """Requests that may wait for a parse thread; beyond it a request is answered 503 with
+    Retry-After at once."""
+
+    parse_deadline_s: float = Field(default=5.0, gt=0, le=600)
+    """Longest a request's parsing (its images decoded) may take, queueing included: past it
+    the request is answered 503 and its remaining images are not decoded."""
+
+    slow_request_s: float = Field(default=1.0, gt=0)
+    """A request taking longer than this, or refused by a guard (image bounds, a full parse
+    queue, the parse deadline, its client gone), logs one warning line with its request id,
+    model, reason, CPU and wall time, access log or not, and is counted in
+    ``<tier>_request_refused_total`` / ``<tier>_request_slow_total``."""
+
     threads: int = Field(default=0, ge=0)
     """Intra-op threads of the model runtime per worker (0 = the runtime's default with one
     worker; with several, this machine's usable cores divided among them, at least 1)."""

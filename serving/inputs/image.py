@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from serving.errors import BadRequest
-from serving.inputs import pixels
+from serving.inputs import pixels, work
 from serving.inputs.base import Bounds, Feeds, encoded, model_input, one_input, stacked
 from serving.protocol import v2
 from serving.release.manifest import ImageInput, TensorSpec
@@ -66,9 +66,12 @@ class ImageCodec:
         if len(tensor.shape) == 2 and tensor.shape[1] != 1:
             raise BadRequest(f"input {tensor.name!r}: shape must be [rows] or [rows, 1]")
         images = v2.blobs(tensor)
-        pixels.sizes(images, self.spec)  # every header first: the request's pixels bounded
-        rows = [pixels.preprocess(pixels.decode(data, self.spec, i), self.spec)
-                for i, data in enumerate(images)]
+        pixels.sizes(images, self.spec)  # every image walked first: the request bounded
+        rows = []
+        for i, data in enumerate(images):
+            work.check(i)  # past the deadline, or the client gone: no further image decoded
+            rows.append(pixels.preprocess(pixels.decode(data, self.spec, i, walked=True),
+                                          self.spec))
         return v2.Decoded(rows, encoded(self.spec.name, images))
 
     def _pixels(self, tensor: v2.Tensor) -> v2.Decoded:

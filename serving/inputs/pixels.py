@@ -2,9 +2,11 @@
 cropping, scaling and normalising as the release declares (``ImageInput``), the same way in
 publish, edge and center.
 
-An encoded image is untrusted: its header is read first (``Image.open`` reads only that), and
-an image claiming more than ``max_pixels`` pixels (a decompression bomb: a few KB of PNG that
-inflate to gigabytes) is refused before a pixel is decoded.
+An encoded image is untrusted: its structure is walked first (``serving.inputs.structure``:
+scans, marker segments, chunks, metadata, each bounded), then its header is read
+(``Image.open`` reads only that), and an image claiming more than ``max_pixels`` pixels (a
+decompression bomb: a few KB of PNG that inflate to gigabytes) is refused before a pixel is
+decoded. Pillow's own guards are set as well, for what the walk leaves to it.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import warnings
 from collections.abc import Iterator
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageFile, PngImagePlugin, UnidentifiedImageError
 
-from serving.errors import BadRequest
+from serving.errors import BadRequest, InputRefused
+from serving.inputs import structure
 from serving.release.manifest import ImageInput
 
 FORMATS = ("JPEG", "PNG")
@@ -25,14 +28,29 @@ MODES = {1: "L", 3: "RGB"}
 MAX_REQUEST_PIXELS = 32 << 20
 """Pixels one request's encoded images may decode to, all rows together (the body's size
 does not bound them: 64 highly compressed 4096x4096 PNGs fit in 1 MiB)."""
+MAX_REQUEST_SEGMENTS = 3072
+"""JPEG header segments and PNG chunks of one request's images together (``in_python`` of
+``structure.Structure``): Pillow reads each in Python (~10 microseconds, twice), and 256
+rows each under ``structure.MAX_SEGMENTS`` would be 32,768. Honest images have 3-10."""
+
+ImageFile.LOAD_TRUNCATED_IMAGES = False  # a truncated image is refused, never half-decoded
+PngImagePlugin.MAX_TEXT_CHUNK = structure.MAX_INFLATED  # Pillow's defaults: 1 MB and 64 MB
+PngImagePlugin.MAX_TEXT_MEMORY = structure.MAX_COMPRESSED * structure.MAX_INFLATED
 
 
 def sizes(images: list[bytes], spec: ImageInput) -> list[tuple[int, int]]:
-    """Each encoded image's (width, height) from its header alone; refused past ``max_pixels``
-    for one image or ``MAX_REQUEST_PIXELS`` for all of them, before any pixel is decoded."""
-    out, total = [], 0
+    """Each encoded image's (width, height) from its structure and header alone; refused past
+    a bound of ``structure``, ``max_pixels`` for one image, ``MAX_REQUEST_PIXELS`` or
+    ``MAX_REQUEST_SEGMENTS`` for all of them, before any pixel is decoded."""
+    out, total, segments = [], 0, 0
     for row, data in enumerate(images):
-        with _opened(data, row) as image:
+        segments += structure.check(data, row).in_python
+        if segments > MAX_REQUEST_SEGMENTS:
+            raise InputRefused(f"the request's images hold more than {MAX_REQUEST_SEGMENTS} JPEG "
+                          f"header segments and PNG chunks together (row {row}); the limit "
+                          f"is {MAX_REQUEST_SEGMENTS}: send fewer rows per request",
+                          "segments")
+        with _opened(data, row, walked=True) as image:
             width, height = _bounded(image.size, spec, row)
         total += width * height
         if total > MAX_REQUEST_PIXELS:
@@ -51,9 +69,12 @@ def _bounded(size: tuple[int, int], spec: ImageInput, row: int) -> tuple[int, in
 
 
 @contextlib.contextmanager
-def _opened(data: bytes, row: int) -> Iterator[Image.Image]:
-    """The image's header read (``Image.open`` decodes nothing yet); undecodable data, other
-    formats and Pillow's own bomb guard become a ``BadRequest``."""
+def _opened(data: bytes, row: int, walked: bool = False) -> Iterator[Image.Image]:
+    """The image's structure walked (unless ``walked`` already) and header read (``Image.open``
+    decodes nothing yet); undecodable data, other formats and Pillow's own bomb guard become a
+    ``BadRequest``."""
+    if not walked:
+        structure.check(data, row)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -69,10 +90,11 @@ def _opened(data: bytes, row: int) -> Iterator[Image.Image]:
                          f"({type(exc).__name__})") from None
 
 
-def decode(data: bytes, spec: ImageInput, row: int = 0) -> np.ndarray:
+def decode(data: bytes, spec: ImageInput, row: int = 0, walked: bool = False) -> np.ndarray:
     """An encoded JPEG or PNG as ``uint8`` pixels ``[height, width, channels]`` in the
-    release's channels (grey or RGB); its size checked from its header first."""
-    with _opened(data, row) as image:
+    release's channels (grey or RGB); its structure (unless ``walked`` by :func:`sizes`
+    already) and size checked first."""
+    with _opened(data, row, walked) as image:
         _bounded(image.size, spec, row)  # from the header, before a pixel is decoded
         try:
             image.load()

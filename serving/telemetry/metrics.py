@@ -45,6 +45,13 @@ class Metrics:
                                        "answered", MV, registry=r)
         self.request_failure = Counter(f"{prefix}_request_failure", "Inference requests "
                                        "failed, by reason", [*MV, "reason"], registry=r)
+        self.request_refused = Counter(f"{prefix}_request_refused", "Inference requests "
+                                       "a guard refused (image bounds, parse queue full, parse "
+                                       "deadline, client gone), by reason; each logs a "
+                                       "warning", ["model", "reason"], registry=r)
+        self.request_slow = Counter(f"{prefix}_request_slow", "Inference requests answered "
+                                    "after more than slow_request_s; each logs a warning",
+                                    ["model"], registry=r)
         self.probes = Counter(f"{prefix}_probe_requests", "Health checks and scrapes "
                               "(/v2/health/*, /metrics), counted here and logged at debug "
                               "level only", ["path", "status"], registry=r)

@@ -197,7 +197,7 @@ def infer_handler(plane: DataPlane, max_body: int) -> ASGIApp:
                 return  # the client went away
             length = _header(scope, v2.HEADER_LENGTH.encode())
             request = v2.HttpRequest(body, length.decode("latin-1") if length else None)
-            result = await plane.infer(model, version, request)
+            result = await plane.infer(model, version, request, partial(_gone, receive))
             content, header_length = v2.encode_http(result, request.parsed)
             status = 200
             if header_length is not None:
@@ -240,6 +240,12 @@ async def _body(scope: Any, receive: Any, limit: int) -> bytes | None:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _gone(receive: Any) -> None:
+    """Returns when the client has gone away (the body is read: the next message is that)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 class TierApp(Litestar):

@@ -175,8 +175,8 @@ def test_unexpected_error_is_a_bare_500_and_debug_is_off(served: Tiers) -> None:
         return Exploding(load(manifest, folder))
 
     service.repository.loading.loader = exploding
-    app = create_app(DataPlane(service))
-    edge_app = create_app(DataPlane(build_edge(EdgeSettings(store=served.root / "edge-unused"))))
+    app = create_app(DataPlane.of(service))
+    edge_app = create_app(DataPlane.of(build_edge(EdgeSettings(store=served.root / "edge-unused"))))
     assert app.debug is False and edge_app.debug is False
     body = {"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["fine"]}]}
     with TestClient(app) as client:

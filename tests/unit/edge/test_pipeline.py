@@ -322,7 +322,7 @@ def test_a_drifting_audit_is_noted_in_readiness_and_its_report(tmp_path: Path) -
                                                                np.ones(20, int)])
     (note,) = service.notes()  # 50% agreement where the calibration predicts 95%
     assert note.startswith("drift: sentiment v3") and "95.0%" in note
-    assert DataPlane(service).notes() == [note]  # what /v2/health/ready carries
+    assert DataPlane.of(service).notes() == [note]  # what /v2/health/ready carries
     report = service.audit.report("sentiment", 3)
     assert report["drift"] and report["audit_rows"] == 40
     assert report["audit_agreement"] == pytest.approx(0.5)

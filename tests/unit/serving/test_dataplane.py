@@ -90,7 +90,7 @@ class Counted:
 
 def plane(loaded: bool = True, fail: Exception | None = None) -> tuple[DataPlane, Tier]:
     tier = Tier(OneModel(loaded), fail)
-    return DataPlane(tier), tier  # type: ignore[arg-type]
+    return DataPlane.of(tier), tier  # type: ignore[arg-type]
 
 
 def sample(tier: Tier, name: str, **labels: str) -> float:
