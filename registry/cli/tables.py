@@ -348,6 +348,11 @@ def rollout_view(console: Console, rollout: dict[str, Any]) -> None:
     console.print(table)
     if r.get("reason"):
         console.print(f"reason: {shown(r['reason'])}")
+    if r["state"] == "held":
+        console.print(f"[yellow]held ({shown(r.get('held'))})[/]: the gate could not judge and "
+                      f"did not pass; decide: `registry rollout resume {shown(r['model'])} "
+                      f"--reason TEXT` (passes it) or `registry rollout abort "
+                      f"{shown(r['model'])}`")
 
 
 def _figure(value: object) -> str:
