@@ -47,9 +47,10 @@ def ranked(n: int) -> list[RolloutNode]:
     return sorted(nodes, key=lambda e: waves.position(MODEL, e.node_id))
 
 
-def report(version: int, agreement: float, rows: int) -> dict[str, Any]:
+def report(version: int, agreement: float, rows: int, p99: float = 20.0,
+           drift: bool = False) -> dict[str, Any]:
     return {"model": MODEL, "version": version, "requests": 10**6, "audit_rows": rows,
-            "audit_agreement": agreement, "p99_ms": 20.0, "drift": False,
+            "audit_agreement": agreement, "p99_ms": p99, "drift": drift,
             "confidence_drift": False}
 
 
@@ -81,13 +82,15 @@ def roll(tmp_path: Path, n: int, flipped: bool, stolen: str | None = None,
                                             f"version {want}: bad artifact")])
                 continue
             honest = FLIPPED if flipped and want == 2 else GOOD
-            agreement, rows = honest, 300
+            said = report(want, honest, 300)
             if node == liar:
-                agreement, rows = {"silent": (honest, 0), "high": (1.0, LIE),
-                                   "low": (0.0, LIE)}.get(mode, (honest, 300))
+                said = {"silent": report(want, honest, 0), "high": report(want, 1.0, LIE),
+                        "low": report(want, 0.0, LIE),
+                        "drift": report(want, honest, 300, drift=want == 2),
+                        "slow": report(want, honest, 300, p99=10_000.0 if want == 2 else 20.0),
+                        }.get(mode, said)
             book.write([node_writes.ack(node, MODEL, want, "ACTIVE", ""),
-                        node_writes.quality(node.node_id, MODEL,
-                                            report(want, agreement, rows))])
+                        node_writes.quality(node.node_id, MODEL, said)])
         return on_new
 
     step()  # every edge reports on version 1 before the rollout
@@ -181,6 +184,42 @@ def test_a_small_honest_fleet_rolls_a_good_release_all_the_way_and_halts_a_flipp
     bad = roll(tmp_path, n, True)
     check(bad, "halted", True)
     assert bad.rollout.wave == 0 and bad.most == {2: 1, 6: 3}[n]
+
+
+@pytest.mark.parametrize("mode", ["drift", "slow"])
+@pytest.mark.parametrize("stolen", ["in", "out"])
+@pytest.mark.parametrize("n", [3, 9])
+def test_one_stolen_edge_claiming_drift_or_a_slow_p99_does_not_halt_a_good_release(
+        tmp_path: Path, n: int, stolen: str, mode: str) -> None:
+    """Drift alarms need two wave nodes; a side's p99 is judged in its best case (a side of
+    two: the lower, so a liar's 10 s is not the wave's)."""
+    run = roll(tmp_path, n, False, stolen, mode)
+    check(run, "done", False)
+
+
+def test_two_wave_nodes_in_drift_halt_a_release(tmp_path: Path) -> None:
+    policy = WavePolicy((0.3, 1.0), bake_s=10, install_timeout_s=60, min_audit_rows=100)
+    catalog = Catalog(connect(tmp_path / "drift.sqlite3"), "tester")
+    edges = ranked(9)
+    book = NodeBook(catalog.db)
+    for node in [*edges, CENTER]:
+        book.write([node_writes.hello(node, "peer", [])])
+    catalog.create_version(manifest(seed=1))
+    catalog.create_version(manifest(seed=2), rollout=policy)
+    at = time.time()
+    for _ in range(20):
+        at += 6
+        with audited(catalog.db, None) as conn:
+            steering.tick(conn, at, "registry:waves")
+        for i, node in enumerate(edges):
+            want = running(catalog, node)
+            assert want is not None
+            book.write([node_writes.ack(node, MODEL, want, "ACTIVE", ""),
+                        node_writes.quality(node.node_id, MODEL, report(
+                            want, GOOD, 300, drift=want == 2 and i < 2))])
+    r = waves.latest(catalog.db.conn, MODEL)
+    assert r is not None and r.state == "halted" and r.wave == 0
+    assert (r.reason or "").startswith("drift: 2 of 3 wave nodes report a drift alarm")
 
 
 def test_one_failed_install_does_not_halt_a_wave_two_do(tmp_path: Path) -> None:
