@@ -27,12 +27,10 @@ import json
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from registry.releases.evidence import Side, quorum, tolerated
-
-if TYPE_CHECKING:
-    from registry.releases.waves import WavePolicy
+from registry.releases.policy import WavePolicy
 
 Z95 = 1.959964
 NOT_MEASURED, UNDECIDED = "not-measured", "undecided"

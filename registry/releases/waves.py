@@ -3,31 +3,31 @@ pace, with a gate after each wave that halts the rollout, and brings the wave's 
 the version they ran, when the new version installs badly or does worse on live traffic.
 
 ``registry publish --waves 1%,10%,50%,100%`` records the release with a ``waves`` row instead of
-moving ``production``. ``registry serve`` (the primary) steers it, once a second (``tick``):
+moving ``production``. ``registry serve`` (the primary) steers it, once a second
+(``registry.releases.steering.tick``):
 
 1. **admit** the wave's nodes: the edges this registry knows, ranked by ``position`` (a hash of
    model and node id: the same nodes go first every time, a ring), up to the wave's share of
-   them, at most ``pace`` nodes a minute (times ``growth`` per wave; 0: the whole wave at once).
-   What is admitted is a ``cutoff`` on the ranking, stored: a node that joins or reconnects
-   later gets what its position says, never more than the rollout reached.
+   them (a wave before the last at least 3 where one stolen edge is tolerated,
+   ``gate.least_wave``), at most ``pace`` nodes a minute (times ``growth`` per wave; 0: the
+   whole wave at once). What is admitted is a ``cutoff`` on the ranking, stored: a node that
+   joins or reconnects later gets what its position says, never more than the rollout reached.
+   Before the first node is admitted, the whole fleet's figures of the previous version are
+   kept as the baseline.
 2. **install**: wait until every connected node of the wave acknowledged the version, ACTIVE or
    FAILED/REFUSED (at most ``install_timeout_s``; one that never answered counts as failed).
-3. **bake** ``bake_s``, then **gate** (``judge``) on what the nodes report about the new
-   version against what the other edges report about the previous one, in the same minutes
-   and against the same centers: install failures over ``max_failures``; live audit agreement
-   with the center lower by more than ``max_agreement_drop`` and significantly so (its 95%
-   interval); a larger share of nodes with a drift alarm (``max_drift_share``); median p99
-   over ``max_p99_ratio`` times the previous version's. Agreement needs ``min_audit_rows``
-   audited rows from ``min_audit_nodes`` distinct nodes on both sides: short of them the gate
-   waits up to another ``bake_s`` and then judges without it (the figures say "not measured").
-   No single node moves a side's agreement beyond its share (``registry.releases.evidence``): its
-   rows are bounded by what it could have answered and weigh at most the median node's, and a
-   side's agreement is the median of its nodes'.
+3. **bake** ``bake_s``, then **gate** (``registry.releases.gate``) on what the nodes report
+   about the new version against what the other edges report about the previous one, in the
+   same minutes and against the same centers (or the baseline, when too few are left outside
+   the wave): installs, live audit agreement, drift alarms, p99; no single node decides any of
+   them (``registry.releases.evidence``).
 4. A gate that fails **halts** the rollout: every node is desired back on the previous version
    at once (the registry pushes it), and the audit log records why with the figures. A gate that
-   passes starts the next wave; after the last, ``production`` moves to the new version (centers
-   follow then: until that moment they answer escalations and audits with the version the
-   rollout is judged against).
+   cannot judge (agreement not measured, or undecided by one node's word) waits one more bake,
+   then **holds**: nothing advances until it can judge or a person resumes (with a reason: the
+   gate passes) or aborts it. A gate that passes starts the next wave; after the last,
+   ``production`` moves to the new version (centers follow then: until that moment they answer
+   escalations and audits with the version the rollout is judged against).
 
 ``registry rollout show|pause|resume|abort`` steers it by hand; ``publish --canary`` stays the
 manual form. A later publish, promote or rollback of the model ends an unfinished rollout
@@ -38,17 +38,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
-import re
 import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from registry.errors import RegistryError
 from registry.releases import gate
 from registry.releases.gate import EdgeAtGate
+from registry.releases.policy import MAX_WAVES as MAX_WAVES  # re-exported
+from registry.releases.policy import WavePolicy
+from registry.releases.policy import parse_waves as parse_waves  # re-exported
 from registry.store import chain
 from registry.store.clock import now as timestamp
 
@@ -57,66 +57,6 @@ ACTIVE = ("running", "baking", "held", "paused")  # the release is desired on th
 OPEN = (*ACTIVE, "halted")  # not finished: a person may resume or abort it
 STEPPED = ("running", "baking", "held")  # what ``tick`` moves on (a held gate is judged again)
 STATES = (*OPEN, "aborted", "done", "superseded")
-MAX_WAVES = 20
-SHARE = re.compile(r"(\d+(?:\.\d+)?)%")
-
-
-class WavePolicy(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """How one rollout proceeds; stored with it (JSON), defaults from ``RegistrySettings``."""
-
-    waves: tuple[float, ...]  # cumulative shares of the edges, ascending, the last 1.0
-    pace: float = 0.0  # nodes admitted per minute in the first wave (0: the wave at once)
-    growth: float = 2.0  # the pace is multiplied by this for every following wave
-    bake_s: float = 300.0  # after a wave installed, before its gate
-    install_timeout_s: float = 900.0  # a wave node that has not answered by then has failed
-    max_failures: float = 0.1  # share of a wave's nodes that failed or refused to install
-    max_agreement_drop: float = 0.02  # live audit agreement below the previous version's
-    min_audit_rows: int = 200  # audited rows on each side before agreement is judged
-    min_audit_nodes: int = 3  # ... from at least this many distinct nodes
-    max_drift_share: float = 0.25  # more of the wave's nodes in drift than of the others'
-    max_p99_ratio: float = 2.0  # median p99 against the previous version's
-
-    def check(self) -> WavePolicy:
-        """This policy, or a RegistryError saying what is wrong with it."""
-        shares = self.waves
-        if not 1 <= len(shares) <= MAX_WAVES:
-            raise RegistryError(f"a rollout has 1 to {MAX_WAVES} waves, not {len(shares)}")
-        if any(not 0 < s <= 1 for s in shares) or list(shares) != sorted(set(shares)):
-            raise RegistryError("wave shares must grow, each above 0% and at most 100%")
-        if shares[-1] != 1.0:
-            raise RegistryError("the last wave must be 100% (every edge)")
-        for name, value, low, high in (
-                ("pace", self.pace, 0, 1e9), ("growth", self.growth, 1, 1000),
-                ("bake_s", self.bake_s, 0, 7 * 86400),
-                ("install_timeout_s", self.install_timeout_s, 1, 7 * 86400),
-                ("max_failures", self.max_failures, 0, 1),
-                ("max_agreement_drop", self.max_agreement_drop, 0, 1),
-                ("min_audit_rows", self.min_audit_rows, 1, 10**9),
-                ("min_audit_nodes", self.min_audit_nodes, 1, 1000),
-                ("max_drift_share", self.max_drift_share, 0, 1),
-                ("max_p99_ratio", self.max_p99_ratio, 1, 1000)):
-            if not (math.isfinite(value) and low <= value <= high):
-                raise RegistryError(f"rollout {name} must be within [{low}, {high}], "
-                                    f"not {value!r}")
-        return self
-
-    def rate(self, wave: int) -> float:
-        """Nodes per minute admitted in ``wave`` (0: all at once)."""
-        return self.pace * self.growth ** wave
-
-
-def parse_waves(text: str) -> tuple[float, ...]:
-    """``"1%,10%,50%,100%"`` -> (0.01, 0.1, 0.5, 1.0)."""
-    shares = []
-    for part in (p.strip() for p in text.split(",")):
-        match = SHARE.fullmatch(part)
-        if match is None:
-            raise RegistryError(f"invalid wave {part!r}: give percentages of the edges, e.g. "
-                                f"--waves 1%,10%,50%,100%")
-        shares.append(float(match[1]) / 100)
-    return tuple(shares)
-
-
 def position(model: str, node_id: str) -> float:
     """Where a node ranks in every rollout of ``model``, in [0, 1): a stable hash, so the same
     nodes go first every time."""
