@@ -573,3 +573,41 @@ def test_a_two_edge_fleet_rolls_out_judging_each_nodes_word(catalog: Catalog) ->
     assert (first["liars"], first["new"]["quorum"], first["previous"]["quorum"]) == (0, 1, 1)
     assert first["agreement_drop"]["drop"] == pytest.approx(0.0)
     assert r.figures["wave 2"]["new"]["audit_nodes"] == 2
+
+
+def test_a_held_last_wave_resumed_with_a_reason_makes_production_and_an_abort_keeps_it(
+        tmp_path: Path) -> None:
+    for action, reason in (("resume", "checked the edges by hand"), ("abort", "not today")):
+        catalog = fresh(tmp_path, action)
+        book = fleet(catalog)
+        catalog.create_version(manifest(seed=1))
+        new = publish_waves(catalog, WavePolicy((1.0,), bake_s=10, min_audit_rows=100))
+        at = time.time()
+        for _ in range(8):
+            at += 6
+            tick(catalog, at)
+            settle(catalog, book, new, rows=0)
+        r = waves.latest(catalog.db.conn, MODEL)
+        assert r is not None and r.state == "held"
+        assert len(on_new(catalog, new)) == 20 and running(catalog, CENTER) == 1
+        with audited(catalog.db, None) as conn:
+            r = steering.steer(conn, MODEL, action, "ops@host", at, f"  {reason} ")
+        records = [x for x in chain.records(catalog.db) if x.actor == "ops@host"]
+        assert [x.action for x in records] == {"resume": ["rollout-resume", "promote"],
+                                               "abort": ["rollout-abort"]}[action]
+        assert json.loads(records[0].payload)["reason"] == reason  # stripped
+        if action == "resume":  # the person passed the last gate: production moves, by them
+            assert r.state == "done" and catalog.alias(MODEL, "production") == new
+            assert running(catalog, CENTER) == new
+        else:
+            assert r.state == "aborted" and r.reason == f"aborted by ops@host: {reason}"
+            assert catalog.alias(MODEL, "production") == 1 and on_new(catalog, new) == []
+
+
+def test_a_persons_reason_is_printable_text_up_to_500_characters() -> None:
+    assert steering.check_reason(None) is None
+    assert steering.check_reason("x" * 500) == "x" * 500
+    for bad, said in (("x" * 501, "at most 500"), ("   ", "empty"), ("a\nb", "printable"),
+                      ("\u202eevil", "printable")):
+        with pytest.raises(RegistryError, match=said):
+            steering.check_reason(bad)
