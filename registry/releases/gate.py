@@ -147,7 +147,7 @@ def _agreement(policy: WavePolicy, previous: int | None, now: dict[str, Any],
     rows_new, rows_old = now["audit_rows"], was.get("audit_rows") or 0
     if not (now["measured"] and was.get("measured") is True):
         why = (f"agreement not measured ({rows_new} and {rows_old} audited rows from "
-               f"{now['audit_nodes']} and {was.get('audit_nodes') or 0} nodes; "
+               f"{now['audit_nodes']} and {was.get('audit_nodes') or 0} nodes{_when(was)}; "
                f"{policy.min_audit_rows} rows from {now['quorum']} and "
                f"{was.get('quorum', policy.min_audit_nodes)} nodes needed)")
         figures["agreement_drop"] = why.removeprefix("agreement ")
@@ -159,15 +159,20 @@ def _agreement(policy: WavePolicy, previous: int | None, now: dict[str, Any],
                                  "best": round(best[0], 4)}
     said = (f"live audit agreement {now['agreement']:.3f} ({rows_new} rows, "
             f"{now['audit_nodes']} nodes) against {was['agreement']:.3f} ({rows_old} rows, "
-            f"{was['audit_nodes']} nodes) for version {previous}")
+            f"{was['audit_nodes']} nodes) for version {previous}{_when(was)}")
     if _worse(policy, *best):
         failed.append(f"{said}: down {best[0]:.3f} ± {best[1]:.3f}, more than "
                       f"{policy.max_agreement_drop:g}")
         return None, ""
     if _worse(policy, *worst):
-        return UNDECIDED, (f"agreement undecided: {said}; down {best[0]:.3f} to "
-                           f"{worst[0]:.3f} depending on which one node is lying")
+        return UNDECIDED, (f"agreement undecided: {said}; the drop is between "
+                           f"{best[0]:.3f} and {worst[0]:.3f} depending on which one node "
+                           f"is lying")
     return None, ""
+
+
+def _when(was: dict[str, Any]) -> str:
+    return " at the rollout's start" if was.get("from") == "start" else ""
 
 
 def _drop(old: float, rows_old: int, new: float, rows_new: int) -> tuple[float, float]:

@@ -168,8 +168,10 @@ def test_three_edges_one_stolen_neither_passes_a_flipped_release_nor_halts_a_goo
     state = THREE[(stolen, mode)][0 if flipped else 1]
     run = roll(tmp_path, 3, flipped, stolen, mode)
     check(run, state, flipped)
-    if state == "held":
+    if state == "held":  # its wave of two: one says nothing, or the two disagree
         assert run.rollout.wave == 0 and run.most == 2
+        assert run.rollout.figures["held"] == (
+            "not-measured" if mode in ("silent", "failed") else "undecided")
 
 
 @pytest.mark.parametrize("n", [2, 6])
