@@ -611,3 +611,30 @@ def test_a_persons_reason_is_printable_text_up_to_500_characters() -> None:
                       ("\u202eevil", "printable")):
         with pytest.raises(RegistryError, match=said):
             steering.check_reason(bad)
+
+
+def test_a_registry_from_before_held_keeps_its_rollouts_and_captures_their_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Migration 12 rebuilds ``waves`` to allow ``held``: an unfinished rollout survives it,
+    and its replication capture still copies each change."""
+    from registry.store import db as store_db
+    from registry.store.migrations import MIGRATIONS
+
+    before = [m for m in MIGRATIONS if m[0] < 12]
+    monkeypatch.setattr(store_db, "MIGRATIONS", before)
+    old = Catalog(connect(tmp_path / "r.sqlite3"), "tester")
+    fleet(old)
+    old.create_version(manifest(seed=1))
+    publish_waves(old)
+    with pytest.raises(Exception, match="CHECK constraint"), transaction(old.db) as conn:
+        conn.execute("UPDATE waves SET state = 'held'")
+    old.db.conn.close()
+    monkeypatch.setattr(store_db, "MIGRATIONS", MIGRATIONS)
+    catalog = Catalog(connect(tmp_path / "r.sqlite3"), "tester")
+    r = waves.latest(catalog.db.conn, MODEL)
+    assert r is not None and (r.version, r.state) == (2, "running")
+    at = changes.position(catalog.db.conn)
+    with transaction(catalog.db) as conn:
+        conn.execute("UPDATE waves SET state = 'held'")
+    (change,) = changes.read_changes(catalog.db.conn, at, 10)
+    assert change.table == "waves" and json.loads(change.row)["state"] == "held"
