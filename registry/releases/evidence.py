@@ -1,5 +1,5 @@
 """What a wave gate takes from the nodes' reports about one version, and how much any one node
-is worth in it (``registry.releases.waves`` judges with it).
+is worth in it (``registry.releases.gate`` judges with it).
 
 A report is its node's own word, and one node's token may be in an attacker's hands: an edge in
 the wave could claim ``audit_rows=10**12, audit_agreement=1.0`` for a bad release, one outside
@@ -25,8 +25,8 @@ move a side's figures beyond its share:
   not, reporting or not: a node that falls silent removes its own figures, never the quorum.
 - **liars tolerated** (``tolerated``): one in a fleet of 3 edges or more; none where one node
   is half the fleet (or the policy asks for one node's word, ``min_audit_nodes`` 1). With one
-  tolerated, a side of two audited nodes is only known to lie between their two figures
-  (``bounds``: either may be the liar), and a gate judges the worst and the best case: it
+  tolerated, the true figure of a side of two audited nodes is only known to lie between
+  their two figures (``bounds``: either may be the liar), and a gate judges the worst and the best case: it
   halts only when even the best case is worse, passes only when even the worst is not, and
   holds otherwise. With three or more the median is within the honest nodes' range already.
 
