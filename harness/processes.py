@@ -64,6 +64,12 @@ class RegistryProcess(RunningProcess):
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
 
+def code_path() -> dict[str, str]:
+    """``PYTHONPATH`` when the tests run with one (a worktree ahead of the installed copy): the
+    registry they start runs the same code as they do."""
+    return {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+
+
 def start_registry(home: Path, log_dir: Path, token: str, *flags: str, port: int | None = None,
                    timeout: float = 30, env: dict[str, str] | None = None,
                    ca: Path | None = None) -> RegistryProcess:
@@ -77,7 +83,8 @@ def start_registry(home: Path, log_dir: Path, token: str, *flags: str, port: int
     with log.open("ab") as out:
         process = subprocess.Popen(
             registry_argv(home, port, metrics_port, *flags), stdout=out,
-            stderr=subprocess.STDOUT, env=registry_env({"PATH": str(BIN), **(env or {})}, token))
+            stderr=subprocess.STDOUT,
+            env=registry_env({"PATH": str(BIN), **code_path(), **(env or {})}, token))
     server = RegistryProcess("registry", port, process, log, metrics_port)
     channel = (grpc.secure_channel(server.target, grpc.ssl_channel_credentials(ca.read_bytes()))
                if ca else grpc.insecure_channel(server.target))

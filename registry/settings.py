@@ -185,7 +185,8 @@ class RegistrySettings(ConsulSettings):
 
     wave_max_failures: float = Field(default=0.1, ge=0, le=1)
     """Wave rollouts: the gate fails when more than this share of a wave's connected nodes
-    failed, refused or did not answer."""
+    failed, refused or did not answer (and, from 3 edges on, at least 2 of them: one node's
+    word never halts a wave)."""
 
     wave_max_agreement_drop: float = Field(default=0.02, ge=0, le=1)
     """Wave rollouts: the gate fails when the wave's live audit agreement with the center is
@@ -193,16 +194,17 @@ class RegistrySettings(ConsulSettings):
 
     wave_min_audit_rows: int = Field(default=200, ge=1)
     """Wave rollouts: audited rows on each side before agreement is judged (short of them the
-    gate waits up to another bake and then passes it as not measured)."""
+    gate waits up to another bake and then holds: not measured is never passed)."""
 
     wave_min_audit_nodes: int = Field(default=3, ge=1, le=1000)
     """Wave rollouts: distinct nodes with audit figures on each side before agreement is
-    judged; a side's agreement is the median of its nodes' (with 3 or more, one node cannot
-    move it outside the others' range, whatever it reports)."""
+    judged, or a majority of the side's edges when that is fewer (at least 2 from 3 edges on;
+    1 trusts one node's word); a side's agreement is the median of its nodes' (with 3 or more,
+    one node cannot move it outside the others' range, whatever it reports)."""
 
     wave_max_drift_share: float = Field(default=0.25, ge=0, le=1)
     """Wave rollouts: the gate fails when the share of wave nodes with a drift alarm exceeds
-    the other edges' share by more than this."""
+    the other edges' share by more than this (from 3 edges on, at least 2 nodes in drift)."""
 
     wave_max_p99_ratio: float = Field(default=2.0, ge=1, le=1000)
     """Wave rollouts: the gate fails when the wave's median p99 is over this many times the

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from examples.sentiment.tiny import build_tiny_release
-from harness.processes import free_port
+from harness.processes import code_path, free_port
 from registry.releases.catalog import Catalog
 from registry.store.db import connect
 from tiered.stack import Stack
@@ -119,7 +119,7 @@ class RegistryCli:
         # are about. The gate's own tests pass --min-fidelity.
         return {"PATH": str(REGISTRY.parent), "REGISTRY_HOME": str(self.home),
                 "REGISTRY_ACTOR": "tester@ci", "COLUMNS": "200", "HOME": str(self.home),
-                "REGISTRY_MIN_FIDELITY": str(TEST_FLOOR), **self.extra}
+                "REGISTRY_MIN_FIDELITY": str(TEST_FLOOR), **code_path(), **self.extra}
 
     def catalog(self) -> Catalog:
         return Catalog(connect(self.home / "registry.sqlite3"), "tester@ci")

@@ -10,8 +10,9 @@ import click
 
 from registry.cli import tables
 from registry.cli.context import Context, emit, json_flag, out, pass_ctx
+from registry.cli.tables import shown
 from registry.errors import RegistryError
-from registry.releases import waves
+from registry.releases import steering, waves
 from registry.trust import anchor
 
 
@@ -58,7 +59,9 @@ def rollout_state(ctx: Context, name: str) -> dict[str, Any] | None:
 
 @click.group("rollout")
 def rollout_group() -> None:
-    """Wave rollouts (`registry publish --waves`): where one is, pause, resume or abort it."""
+    """Wave rollouts (`registry publish --waves`): where one is, pause, resume or abort it.
+    A gate that cannot judge (too little evidence, or one node's word would decide) holds the
+    rollout until a person resumes it with a reason or aborts it."""
 
 
 @rollout_group.command("show")
@@ -74,14 +77,20 @@ def rollout_show_cmd(ctx: Context, name: str, as_json: bool) -> None:
     emit(as_json, rollout, lambda: tables.rollout_view(out, rollout))
 
 
-def _steer(ctx: Context, name: str, action: str, as_json: bool) -> None:
+def _steer(ctx: Context, name: str, action: str, as_json: bool,
+           reason: str | None = None) -> None:
     ctx.catalog.versions(name)  # the model exists
     with anchor.audited(ctx.catalog.db, ctx.catalog.anchor) as conn:
-        r = waves.steer(conn, name, action, ctx.settings.actor, time.time())
+        r = steering.steer(conn, name, action, ctx.settings.actor, time.time(), reason)
     emit(as_json, r.to_json(), lambda: out.print(
-        f"{name}: rollout of version {r.version} {r.state} at wave {r.wave + 1}/"
+        f"{shown(name)}: rollout of version {r.version} {r.state} at wave {r.wave + 1}/"
         f"{len(r.policy.waves)}" + (" (every node goes back to version "
                                     f"{r.previous})" if r.state == "aborted" else "")))
+
+
+REASON = click.option("--reason", default=None, metavar="TEXT",
+                      help="Why, written to the audit log with the change (required to resume "
+                           "a held rollout: that passes its gate).")
 
 
 @rollout_group.command("pause")
@@ -95,20 +104,23 @@ def rollout_pause_cmd(ctx: Context, name: str, as_json: bool) -> None:
 
 @rollout_group.command("resume")
 @click.argument("name")
+@REASON
 @json_flag
 @pass_ctx
-def rollout_resume_cmd(ctx: Context, name: str, as_json: bool) -> None:
-    """Go on with a paused or halted rollout: its current wave is admitted and judged again."""
-    _steer(ctx, name, "resume", as_json)
+def rollout_resume_cmd(ctx: Context, name: str, reason: str | None, as_json: bool) -> None:
+    """Go on with a rollout: a held one passes its gate (--reason required), a paused or
+    halted one has its current wave admitted and judged again."""
+    _steer(ctx, name, "resume", as_json, reason)
 
 
 @rollout_group.command("abort")
 @click.argument("name")
+@REASON
 @json_flag
 @pass_ctx
-def rollout_abort_cmd(ctx: Context, name: str, as_json: bool) -> None:
+def rollout_abort_cmd(ctx: Context, name: str, reason: str | None, as_json: bool) -> None:
     """End the rollout: every node goes back to production."""
-    _steer(ctx, name, "abort", as_json)
+    _steer(ctx, name, "abort", as_json, reason)
 
 
 # registered on the ``registry`` group by registry.cli.main

@@ -348,6 +348,13 @@ def rollout_view(console: Console, rollout: dict[str, Any]) -> None:
     console.print(table)
     if r.get("reason"):
         console.print(f"reason: {shown(r['reason'])}")
+    if r["state"] == "held":
+        console.print(f"[yellow]held ({shown(r.get('held'))})[/]: the gate could not judge; "
+                      f"nothing advances until a person decides:")
+        console.print(f"  registry rollout resume {shown(r['model'])} --reason TEXT   "
+                      f"# passes the gate, audited")
+        console.print(f"  registry rollout abort {shown(r['model'])}   "
+                      f"# every node back to production")
 
 
 def _figure(value: object) -> str:

@@ -1,5 +1,5 @@
 """What a wave gate takes from the nodes' reports about one version, and how much any one node
-is worth in it (``registry.releases.waves`` judges with it).
+is worth in it (``registry.releases.gate`` judges with it).
 
 A report is its node's own word, and one node's token may be in an attacker's hands: an edge in
 the wave could claim ``audit_rows=10**12, audit_agreement=1.0`` for a bad release, one outside
@@ -17,10 +17,18 @@ move a side's figures beyond its share:
 - **agreement**: the side's agreement is the **median of its nodes'** agreements. With at least
   three nodes one node cannot move it outside the range the others report, whatever it says;
   with two it is their mean (one node moves it by half its lie); with one it is that node's.
-- **quorum**: a side counts as measured only with agreement figures from ``min_audit_nodes``
-  distinct nodes (default 3: the least number for which the median holds against one liar) and
-  ``min_audit_rows`` rows by the weights above. A fleet too small for that still rolls out: its
-  gates judge installs, drift and latency, and say agreement was "not measured".
+- **quorum**: a side counts as measured only with agreement figures from ``quorum`` distinct
+  nodes and ``min_audit_rows`` rows by the weights above. The quorum is scaled to the side:
+  ``min_audit_nodes`` (default 3: the least number for which the median holds against one
+  liar) or a majority of the side's nodes, whichever is fewer, and never fewer than the liars
+  tolerated plus one. The side's size counts every edge the registry knows in it, connected or
+  not, reporting or not: a node that falls silent removes its own figures, never the quorum.
+- **liars tolerated** (``tolerated``): one in a fleet of 3 edges or more; none where one node
+  is half the fleet (or the policy asks for one node's word, ``min_audit_nodes`` 1). With one
+  tolerated, the true figure of a side of two audited nodes is only known to lie between
+  their two figures (``bounds``: either may be the liar), and a gate judges the worst and the best case: it
+  halts only when even the best case is worse, passes only when even the worst is not, and
+  holds otherwise. With three or more the median is within the honest nodes' range already.
 
 The figures each side writes into the rollout and its audit record list every node's claimed,
 bounded and counted rows, its agreement and its weight (its share of the side's counted rows),
@@ -42,6 +50,31 @@ MAX_AUDIT_ROWS = 1_000_000
 (``EDGE_AUDIT_WINDOW``'s bound)."""
 MAX_LISTED = 50
 """Nodes listed by name in a side's figures (the heaviest); the others are counted."""
+
+
+def tolerated(fleet: int, min_nodes: int) -> int:
+    """Stolen nodes a gate withstands in a fleet of ``fleet`` edges: one from 3 edges on (unless
+    the policy's ``min_audit_nodes`` is 1: one node's word, asked for); none in a fleet of one
+    or two, where no gate can tell one stolen node's word from the truth."""
+    return 1 if fleet >= 3 and min_nodes > 1 else 0
+
+
+def quorum(side: int, min_nodes: int, liars: int) -> int:
+    """Distinct audited nodes a side of ``side`` edges needs: ``min_nodes`` or a majority of
+    the side, whichever is fewer, and at least ``liars + 1`` (one honest node's figure)."""
+    return max(liars + 1, min(min_nodes, side // 2 + 1))
+
+
+def bounds(values: list[float], liars: int) -> tuple[float, float] | None:
+    """Where a side's true figure lies whatever ``liars`` (0 or 1) of its nodes said: the
+    median with no liar or with three nodes or more (one node cannot move it outside the
+    others' range); with one liar and two nodes, between the two; with one, unknown."""
+    if not values or len(values) <= liars:
+        return None
+    if liars and len(values) == 2:
+        return min(values), max(values)
+    middle = statistics.median(values)
+    return middle, middle
 
 
 def number(value: Any) -> float:
@@ -97,18 +130,29 @@ class Side:
         cap = statistics.median_low(a.rows for a in self.audits)
         return {a.node_id: min(a.rows, cap) for a in self.audits}
 
-    def figures(self, min_nodes: int, min_rows: int) -> dict[str, Any]:
+    def figures(self, min_nodes: int, min_rows: int, liars: int = 0) -> dict[str, Any]:
+        """The side's figures; ``min_nodes``: its quorum (``quorum``), ``liars``: how many of
+        its nodes may be lying (``tolerated``)."""
         weights = self.weights()
         rows = sum(weights.values())
         agreement = statistics.median(a.agreement for a in self.audits) if self.audits \
             else None
+        span = bounds([a.agreement for a in self.audits], liars)
+        p99 = bounds(self.p99s, liars)
         listed = sorted(self.audits, key=lambda a: (-weights[a.node_id], a.node_id))
         return {"nodes": self.nodes, "audit_nodes": len(self.audits), "audit_rows": rows,
                 "agreement": round(agreement, 4) if agreement is not None else None,
-                "measured": len(self.audits) >= min_nodes and rows >= min_rows,
+                "quorum": min_nodes,
+                "measured": len(self.audits) >= min_nodes and rows >= min_rows and
+                span is not None,
+                "low": round(span[0], 4) if span else None,
+                "high": round(span[1], 4) if span else None,
                 "weights": [{"node": a.node_id, "claimed": a.claimed, "rows": a.rows,
                              "counted": weights[a.node_id], "agreement": round(a.agreement, 4),
                              "weight": round(weights[a.node_id] / rows, 4)}
                             for a in listed[:MAX_LISTED]],
+                "drifted": self.drifted,
                 "drift_share": round(self.drifted / self.nodes, 4) if self.nodes else None,
-                "p99_ms": round(statistics.median(self.p99s), 3) if self.p99s else None}
+                "p99_ms": round(statistics.median(self.p99s), 3) if self.p99s else None,
+                "p99_low": round(p99[0], 3) if p99 else None,
+                "p99_high": round(p99[1], 3) if p99 else None}

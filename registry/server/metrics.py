@@ -92,14 +92,23 @@ class SyncMetrics:
                                    ["model", "state"], registry=r)
         self.rollout_wave = Gauge("registry_rollout_wave", "The wave the newest wave rollout "
                                   "of a model is at (1 = the first)", ["model"], registry=r)
+        self.rollout_held = Gauge("registry_rollout_held", "1 while the newest wave rollout of "
+                                  "a model is held because its gate could not judge (reason "
+                                  "not-measured: too few audited nodes or rows; undecided: one "
+                                  "node's word would decide): a person resumes it with a "
+                                  "reason or aborts it", ["model", "reason"], registry=r)
 
-    def rollouts(self, latest: list[tuple[str, str, int]], states: tuple[str, ...]) -> None:
-        """Each model's newest wave rollout as (model, state, wave): its state's series 1, the
-        others' 0, so an alert on ``state="halted"`` fires and clears."""
-        for model, state, wave in latest:
+    def rollouts(self, latest: list[tuple[str, str, int, str | None]],
+                 states: tuple[str, ...], holds: tuple[str, ...] = ()) -> None:
+        """Each model's newest wave rollout as (model, state, wave, why it is held or None):
+        its state's series 1, the others' 0, so an alert on ``state="halted"`` or on
+        ``registry_rollout_held`` fires and clears."""
+        for model, state, wave, held in latest:
             for name in states:
                 self.rollout_state.labels(model, name).set(1.0 if name == state else 0.0)
             self.rollout_wave.labels(model).set(wave)
+            for reason in holds:
+                self.rollout_held.labels(model, reason).set(1.0 if reason == held else 0.0)
 
     def report(self, labels: list[str], report: dict[str, Any]) -> None:
         """Export one node's report; the series of its previous version are dropped."""

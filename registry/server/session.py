@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from registry.fleet import nodes
 from registry.fleet.nodes import NodeBook
 from registry.ha import changes
-from registry.releases import waves
+from registry.releases import steering, waves
 from registry.releases.catalog import Catalog
 from registry.releases.plan import RolloutNode, Target
 from registry.settings import RegistrySettings
@@ -69,7 +69,7 @@ class Database:
         if not any(r.state in waves.STEPPED for r in waves.unfinished(self.catalog.db.conn)):
             return []  # nothing to step: no write transaction
         with audited(self.catalog.db, self.anchor) as conn:
-            return waves.tick(conn, at, WAVES_ACTOR)
+            return steering.tick(conn, at, WAVES_ACTOR)
 
     def data_version(self) -> int:
         """How far the replicated data goes (the newest captured change): what pushes depend

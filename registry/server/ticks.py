@@ -13,7 +13,7 @@ import logging
 import time
 
 from registry.errors import NotPrimary
-from registry.releases import waves
+from registry.releases import gate, waves
 from registry.server.metrics import SyncMetrics
 from registry.server.service import SyncService
 from registry.server.session import Database
@@ -92,7 +92,7 @@ class Ticks:
                 for line in await self.db.run(self.db.steer, time.time()):
                     log.info("rollout: %s", line)
                 self.metrics.rollouts(await self.db.run(waves.newest, self.db.catalog.db.conn),
-                                      waves.STATES)
+                                      waves.STATES, gate.HOLDS)
             except NotPrimary:
                 pass  # lost the lease: the next primary steers
             except Exception:  # a bad moment must not end the rollouts for good

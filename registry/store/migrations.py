@@ -266,3 +266,30 @@ MIGRATIONS.append((11, "audit witnesses: the newest signed head each node showed
 ALTER TABLE nodes ADD COLUMN witness_seq INTEGER;
 ALTER TABLE nodes ADD COLUMN witness_hash TEXT;
 """))
+
+MIGRATIONS.append((12, "wave rollouts may be held: a gate that cannot judge waits for a person", """
+CREATE TABLE waves_held (
+    id INTEGER PRIMARY KEY,
+    model TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    previous INTEGER,
+    policy TEXT NOT NULL,
+    wave INTEGER NOT NULL DEFAULT 0 CHECK (wave >= 0),
+    cutoff REAL NOT NULL DEFAULT 0 CHECK (cutoff >= 0 AND cutoff <= 1),
+    state TEXT NOT NULL CHECK (state IN ('running', 'baking', 'paused', 'held', 'halted',
+                                         'aborted', 'done', 'superseded')),
+    wave_started REAL NOT NULL,
+    admitted_at REAL NOT NULL,
+    installed_at REAL,
+    reason TEXT,
+    figures TEXT,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    FOREIGN KEY (model, version) REFERENCES versions(model, version)
+);
+INSERT INTO waves_held SELECT id, model, version, previous, policy, wave, cutoff, state,
+    wave_started, admitted_at, installed_at, reason, figures, created_at, updated_at FROM waves;
+DROP TABLE waves;
+ALTER TABLE waves_held RENAME TO waves;
+CREATE INDEX waves_model ON waves (model, id);
+""" + _capture_sql("waves")))

@@ -1,13 +1,18 @@
-"""A stolen edge token against a wave rollout's gate (issue 46), replayed over real gRPC: a real
-``registry serve`` steering a rollout over ten edges that ack and report on their own Sync
-streams, one of them lying with all it has: ``audit_rows=10**12`` and whichever agreement hurts
-most. Before the gate bounded each node's word, the liar inside the first wave passed a release
-trained on flipped labels through both gates, and the liar outside it halted a good release.
+"""A stolen edge token against a wave rollout's gate (issues 46 and 56), replayed over real
+gRPC: a real ``registry serve`` steering a rollout over ten edges that ack and report on their
+own Sync streams, one of them lying with all it has: ``audit_rows=10**12`` and whichever
+agreement hurts most, silence, or a FAILED install. Before the gate bounded each node's word,
+the liar inside the first wave passed a release trained on flipped labels through both gates,
+and the liar outside it halted a good release; before gates failed closed, a silent liar
+outside the wave passed a flipped release (its side short of quorum: "not measured"), and one
+FAILED ack in the first wave halted a good one.
 """
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +25,7 @@ from registry.releases import waves
 from sync.gen import sync_pb2 as pb
 from tests.conftest import RegistryCli
 from tests.integration.test_lying_node import SECRET, FakeNode
-from tests.integration.test_sync import wait_for
+from tests.integration.test_sync import metric, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 MODEL = "tiny"
@@ -39,6 +44,8 @@ class Fleet:
     registry: RegistryProcess
     nodes: dict[str, FakeNode]
     says: Says
+    failing: frozenset[str] = frozenset()  # ack FAILED every version above ``production``
+    production: int = 1
 
     def rollout(self) -> dict[str, Any]:
         return dict(self.cli("rollout", "show", MODEL, "--json").json())
@@ -54,9 +61,14 @@ def drive(fleet: Fleet, stop: threading.Event) -> None:
             if not releases:
                 continue
             version = releases[-1].version
+            fails = node_id in fleet.failing and version > fleet.production
             if acked.get(node_id) != version:
-                node.send(ack=pb.Ack(model=MODEL, version=version, state=pb.ACTIVE))
+                node.send(ack=pb.Ack(model=MODEL, version=version,
+                                     state=pb.FAILED if fails else pb.ACTIVE,
+                                     reason="bad artifact" if fails else ""))
                 acked[node_id] = version
+            if fails:
+                continue
             agreement, rows = fleet.says(node_id, version != 1)
             node.send(report=pb.QualityReport(
                 model=MODEL, version=version, window_s=1.0, requests=100, rows=100,
@@ -110,6 +122,44 @@ def test_a_liar_in_the_first_wave_cannot_pass_a_flipped_release(
     assert fleet.cli("list", "--json").json()[0]["production"] == 1
 
 
+def test_a_silent_liar_cannot_pass_a_flipped_release_it_holds_for_a_person(
+        fleet: Fleet, tiny_release_flipped: Path) -> None:
+    # only three edges outside the first wave audit (the least quorum), one of them the liar,
+    # which says nothing (audit_rows=0): the previous version's side is one node short
+    reporting = {OUTSIDE, *EDGES[3:5]}
+    fleet.says = lambda node_id, new: (((0.3 if new else 0.9), 300) if new or node_id in
+                                       reporting - {OUTSIDE} else (0.9, 0))
+    time.sleep(1.0)  # every edge's last report says so before the rollout's first step
+    created = fleet.cli("publish", tiny_release_flipped, "--name", MODEL, *WAVES,
+                        "--json").json()
+    bad = int(created["manifest"]["version"])
+    rollout = verdict(fleet)
+    assert rollout["state"] == "held" and rollout["held"] == "not-measured", rollout
+    assert rollout["wave"] == 1
+    assert rollout["reason"].startswith("agreement not measured (900 and 600 audited rows "
+                                        "from 3 and 2 nodes"), rollout["reason"]
+    wait_for(lambda: metric(fleet.registry.metrics_url, "registry_rollout_held", model=MODEL,
+                            reason="not-measured") == 1.0, 10, "the hold on /metrics")
+    assert metric(fleet.registry.metrics_url, "registry_rollout_state", model=MODEL,
+                  state="held") == 1.0
+    shown = fleet.cli("rollout", "show", MODEL).stdout
+    assert "held at wave 1/2" in shown and "registry rollout resume tiny --reason" in shown
+    assert "held (not-measured)" in fleet.cli("status").stdout
+    refused = fleet.cli("rollout", "resume", MODEL, check=False)
+    assert refused.code != 0 and "give --reason" in refused.stderr
+    assert fleet.rollout()["state"] == "held"
+    fleet.cli("rollout", "abort", MODEL, "--reason", "flipped labels, checked by hand")
+    assert fleet.rollout()["state"] == "aborted"
+    (abort,) = [r for r in fleet.cli("audit", "--model", MODEL, "--json").json()
+                if r["action"] == "rollout-abort" and r["version"] == bad]
+    assert json.loads(abort["payload"])["reason"] == "flipped labels, checked by hand"
+    assert any(r["action"] == "rollout-hold" and r["version"] == bad
+               for r in fleet.cli("audit", "--model", MODEL, "--json").json())
+    wait_for(lambda: metric(fleet.registry.metrics_url, "registry_rollout_held", model=MODEL,
+                            reason="not-measured") == 0.0, 10, "the hold cleared")
+    assert fleet.cli("list", "--json").json()[0]["production"] == 1
+
+
 def test_a_liar_outside_the_first_wave_cannot_halt_a_good_release(
         fleet: Fleet, tiny_release: Path) -> None:
     # the liar praises the previous version and, once it runs the new one, damns it
@@ -126,3 +176,20 @@ def test_a_liar_outside_the_first_wave_cannot_halt_a_good_release(
     (lie,) = [w for w in previous["weights"] if w["node"] == OUTSIDE]
     assert lie["claimed"] == LIE and previous["agreement"] == pytest.approx(0.9)
     assert fleet.cli("list", "--json").json()[0]["production"] == good
+
+
+def test_one_failed_install_in_the_first_wave_cannot_halt_a_good_release(
+        fleet: Fleet, tiny_release: Path) -> None:
+    fleet.says = lambda node_id, new: (0.9, 300)
+    fleet.production = int(fleet.cli("list", "--json").json()[0]["production"])
+    fleet.failing = frozenset({INSIDE})
+    try:
+        created = fleet.cli("publish", tiny_release, "--name", MODEL, *WAVES, "--json").json()
+        rollout = verdict(fleet)
+    finally:
+        fleet.failing = frozenset()
+    assert rollout["state"] == "done", rollout
+    first = rollout["figures"]["wave 1"]
+    assert (first["nodes"], first["installed"], first["failed"]) == (3, 2, 1)
+    assert fleet.cli("list", "--json").json()[0]["production"] == \
+        int(created["manifest"]["version"])

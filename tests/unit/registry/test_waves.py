@@ -16,7 +16,7 @@ from registry.errors import NotFound, NotPrimary, RegistryError
 from registry.fleet import nodes as node_writes
 from registry.fleet.nodes import NodeBook
 from registry.ha import changes
-from registry.releases import evidence, waves
+from registry.releases import evidence, steering, waves
 from registry.releases.catalog import Catalog
 from registry.releases.plan import RolloutNode
 from registry.releases.waves import WavePolicy
@@ -45,7 +45,7 @@ def fleet(catalog: Catalog, nodes: list[RolloutNode] = EDGES) -> NodeBook:
 
 def tick(catalog: Catalog, at: float) -> list[str]:
     with audited(catalog.db, None) as conn:
-        return waves.tick(conn, at, "registry:waves")
+        return steering.tick(conn, at, "registry:waves")
 
 
 def running(catalog: Catalog, node: RolloutNode) -> int | None:
@@ -130,7 +130,9 @@ def test_a_good_release_passes_every_gate_unattended_and_becomes_production(
         if catalog.alias(MODEL, "production") == new:
             break
     assert catalog.alias(MODEL, "production") == new
-    assert [n for n in sorted(set(sizes)) if n] == [1, 5, 20]  # 5%, 25%, 100% of 20
+    # 5%, 25%, 100% of 20; 5% is one node, raised to three: the fewest whose median holds
+    # against one lying node (and keeps a quorum of two when it falls silent)
+    assert [n for n in sorted(set(sizes)) if n] == [3, 5, 20]
     assert running(catalog, CENTER) == new
     r = waves.latest(catalog.db.conn, MODEL)
     assert r is not None and r.state == "done"
@@ -197,7 +199,7 @@ def test_each_gate_halts_on_its_own(catalog: Catalog, what: str, kwargs: dict[st
     assert (r.reason or "").startswith(match)
 
 
-def test_without_audit_rows_the_gate_waits_another_bake_then_passes_unmeasured(
+def test_without_audit_rows_the_gate_waits_another_bake_then_holds_until_a_person_decides(
         catalog: Catalog) -> None:
     book = fleet(catalog)
     catalog.create_version(manifest(seed=1))
@@ -212,11 +214,51 @@ def test_without_audit_rows_the_gate_waits_another_bake_then_passes_unmeasured(
     tick(catalog, at)  # baked, but agreement not measured: it waits
     r = waves.latest(catalog.db.conn, MODEL)
     assert r is not None and r.state == "baking"
-    at += 30
-    tick(catalog, at)
+    for _ in range(3):  # held, and it stays held: "could not measure" is not "passed"
+        at += 30
+        tick(catalog, at)
+        r = waves.latest(catalog.db.conn, MODEL)
+        assert r is not None and (r.state, r.wave) == ("held", 0)
+    assert r.to_json()["held"] == "not-measured"
+    assert (r.reason or "").startswith("agreement not measured (0 and 0 audited rows")
+    assert len(on_new(catalog, new)) == 5  # the wave keeps it, nobody else gets it
+    assert catalog.alias(MODEL, "production") == 1
+    (hold,) = [x for x in chain.records(catalog.db) if x.action == "rollout-hold"]
+    assert json.loads(hold.payload)["hold"] == "not-measured"
+    assert waves.newest(catalog.db.conn) == [(MODEL, "held", 1, "not-measured")]
+    with pytest.raises(RegistryError, match="passes its gate: give --reason"), \
+            audited(catalog.db, None) as conn:
+        steering.steer(conn, MODEL, "resume", "ops@host", at)
+    with pytest.raises(RegistryError, match="printable"), audited(catalog.db, None) as conn:
+        steering.steer(conn, MODEL, "resume", "ops@host", at, "ok\x1b[2J")
+    with audited(catalog.db, None) as conn:
+        r = steering.steer(conn, MODEL, "resume", "ops@host", at, "idle fleet, checked by hand")
+    assert (r.state, r.wave) == ("running", 1)  # its gate passed by a person
+    resume = [x for x in chain.records(catalog.db) if x.action == "rollout-resume"][-1]
+    payload = json.loads(resume.payload)
+    assert resume.actor == "ops@host" and payload["reason"] == "idle fleet, checked by hand"
+    assert payload["was"] == "held" and payload["hold"] == "not-measured"
+
+
+def test_a_held_gate_is_judged_again_and_halts_by_itself_once_measured(
+        catalog: Catalog) -> None:
+    book = fleet(catalog)
+    catalog.create_version(manifest(seed=1))
+    new = publish_waves(catalog, WavePolicy((0.25, 1.0), bake_s=10, min_audit_rows=100))
+    at = time.time()
+    for _ in range(6):
+        at += 6
+        tick(catalog, at)
+        settle(catalog, book, new, rows=0)
     r = waves.latest(catalog.db.conn, MODEL)
-    assert r is not None and r.state == "running" and r.wave == 1
-    assert "not measured" in r.figures["wave 1"]["agreement_drop"]
+    assert r is not None and r.state == "held"
+    settle(catalog, book, new, agreement=0.5, previous_agreement=0.9)  # evidence arrives
+    tick(catalog, at + 1)
+    r = waves.latest(catalog.db.conn, MODEL)
+    assert r is not None
+    assert r.state == "halted", r.reason
+    assert "live audit agreement 0.500" in (r.reason or "") and "held" not in r.figures
+    assert on_new(catalog, new) == []
 
 
 def test_the_pace_admits_nodes_a_minute_growing_per_wave(catalog: Catalog) -> None:
@@ -257,7 +299,7 @@ def test_a_node_joining_later_gets_what_its_position_says_never_more(catalog: Ca
     assert all(running(catalog, n) == new for n in inside)  # it rejoins its wave
     assert all(running(catalog, n) == 1 for n in outside)  # never ahead of the rollout
     with audited(catalog.db, None) as conn:
-        waves.steer(conn, MODEL, "pause", "ops", at)
+        steering.steer(conn, MODEL, "pause", "ops", at)
     for n in late[:50]:
         book.write([node_writes.hello(n, "peer", [])])
     tick(catalog, at + 100)
@@ -274,10 +316,10 @@ def test_pause_resume_abort_by_hand_are_audited(catalog: Catalog) -> None:
 
     def steer(action: str) -> waves.Rollout:
         with audited(catalog.db, None) as conn:
-            return waves.steer(conn, MODEL, action, "ops@host", at)
+            return steering.steer(conn, MODEL, action, "ops@host", at)
 
     assert steer("pause").state == "paused"
-    assert len(on_new(catalog, new)) == 1  # paused: the admitted keep it
+    assert len(on_new(catalog, new)) == 3  # paused: the admitted keep it
     with pytest.raises(RegistryError, match="paused"):
         steer("pause")
     assert steer("resume").state == "running"
@@ -312,8 +354,8 @@ def test_a_first_release_in_waves_reaches_the_centers_at_once(catalog: Catalog) 
     new = publish_waves(catalog)
     tick(catalog, time.time())
     assert running(catalog, CENTER) == new
-    assert len(on_new(catalog, new)) == 1
-    assert sum(running(catalog, n) is None for n in EDGES) == 19
+    assert len(on_new(catalog, new)) == 3
+    assert sum(running(catalog, n) is None for n in EDGES) == 17
 
 
 def test_a_rollout_is_replicated_and_a_standby_cannot_steer_it(catalog: Catalog) -> None:
@@ -328,7 +370,7 @@ def test_a_rollout_is_replicated_and_a_standby_cannot_steer_it(catalog: Catalog)
         role.set_role(conn, "standby", term=2, registry_id="r", leader="p:1",
                              lease_until=0)
     with pytest.raises(NotPrimary, match="standby"), audited(catalog.db, None) as conn:
-        waves.steer(conn, MODEL, "pause", "ops", time.time())
+        steering.steer(conn, MODEL, "pause", "ops", time.time())
 
 
 # -- one node's word: bounded (issue 46) -------------------------------------------------------
@@ -364,7 +406,7 @@ def first_gate(catalog: Catalog, policy: WavePolicy,
 def wave_of(policy: WavePolicy) -> list[str]:
     """The node ids of the first wave of ``policy`` over EDGES, by position."""
     ranked = sorted(EDGES, key=lambda n: waves.position(MODEL, n.node_id))
-    return [n.node_id for n in ranked[:waves._target(policy.waves[0], len(EDGES))]]
+    return [n.node_id for n in ranked[:steering.target(policy.waves[0], len(EDGES))]]
 
 
 def fresh(tmp_path: Path, name: object) -> Catalog:
@@ -452,28 +494,43 @@ def test_one_node_moves_a_sides_agreement_no_further_than_the_others_range() -> 
     assert [w["weight"] for w in two["weights"]] == [0.5, 0.5]  # the lower median: 300
 
 
-def test_agreement_needs_min_audit_nodes_distinct_nodes_on_a_side(tmp_path: Path) -> None:
-    for nodes, halted in ((3, True), (4, False)):  # a wave of 3 nodes: 3 is just inside
-        policy = WavePolicy((0.15, 1.0), bake_s=10, min_audit_rows=100, min_audit_nodes=nodes)
-        r = first_gate(fresh(tmp_path, nodes),
-                       policy, lambda node, new: honest(0.3 if new else 0.9))
-        assert (r.state == "halted") is halted, r.figures
-        assert r.figures["wave 1"]["new"]["measured"] is halted
-        if not halted:
-            assert "3 and 17 nodes; 100 rows from 4 nodes" in \
-                r.figures["wave 1"]["agreement_drop"]
+def test_a_sides_quorum_is_scaled_to_its_nodes_and_one_below_it_holds(tmp_path: Path) -> None:
+    """A wave of 3 of 20 edges: its quorum is 2 (a majority of 3), the others' is 3
+    (min_audit_nodes, fewer than a majority of 17). At each quorum a flipped release halts;
+    one node short of either, the gate holds: it never passes."""
+    wave = set(wave_of(THREE))
+    outside = [n.node_id for n in EDGES if n.node_id not in wave]
+    for name, inside_reporting, outside_reporting, state in (
+            ("both at quorum", 2, 3, "halted"), ("wave one below", 1, 17, "held"),
+            ("others one below", 3, 2, "held")):
+        audited_in = set(sorted(wave)[:inside_reporting])
+        audited_out = set(outside[:outside_reporting])
+
+        def says(node: RolloutNode, new: bool, audited_in: set[str] = audited_in,
+                 audited_out: set[str] = audited_out) -> dict[str, Any]:
+            on = node.node_id in (audited_in if new else audited_out)
+            return honest(0.3 if new else 0.9, 300 if on else 0)
+
+        r = first_gate(fresh(tmp_path, name.replace(" ", "-")), THREE, says)
+        assert r.state == state, (name, r.figures)
+        gate = r.figures["wave 1"]
+        assert (gate["new"]["quorum"], gate["previous"]["quorum"]) == (2, 3)
+        if state == "held":
+            assert r.wave == 0 and "baseline" not in r.figures
+            assert r.figures["held"] == "not-measured"
+            assert "rows from 2 and 3 nodes needed" in (r.reason or ""), r.reason
 
 
 def test_agreement_needs_min_audit_rows_not_just_some(tmp_path: Path) -> None:
     """(Mutation W2: judging on any audited rows above zero.) Three wave nodes with 33 audited
-    rows each count 99: judged at min_audit_rows 99, not at 100."""
-    for least, halted in ((99, True), (100, False)):
+    rows each count 99: judged at min_audit_rows 99, held at 100."""
+    for least, state in ((99, "halted"), (100, "held")):
         policy = WavePolicy((0.15, 1.0), bake_s=10, min_audit_rows=least)
         r = first_gate(fresh(tmp_path, least),
                        policy, lambda node, new: honest(0.3, 33) if new else honest(0.9))
-        assert (r.state == "halted") is halted, r.figures
-        if not halted:
-            assert r.state == "running" and r.wave == 1  # passed, agreement not measured
+        assert r.state == state, r.figures
+        if state == "held":
+            assert r.wave == 0  # not passed: agreement not measured
             assert "not measured (99 and " in r.figures["wave 1"]["agreement_drop"]
 
 
@@ -494,8 +551,9 @@ def test_connected_wave_nodes_that_never_answer_the_install_count_as_failed(
                                                "refused or did not answer")
 
 
-def test_a_two_edge_fleet_still_rolls_out_and_says_agreement_was_not_measured(
-        catalog: Catalog) -> None:
+def test_a_two_edge_fleet_rolls_out_judging_each_nodes_word(catalog: Catalog) -> None:
+    """In a fleet of two no gate can tell a stolen node's word from the truth: it tolerates no
+    liar, and each side's quorum is its one node (a majority of one)."""
     two = EDGES[:2]
     book = fleet(catalog, two)
     catalog.create_version(manifest(seed=1))
@@ -509,8 +567,74 @@ def test_a_two_edge_fleet_still_rolls_out_and_says_agreement_was_not_measured(
                 book.write([node_writes.ack(node, MODEL, want, "ACTIVE", ""),
                             node_writes.quality(node.node_id, MODEL, report(want, 0.9, 300))])
     r = waves.latest(catalog.db.conn, MODEL)
-    assert r is not None and r.state == "done"  # each gate waited one more bake, then passed
+    assert r is not None and r.state == "done"
     assert catalog.alias(MODEL, "production") == new
-    for gate in ("wave 1", "wave 2"):
-        assert "from 3 nodes needed" in r.figures[gate]["agreement_drop"]
-    assert "baseline" in r.figures and not r.figures["baseline"]["measured"]
+    first = r.figures["wave 1"]
+    assert (first["liars"], first["new"]["quorum"], first["previous"]["quorum"]) == (0, 1, 1)
+    assert first["agreement_drop"]["drop"] == pytest.approx(0.0)
+    assert r.figures["wave 2"]["new"]["audit_nodes"] == 2
+
+
+def test_a_held_last_wave_resumed_with_a_reason_makes_production_and_an_abort_keeps_it(
+        tmp_path: Path) -> None:
+    for action, reason in (("resume", "checked the edges by hand"), ("abort", "not today")):
+        catalog = fresh(tmp_path, action)
+        book = fleet(catalog)
+        catalog.create_version(manifest(seed=1))
+        new = publish_waves(catalog, WavePolicy((1.0,), bake_s=10, min_audit_rows=100))
+        at = time.time()
+        for _ in range(8):
+            at += 6
+            tick(catalog, at)
+            settle(catalog, book, new, rows=0)
+        r = waves.latest(catalog.db.conn, MODEL)
+        assert r is not None and r.state == "held"
+        assert len(on_new(catalog, new)) == 20 and running(catalog, CENTER) == 1
+        with audited(catalog.db, None) as conn:
+            r = steering.steer(conn, MODEL, action, "ops@host", at, f"  {reason} ")
+        records = [x for x in chain.records(catalog.db) if x.actor == "ops@host"]
+        assert [x.action for x in records] == {"resume": ["rollout-resume", "promote"],
+                                               "abort": ["rollout-abort"]}[action]
+        assert json.loads(records[0].payload)["reason"] == reason  # stripped
+        if action == "resume":  # the person passed the last gate: production moves, by them
+            assert r.state == "done" and catalog.alias(MODEL, "production") == new
+            assert running(catalog, CENTER) == new
+        else:
+            assert r.state == "aborted" and r.reason == f"aborted by ops@host: {reason}"
+            assert catalog.alias(MODEL, "production") == 1 and on_new(catalog, new) == []
+
+
+def test_a_persons_reason_is_printable_text_up_to_500_characters() -> None:
+    assert steering.check_reason(None) is None
+    assert steering.check_reason("x" * 500) == "x" * 500
+    for bad, said in (("x" * 501, "at most 500"), ("   ", "empty"), ("a\nb", "printable"),
+                      ("\u202eevil", "printable")):
+        with pytest.raises(RegistryError, match=said):
+            steering.check_reason(bad)
+
+
+def test_a_registry_from_before_held_keeps_its_rollouts_and_captures_their_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Migration 12 rebuilds ``waves`` to allow ``held``: an unfinished rollout survives it,
+    and its replication capture still copies each change."""
+    from registry.store import db as store_db
+    from registry.store.migrations import MIGRATIONS
+
+    before = [m for m in MIGRATIONS if m[0] < 12]
+    monkeypatch.setattr(store_db, "MIGRATIONS", before)
+    old = Catalog(connect(tmp_path / "r.sqlite3"), "tester")
+    fleet(old)
+    old.create_version(manifest(seed=1))
+    publish_waves(old)
+    with pytest.raises(Exception, match="CHECK constraint"), transaction(old.db) as conn:
+        conn.execute("UPDATE waves SET state = 'held'")
+    old.db.conn.close()
+    monkeypatch.setattr(store_db, "MIGRATIONS", MIGRATIONS)
+    catalog = Catalog(connect(tmp_path / "r.sqlite3"), "tester")
+    r = waves.latest(catalog.db.conn, MODEL)
+    assert r is not None and (r.version, r.state) == (2, "running")
+    at = changes.position(catalog.db.conn)
+    with transaction(catalog.db) as conn:
+        conn.execute("UPDATE waves SET state = 'held'")
+    (change,) = changes.read_changes(catalog.db.conn, at, 10)
+    assert change.table == "waves" and json.loads(change.row)["state"] == "held"

@@ -80,11 +80,28 @@ def test_a_rollout_state_is_one_series_at_1_the_others_0_so_an_alert_clears() ->
 
     metrics = SyncMetrics()
     states = ("running", "halted", "done")
-    metrics.rollouts([("m", "halted", 2)], states)
+    metrics.rollouts([("m", "halted", 2, None)], states)
     page = metrics.exposition().decode()
     assert 'registry_rollout_state{model="m",state="halted"} 1.0' in page
     assert 'registry_rollout_state{model="m",state="running"} 0.0' in page
     assert 'registry_rollout_wave{model="m"} 2.0' in page
-    metrics.rollouts([("m", "running", 2)], states)
+    metrics.rollouts([("m", "running", 2, None)], states)
     page = metrics.exposition().decode()
     assert 'registry_rollout_state{model="m",state="halted"} 0.0' in page
+
+
+def test_a_held_rollout_is_one_series_per_bounded_reason_that_clears() -> None:
+    from registry.releases.gate import HOLDS
+    from registry.server.metrics import SyncMetrics
+
+    metrics = SyncMetrics()
+    metrics.rollouts([("m", "held", 1, "not-measured"), ("n", "running", 2, None)],
+                     ("running", "held"), HOLDS)
+    page = metrics.exposition().decode()
+    assert 'registry_rollout_held{model="m",reason="not-measured"} 1.0' in page
+    assert 'registry_rollout_held{model="m",reason="undecided"} 0.0' in page
+    assert 'registry_rollout_held{model="n",reason="not-measured"} 0.0' in page
+    assert 'registry_rollout_state{model="m",state="held"} 1.0' in page
+    metrics.rollouts([("m", "running", 2, None)], ("running", "held"), HOLDS)
+    page = metrics.exposition().decode()
+    assert 'registry_rollout_held{model="m",reason="not-measured"} 0.0' in page
