@@ -153,3 +153,8 @@ def test_a_node_id_that_would_be_such_a_service_id_stops_the_node_at_its_setting
         with pytest.raises(ValidationError, match="node_id 'edge-eu-1\\\\x1b"):
             settings(node_id="edge-eu-1\x1b[2J")
         assert settings(node_id="edge-eu-1:a@b").node_id == "edge-eu-1:a@b"
+    from registry.settings import RegistrySettings  # its id names its lock's service in Consul
+
+    with pytest.raises(ValidationError, match="registry_id"):
+        RegistrySettings(registry_id="registry-a\x01")
+    assert RegistrySettings(registry_id="registry-a").registry_id == "registry-a"
