@@ -18,8 +18,10 @@ threshold on its own, per request, with two parts (docs/cascade.md):
   ``edge-shed``, least confident rows escalated first. So the center never sees more than its
   budget, however fast traffic moves, and nothing queues at the center.
 
-A request's ``parameters.threshold``, or the edge's ``threshold`` setting, bypasses both (the
-precedence is ``edge.threshold``'s).
+A request's ``parameters.threshold`` replaces the threshold for that request but not the
+bucket: its unsure rows take tokens like any others, so no client escalates beyond the budget.
+The edge's ``threshold`` setting (or ``controller`` off) bypasses both (the precedence is
+``edge.threshold``'s).
 Without a budget (no registry, no center capacity known yet, or the model's policy is
 ``static``) the threshold is the release's calibrated one and nothing is shed.
 """

@@ -1,9 +1,13 @@
 """Which threshold the gate uses for a request, decided in one place.
 
 Precedence: the request's ``parameters.threshold`` > the edge's ``threshold`` setting > the
-model's budget controller (``edge.controller``) > the release's calibrated threshold. The first
-two are fixed thresholds: no budget holds them and nothing is shed. The controller itself
-answers the calibrated threshold while the registry has given no budget.
+model's budget controller (``edge.controller``) > the release's calibrated threshold. The
+edge's setting is a fixed threshold: no budget holds it and nothing is shed. A request's
+threshold picks which rows that request wants escalated, never how many: while the edge runs
+a controller, the budget's bucket holds those rows as it holds the controller's own, the rest
+come back ``edge-shed`` (anyone reaching ``/v2/`` may send it, so it must not spend more of the
+centers than the registry gave this edge). The controller itself answers the calibrated
+threshold while the registry has given no budget.
 
 The repository tells the policy when a version becomes the default (``activated``): its
 calibration then sets the controller's default and floor, so requests never compare versions.
@@ -25,14 +29,17 @@ from serving.release.manifest import Manifest
 @dataclass(frozen=True)
 class Decision:
     threshold: float
-    controller: Controller | None  # None: a fixed threshold (no budget, nothing shed)
+    controller: Controller | None  # None: no budget holds the escalations, nothing is shed
+    requested: bool = False  # the request's own threshold (held to the budget all the same)
 
     @property
     def cache_key(self) -> float:
-        """The threshold the response cache keys answers by: controlled answers share one key
-        space (a moving threshold would empty the cache)."""
-        controlled = self.controller is not None and self.controller.controlled
-        return -1.0 if controlled else self.threshold
+        """The threshold the response cache keys answers by: the controller's answers share one
+        key space (a moving threshold would empty the cache); a request's own threshold keys
+        its answers apart from them."""
+        moving = (not self.requested and self.controller is not None
+                  and self.controller.controlled)
+        return -1.0 if moving else self.threshold
 
 
 def requested(value: Any) -> float:
@@ -60,12 +67,13 @@ class ThresholdPolicy:
 
     def decide(self, manifest: Manifest, parameters: dict[str, Any]) -> Decision:
         """The threshold for a request to ``manifest``'s model with these parameters."""
-        if "threshold" in parameters:
-            value = parameters["threshold"]
-            if value is not None:
-                return Decision(requested(value), None)
-        elif self.controlled:
-            controller = self.controllers.get(manifest.name) or self._start(manifest)
+        value = parameters.get("threshold")
+        if value is not None:  # (null: the edge's own, budget and all)
+            own = requested(value)
+            held = self._controller(manifest) if self.controlled else None
+            return Decision(own, held, requested=True)
+        if self.controlled:
+            controller = self._controller(manifest)
             threshold = controller.threshold()
             if self._shown.get(manifest.name) != threshold:
                 self._shown[manifest.name] = threshold
@@ -73,6 +81,9 @@ class ThresholdPolicy:
             return Decision(threshold, controller)
         setting = self.settings.threshold
         return Decision(manifest.calibration.threshold if setting is None else setting, None)
+
+    def _controller(self, manifest: Manifest) -> Controller:
+        return self.controllers.get(manifest.name) or self._start(manifest)
 
     def _start(self, manifest: Manifest) -> Controller:
         s = self.settings

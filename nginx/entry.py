@@ -54,7 +54,7 @@ GRPC_SERVER = """
 """
 GRPC_ROUTE = """limit_req zone=per_client burst=@BURST@ nodelay;
             grpc_next_upstream error timeout non_idempotent;
-            grpc_next_upstream_tries 0;  # each server at most once
+            grpc_next_upstream_tries 2;  # as /v2/: one other edge, never a third
             grpc_next_upstream_timeout 15s;
             grpc_read_timeout 30s;
             grpc_send_timeout 30s;

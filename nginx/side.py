@@ -23,10 +23,11 @@ from .upstreams import NOWHERE, block, renderable, servers, target
 
 TEMPLATE = Path(__file__).with_name("side.conf.template")
 CENTER_LOCATION = """
-        # the entry's /center/v2/, rate limited there
+        # the entry's /center/v2/, rate limited there; as the entry's /v2/, a request cut by a
+        # dying center is sent to one other center, never a third
         location /center/v2/ {
             proxy_next_upstream error timeout http_502 http_503 non_idempotent;
-            proxy_next_upstream_tries 0;  # each server at most once
+            proxy_next_upstream_tries 2;
             proxy_next_upstream_timeout 15s;
             @CENTER_PASS@
         }

@@ -141,7 +141,7 @@ class RegistrySettings(ConsulSettings):
     """``host:port`` of a primary to follow as a standby without Consul (no automatic
     failover; ``registry serve --follow``)."""
 
-    registry_id: str | None = None
+    registry_id: str | None = Field(default=None, pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
     """This registry's name among its peers (a DNS label; default
     ``registry-<advertised address>-<port>``, made one)."""
 

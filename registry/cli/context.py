@@ -5,6 +5,7 @@ errors turned into exit codes."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,7 @@ from registry.settings import RegistrySettings
 from registry.store import role
 from registry.store.blobs import BlobStore
 from registry.store.db import connect
+from registry.store.private import PRIVATE_UMASK
 from registry.trust import anchor
 from serving.release.store import StoreError
 
@@ -93,6 +95,7 @@ def split_ref(ref: str) -> tuple[str, str | None]:
 def run(cli: click.Group, argv: list[str] | None) -> None:
     """Run the ``registry`` group; an error ends the process with its message and exit code:
     click's own (2 for usage), a :class:`RegistryError`'s, 5 for the model store, 130 for ^C."""
+    os.umask(PRIVATE_UMASK)  # what it writes into a home (keys, certificates...) is private
     try:
         cli.main(args=argv, prog_name="registry", standalone_mode=False)
     except click.exceptions.Abort:

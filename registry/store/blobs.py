@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from registry.errors import IntegrityError, NotFound
+from registry.store import private
 from serving.release.store import CHUNK, file_sha256
 
 STALE_TEMP_SECONDS = 3600
@@ -48,8 +49,8 @@ class BlobStore:
         Copied to a temporary file, hashed from that copy, fsynced, then renamed into place, so
         a crash never leaves a partial file under a digest name.
         """
-        self.tmp.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=self.tmp, prefix="put-")
+        private.folders(self.tmp)
+        fd, name = tempfile.mkstemp(dir=self.tmp, prefix="put-")  # 0600
         tmp = Path(name)
         try:
             digest = hashlib.sha256()
@@ -63,7 +64,7 @@ class BlobStore:
             target = self.path(sha)
             if target.is_file():
                 return sha, size
-            target.parent.mkdir(parents=True, exist_ok=True)
+            private.folders(target.parent)
             os.replace(tmp, target)
             return sha, size
         finally:

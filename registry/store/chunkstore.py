@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 from registry.errors import IntegrityError, NotFound
+from registry.store import private
 from registry.store.blobs import BlobStore
 from serving.release import chunks
 from serving.release.chunks import Chunk, ChunkError
@@ -83,8 +84,8 @@ class ChunkStore:
 def _write(target: Path, data: bytes) -> None:
     """Whole or not at all (derived data: not fsynced; a damaged chunk fails the node's digest
     check and the node fetches the file whole)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, name = tempfile.mkstemp(dir=target.parent, prefix=".put-")
+    private.folders(target.parent)
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=".put-")  # 0600
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -12,6 +12,7 @@ from pathlib import Path
 import sqlite_utils
 
 from registry.errors import NotPrimary
+from registry.store import private
 from registry.store.clock import now
 from registry.store.migrations import MIGRATIONS, NOT_PRIMARY
 from registry.store.role import refusal
@@ -21,7 +22,8 @@ BUSY_TIMEOUT_MS = 30_000
 
 def connect(path: Path) -> sqlite_utils.Database:
     """Open (creating if needed) the registry database and bring its schema up to date."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private.database(path)  # 0600 in a 0700 home, whatever the umask
+    private.tighten(path.parent, private.FOLDER)
     # isolation_level=None: transactions are explicit (``transaction``), never implicit.
     conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
     conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")

@@ -11,8 +11,14 @@ from pydantic import AfterValidator, AliasChoices, Field, SecretStr, model_valid
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from serving.config import bundle as bundles
+from serving.config.tokens import (
+    NODE_ID,
+    check_node_token,
+    check_secret,
+    read_secret,
+    write_secret,
+)
 from serving.config.tokens import REGION as REGION  # a region tag; tokens carry it
-from serving.config.tokens import check_node_token, check_secret, read_secret, write_secret
 
 
 def _long_enough(secret: SecretStr) -> SecretStr:
@@ -109,8 +115,9 @@ class ServingSettings(ConsulSettings):
     """Model store folder (<store>/<model>/<version>/, CURRENT), filled by registry pull."""
 
     node_id: str = ""
-    """Name of this node in logs, responses and the registry's status; must be unique per
-    node (default: <host name>-<port>, so two tiers on one host differ)."""
+    """Name of this node in logs, responses and the registry's status, and its Consul service
+    id; must be unique per node (default: <host name>-<port>, so two tiers on one host differ):
+    letters, digits and ``._:@-``, at most 128, starting with a letter or digit."""
 
     region: str = Field(default="local", pattern=rf"^{REGION}$")
     """Region tag of this node (rollouts can target ``region:R``; routing prefers the nearest):
@@ -290,6 +297,12 @@ class ServingSettings(ConsulSettings):
         if isinstance(data, dict) and not data.get("node_id"):
             port = data.get("port", cls.model_fields["port"].default)
             data = {**data, "node_id": f"{socket.gethostname()}-{port}"}
+        node_id = data.get("node_id") if isinstance(data, dict) else None
+        if isinstance(node_id, str) and not NODE_ID.fullmatch(node_id):
+            # it becomes the Consul service id: one with a control character is registered,
+            # and no API call can remove it again
+            raise ValueError(f"node_id {node_id[:64]!r}: letters, digits and ._:@- only (at "
+                             f"most 128, starting with a letter or digit)")
         return data
 
     @classmethod

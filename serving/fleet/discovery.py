@@ -59,6 +59,7 @@ ERRORS = (aiohttp.ClientError, consul.ConsulException, TimeoutError, OSError, Va
 # strings, and they end up in nginx's config, in URLs and in logs: each is checked against a
 # strict pattern before use, and an instance with any value outside it is skipped.
 SERVICE_ID = NODE_ID  # a node registers under its node id
+SERVICE_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")  # tiered-edge, ...
 TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:=-]{0,63}")
 META_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")  # Consul's own rule, shorter
 META_VALUE = re.compile(r"[A-Za-z0-9._:,=@+-]{0,512}")  # ids, regions, "tiny=1,big=3"; = Consul max
@@ -218,6 +219,18 @@ class Registration:
     extra_checks: list[dict[str, Any]] = field(default_factory=list)  # e.g. the gRPC health
     _published: dict[str, str] | None = None
     _hash: str | None = None  # the agent's content hash of the entry as last compared
+
+    def __post_init__(self) -> None:
+        """InvalidInstance for an id or name outside what discovery reads back. Consul takes
+        a service id with a control character, but then no API call deregisters it (400, even
+        with the management token) and anti-entropy puts it back: such an id never reaches
+        the agent."""
+        if not SERVICE_ID.fullmatch(self.service_id):
+            raise InvalidInstance(f"service id {self.service_id[:64]!r}: letters, digits and "
+                                  f"._:@- only (at most 128, starting with a letter or digit)")
+        if not SERVICE_NAME.fullmatch(self.name):
+            raise InvalidInstance(f"service name {self.name[:64]!r}: lower-case letters, "
+                                  f"digits and - only")
 
     async def run(self) -> None:
         while True:

@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
+import tritonclient.grpc as triton_grpc
 
-from harness.processes import RegistryProcess, start_registry
+from harness.processes import RegistryProcess, free_port, start_registry
 from tests.conftest import RegistryCli
 from tests.integration.test_sync import metric, wait_for
 from tests.servers import Server, start
@@ -36,15 +38,16 @@ class Fleet:
     registry: RegistryProcess
     center: Server
     edges: list[Server] = field(default_factory=list)
+    grpc_port: int = 0  # the first edge's
 
 
-def body(texts: list[str]) -> str:
+def body(texts: list[str], **parameters: Any) -> str:
     return json.dumps({"inputs": [{"name": "text", "shape": [len(texts)], "datatype": "BYTES",
-                                   "data": texts}]})
+                                   "data": texts}], "parameters": parameters})
 
 
-def infer(edge: Server, texts: list[str]) -> dict[str, Any]:
-    response = httpx.post(f"{edge.url}/v2/models/tiny/infer", content=body(texts),
+def infer(edge: Server, texts: list[str], **parameters: Any) -> dict[str, Any]:
+    response = httpx.post(f"{edge.url}/v2/models/tiny/infer", content=body(texts, **parameters),
                           headers={"content-type": "application/json"}, timeout=10)
     assert response.status_code == 200, response.text
     return dict(response.json())
@@ -103,14 +106,15 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Itera
         center = start("center", root / "center", root, "--registry", registry.target, *SYNC,
                        "--capacity-rows-s", str(CAPACITY), registry_secret=TOKEN)
         servers.append(center)
-        fleet = Fleet(cli, registry, center)
-        for region in ("eu", "us"):
+        fleet = Fleet(cli, registry, center, grpc_port=free_port())
+        for region, grpc_port in (("eu", fleet.grpc_port), ("us", 0)):
             # floor tolerance 0: the floor is the calibrated threshold, which leaves most of
             # the tiny model's rows unsure; every row the edge keeps is audited
             fleet.edges.append(start(
                 "edge", root / f"edge-{region}", root, "--registry", registry.target, *SYNC,
                 "--region", region, "--center-url", center.url, "--cache-size", "0",
-                "--floor-tolerance", "0", "--audit-share", "1", registry_secret=TOKEN))
+                "--floor-tolerance", "0", "--audit-share", "1", "--grpc-port",
+                str(grpc_port), registry_secret=TOKEN))
             servers.append(fleet.edges[-1])
         wait_for(lambda: all(_serves(s) for s in servers), 60, "the fleet to install tiny")
         yield fleet
@@ -197,6 +201,37 @@ def test_rows_over_budget_are_answered_by_the_edge_marked_shed(fleet: Fleet) -> 
             wait_for(lambda: (({r["node"]: r for r in fleet.cli("status", "--json").json()}
                                [f"edge-{edge.port}"].get("shed_rate") or 0) > 0), 20,
                      "the shed rows in the edge's quality report")
+    finally:
+        fleet.cli("cascade", "tiny", "--measured")
+
+
+def grpc_tiers(fleet: Fleet, texts: list[str], **parameters: Any) -> list[str]:
+    client = triton_grpc.InferenceServerClient(f"127.0.0.1:{fleet.grpc_port}")
+    try:
+        text = triton_grpc.InferInput("text", [len(texts)], "BYTES")
+        text.set_data_from_numpy(np.array([t.encode() for t in texts], dtype=object))
+        result = client.infer("tiny", [text], parameters=parameters)
+        return [t.decode() for t in result.as_numpy("tier")]
+    finally:
+        client.close()
+
+
+def test_a_client_threshold_escalates_no_more_than_the_budget_over_rest_and_grpc(
+        fleet: Fleet) -> None:
+    """``threshold: 1`` asks for every row; the budget's bucket holds at most 2 (about a second
+    of 0.5 rows/s, at least one token): the rest come back edge-shed, over either transport."""
+    edge = fleet.edges[0]
+    fleet.cli("cascade", "tiny", "--capacity", "0.5")
+    try:
+        wait_for(lambda: 0 < sum(budgets(fleet)) <= 0.6, 30, "a budget of 0.5 rows/s")
+        before = metric(f"{edge.url}/metrics", "edge_rows_total", tier="center")
+        answer = infer(edge, TEXTS * 4, threshold=1)
+        tiers = answer["outputs"][[o["name"] for o in answer["outputs"]].index("tier")]["data"]
+        assert set(tiers) <= {"center", "edge-shed"}  # every row asked for, most shed
+        assert tiers.count("center") <= 2 and answer["parameters"]["shed"] >= 38
+        over_grpc = grpc_tiers(fleet, TEXTS * 4, threshold=1.0)
+        assert over_grpc.count("center") <= 2 and over_grpc.count("edge-shed") >= 38
+        assert metric(f"{edge.url}/metrics", "edge_rows_total", tier="center") - before <= 4
     finally:
         fleet.cli("cascade", "tiny", "--measured")
 

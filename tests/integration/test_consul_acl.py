@@ -4,6 +4,7 @@ see who may register what."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 import subprocess
@@ -13,10 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import consul.aio
 import httpx
 import pytest
 
 from harness.processes import BIN, free_port
+from serving.errors import InvalidInstance
+from serving.fleet import discovery
 from tiered.consul_acl import CONSUL_ROLES, ConsulAcl
 from tiered.stack import CONSUL_CONFIG, Stack
 
@@ -74,6 +78,34 @@ def test_a_role_registers_its_own_service_and_reads_what_it_follows(stack: Stack
     assert [e["Service"]["ID"] for e in seen[1]] == [f"fake-tiered-{role}"]
     if role == "edge":  # edges follow the centers
         assert read(stack, "/v1/health/service/tiered-center", token)[0] == 200
+
+
+def test_an_edge_registers_ids_consul_can_delete_and_refuses_others(stack: Stack) -> None:
+    """An id with a control character would stay for good (Consul answers its deregistration
+    400, even with the management token): the node never sends one. One with ``:`` and ``@``
+    (what node ids allow) registers and deregisters."""
+    management = stack.consul_tokens["management"]
+
+    def registration(client: consul.aio.Consul, service_id: str) -> discovery.Registration:
+        return discovery.Registration(client, "tiered-edge", service_id, "127.0.0.1", 9,
+                                      discovery.http_check("http://127.0.0.1:9/"), ["edge"],
+                                      dict)
+
+    async def scenario() -> None:
+        client = discovery.client(stack.consul, stack.consul_tokens["edge"])
+        try:
+            with pytest.raises(InvalidInstance, match="service id"):
+                registration(client, "edge-eu-1\x01")
+            ours = registration(client, "edge-eu-1:a@b")
+            await ours.ensure()
+            assert "edge-eu-1:a@b" in read(stack, "/v1/agent/services", management)[1]
+            await ours.deregister()
+        finally:
+            await client.close()
+
+    asyncio.run(scenario())
+    services = read(stack, "/v1/agent/services", management)[1]
+    assert not [sid for sid in services if sid.startswith("edge-eu-1")], services
 
 
 def test_anonymous_reads_see_nothing(stack: Stack) -> None:

@@ -237,7 +237,7 @@ def test_each_model_call_is_finished_once_into_probabilities_and_confidence_metr
     assert sum(b["count"] for b in report["confidence"]) == 3
 
 
-def test_over_budget_rows_are_shed_marked_and_counted_but_a_request_threshold_wins(
+def test_over_budget_rows_are_shed_marked_and_counted_a_request_threshold_too(
         tmp_path: Path) -> None:
     calls: list[dict[str, Any]] = []
     service, batcher = edge(tmp_path, center_answering(calls)), FixedBatcher()
@@ -254,8 +254,9 @@ def test_over_budget_rows_are_shed_marked_and_counted_but_a_request_threshold_wi
     assert all(out["confidence"][i] == pytest.approx(0.5498, abs=1e-3) for i in shed)  # edge's
     assert service.stats.rows_by_tier.labels("sentiment", "3", "edge-shed")._value.get() == 4
     assert len(calls) == 1
+    # the request's own threshold is held to the same (now empty) bucket: no row escalates
     override = outputs(infer(service, r, parsed(UNSURE, UNSURE, threshold=1.0)))
-    assert override["tier"] == ["center", "center"]  # the request's own threshold: no budget
+    assert override["tier"] == ["edge-shed", "edge-shed"] and len(calls) == 1
 
 
 class GradedBatcher(FixedBatcher):
@@ -280,6 +281,69 @@ def test_over_budget_the_least_confident_rows_escalate_and_the_most_confident_ar
     [call] = calls
     sent = call["inputs"][0]["data"]  # the escalated rows' token ids, in request order
     assert sent[::2] == [10, 40]
+
+
+def center_naming(calls: list[list[int]]) -> Handler:
+    """A center whose answer names the row it was sent: ``pos`` with the row's token id / 1000
+    (so an answer in the wrong place, or for a row never sent, shows)."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        ids = received(request.content, request.headers.get(v2.HEADER_LENGTH))["inputs"][0]
+        sent = ids["data"][::ids["shape"][1]]  # each row's first token id
+        calls.append(sent)
+        data = [x for token in sent for x in (1 - token / 1000, token / 1000)]
+        return httpx.Response(200, json={"model_name": "sentiment", "model_version": "9",
+                                         "outputs": [{"name": "probabilities", "datatype": "FP32",
+                                                      "shape": [len(sent), 2], "data": data}]})
+
+    return handle
+
+
+def test_a_request_threshold_within_the_budget_escalates_exactly_the_rows_below_it(
+        tmp_path: Path) -> None:
+    """Confidences 0.525, 0.599, 0.711, 0.599: threshold 0.65 escalates rows 0, 1 and 3; the
+    bucket holds 3 rows, so the client's threshold is honoured as given, nothing shed."""
+    calls: list[list[int]] = []
+    service = edge(tmp_path, center_naming(calls), burst_s=3.0)
+    service.policy.set_budget("sentiment", Budget(True, rows_per_s=1.0, capacity_rows_s=2.0,
+                                                  share=0.5))
+    answer = infer(service, resident(GradedBatcher()), parsed(10, 40, 90, 41, threshold=0.65))
+    out = outputs(answer)
+    assert out["tier"] == ["center", "center", "edge", "center"]
+    assert calls == [[10, 40, 41]]  # just those rows, in request order
+    assert out["confidence"][0] == pytest.approx(0.99) and out["label"][0] == "neg"
+    assert out["confidence"][1] == pytest.approx(0.96) and out["confidence"][3] == \
+        pytest.approx(0.959)  # each row the center's answer for that row
+    assert out["confidence"][2] == pytest.approx(0.7109, abs=1e-3)  # the edge's own
+    assert answer.parameters["threshold"] == 0.65
+    assert answer.parameters["escalated"] == 3 and answer.parameters["shed"] == 0
+
+
+def test_a_request_threshold_beyond_the_budget_is_shed_the_center_sees_the_budget(
+        tmp_path: Path) -> None:
+    """``threshold: 1`` asks for every row; the bucket holds 3: the 3 least confident go,
+    the other 3 (the confident ones among them) come back edge-shed with the edge's answer."""
+    calls: list[list[int]] = []
+    service = edge(tmp_path, center_naming(calls), burst_s=3.0)
+    service.policy.set_budget("sentiment", Budget(True, rows_per_s=1.0, capacity_rows_s=2.0,
+                                                  share=0.5))
+    r = resident(GradedBatcher())
+    answer = infer(service, r, parsed(90, 10, 500, 40, 90, 20, threshold=1))
+    out = outputs(answer)
+    assert out["tier"] == ["edge-shed", "center", "edge-shed", "center", "edge-shed", "center"]
+    assert calls == [[10, 40, 20]]
+    assert answer.parameters["escalated"] == 3 and answer.parameters["shed"] == 3
+    assert out["confidence"][2] == pytest.approx(0.9933, abs=1e-3)  # the edge's, not a center's
+    again = outputs(infer(service, r, parsed(10, threshold=1)))  # the bucket is empty now
+    assert again["tier"] == ["edge-shed"] and len(calls) == 1
+    assert outputs(infer(service, r, parsed(10, threshold=None)))["tier"] == ["edge-shed"]
+
+
+def test_without_a_budget_a_request_threshold_is_honoured_as_given(tmp_path: Path) -> None:
+    calls: list[list[int]] = []
+    service = edge(tmp_path, center_naming(calls))  # no registry: no budget known
+    out = outputs(infer(service, resident(GradedBatcher()), parsed(90, 500, threshold=1)))
+    assert out["tier"] == ["center", "center"] and calls == [[90, 500]]
 
 
 def test_audit_rows_go_to_the_center_in_the_background_never_delaying_the_answer(

@@ -31,8 +31,11 @@ def test_precedence_request_then_setting_then_controller_then_calibrated() -> No
     m = release(3, 0.8)
     auto = policy()
     assert auto.decide(m, {}).threshold == 0.8 and auto.decide(m, {}).controller is not None
-    fixed = auto.decide(m, {"threshold": 0})
-    assert fixed.threshold == 0.0 and fixed.controller is None
+    fixed = auto.decide(m, {"threshold": 0})  # held to the model's budget all the same
+    assert fixed.threshold == 0.0 and fixed.controller is auto.controllers["sentiment"]
+    assert fixed.cache_key == 0.0
+    assert auto.decide(m, {"threshold": None}) == auto.decide(m, {})  # null: the edge's own
+    assert policy(controller="off").decide(m, {"threshold": 1}).controller is None
     assert policy(threshold=0.6).decide(m, {}).threshold == 0.6
     assert policy(threshold=0.6).decide(m, {}).controller is None
     assert policy(threshold=0.6).decide(m, {"threshold": 1}).threshold == 1.0
@@ -53,5 +56,7 @@ def test_the_controller_follows_activations_and_budgets() -> None:
     p.set_budget("sentiment", Budget(True, rows_per_s=10.0))
     controlled = p.decide(release(4, 0.7), {})
     assert controlled.cache_key == -1.0  # a moving threshold: one key space
+    asked = p.decide(release(4, 0.7), {"threshold": 1})
+    assert asked.cache_key == 1.0 and asked.controller is controlled.controller
     assert p.report("sentiment", 4) == {"threshold": 0.7, "budget_rows_s": 10.0}
     assert policy(controller="off").report("sentiment", 4) == {}

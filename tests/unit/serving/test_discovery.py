@@ -109,3 +109,52 @@ def test_node_tls_names_are_the_names_node_certificates_carry() -> None:
             pki.node_name(node_id, tier)
         with pytest.raises(ValueError):
             discovery.node_tls_name(node_id, tier)
+
+
+class Recording:
+    """Stands in for the Consul client where nothing may reach it: records any use."""
+
+    def __init__(self) -> None:
+        self.used: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        self.used.append(name)
+        raise AssertionError(f"Consul reached: {name}")
+
+
+@pytest.mark.parametrize("service_id", ["edge-eu-1\x01", "edge\x7f", "edge eu", "edge/eu",
+                                        "-edge", "", "e" * 129, "edge\n"])
+def test_a_service_id_consul_could_not_delete_is_refused_before_consul(service_id: str) -> None:
+    client = Recording()
+    with pytest.raises(InvalidInstance, match="service id"):
+        discovery.Registration(client, "tiered-edge", service_id, "127.0.0.1", 8200,  # type: ignore[arg-type]
+                               {}, ["edge"], dict)
+    assert client.used == []
+
+
+def test_service_ids_and_names_a_node_may_register() -> None:
+    for service_id in ("edge-eu-1", "edge-host.example-8200", "edge:a@b", "e" * 128):
+        made = discovery.Registration(Recording(), "tiered-edge", service_id,  # type: ignore[arg-type]
+                                      "127.0.0.1", 8200, {}, ["edge"], dict)
+        assert made.service_id == service_id
+    for name in ("tiered edge", "tiered-edge\x01", "Tiered-Edge"):
+        with pytest.raises(InvalidInstance, match="service name"):
+            discovery.Registration(Recording(), name, "edge-eu-1", "127.0.0.1",  # type: ignore[arg-type]
+                                   8200, {}, ["edge"], dict)
+
+
+def test_a_node_id_that_would_be_such_a_service_id_stops_the_node_at_its_settings() -> None:
+    from pydantic import ValidationError
+
+    from center.settings import CenterSettings
+    from edge.settings import EdgeSettings
+
+    for settings in (EdgeSettings, CenterSettings):
+        with pytest.raises(ValidationError, match="node_id 'edge-eu-1\\\\x1b"):
+            settings(node_id="edge-eu-1\x1b[2J")
+        assert settings(node_id="edge-eu-1:a@b").node_id == "edge-eu-1:a@b"
+    from registry.settings import RegistrySettings  # its id names its lock's service in Consul
+
+    with pytest.raises(ValidationError, match="registry_id"):
+        RegistrySettings(registry_id="registry-a\x01")
+    assert RegistrySettings(registry_id="registry-a").registry_id == "registry-a"
