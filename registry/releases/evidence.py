@@ -26,9 +26,10 @@ move a side's figures beyond its share:
 - **liars tolerated** (``tolerated``): one in a fleet of 3 edges or more; none where one node
   is half the fleet (or the policy asks for one node's word, ``min_audit_nodes`` 1). With one
   tolerated, the true figure of a side of two audited nodes is only known to lie between
-  their two figures (``bounds``: either may be the liar), and a gate judges the worst and the best case: it
-  halts only when even the best case is worse, passes only when even the worst is not, and
-  holds otherwise. With three or more the median is within the honest nodes' range already.
+  their two figures (``bounds``: either may be the liar), and a gate judges the worst and the
+  best case: it halts only when even the best case is worse, passes only when even the worst
+  is not, and holds otherwise. With three or more the median is within the honest nodes'
+  range already.
 
 The figures each side writes into the rollout and its audit record list every node's claimed,
 bounded and counted rows, its agreement and its weight (its share of the side's counted rows),
