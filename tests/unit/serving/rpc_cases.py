@@ -91,7 +91,7 @@ def logged_calls(caplog: pytest.LogCaptureFixture, access_log: bool) -> list[str
             tier.settings = ServingSettings(access_log=access_log)
             context = Context()
             with contextlib.suppress(grpc.aio.AbortError):  # how a call is aborted
-                asyncio.run(InferenceServicer(p).ModelInfer(message, context))  # type: ignore[arg-type]
+                asyncio.run(InferenceServicer(p).ModelInfer(message, context))
             assert context.code == code
     return [r.getMessage() for r in caplog.records  # the access log's lines, not the traceback
             if r.name == "serving.grpc" and r.getMessage().startswith("grpc ")]

@@ -337,3 +337,24 @@ def test_features_that_are_not_finite_are_refused_in_every_float_datatype(
     assert np.stack(ok.rows).tolist() == [[float(finite), -float(finite), 0.0]]
     with pytest.raises(BadRequest, match="NaN or infinite"):
         codec.decode([v2.binary("features", datatype, [[0.0, value, 1.0]])], {})
+
+
+def test_a_variable_row_is_bounded_at_max_row_elements_just_inside_and_just_outside() -> None:
+    from serving.inputs.tensor import MAX_ROW_ELEMENTS
+
+    codec = TensorCodec(TensorInput("features"), [TensorSpec("features", "FP32", [-1, -1])],
+                        Bounds(max_rows=4), Path)
+    (row,) = codec.decode([v2.Tensor("features", [1, MAX_ROW_ELEMENTS], "FP32",
+                                     raw=bytes(4 * MAX_ROW_ELEMENTS))], {}).rows
+    assert row.shape == (MAX_ROW_ELEMENTS,) and not row.any()
+    with pytest.raises(BadRequest, match=r"shape \[1, 4194305\]; this model takes"):
+        codec.decode([v2.Tensor("features", [1, MAX_ROW_ELEMENTS + 1], "FP32", raw=b"")], {})
+
+
+def test_a_tensor_input_feeds_a_model_of_exactly_one_input() -> None:
+    two = [*FEATURES, TensorSpec("other", "FP32", [-1, 3])]
+    with pytest.raises(ValueError, match=r"a tensor input feeds a model with one input; this one "
+                                         r"takes \['features', 'other'\]"):
+        TensorCodec(TensorInput("features"), two, Bounds(), Path)
+    assert TensorCodec(TensorInput("features"), FEATURES, Bounds(), Path).metadata() == [
+        {"name": "features", "datatype": "FP32", "shape": [-1, 3]}]
