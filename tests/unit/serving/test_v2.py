@@ -378,3 +378,15 @@ def test_nested_data_must_have_the_declared_shape_not_just_its_element_count() -
         ["a", "b", "c", "d"]
     with pytest.raises(BadRequest, match=r"nested data does not have shape \[2, 2\]"):
         v2.strings(v2.Tensor("t", [2, 2], "BYTES", json=b'[["a"], ["b", "c", "d"]]'))
+
+
+@pytest.mark.parametrize("tensor", [
+    v2.Tensor("x", [1, 2], "INT64", json=b"[[1.5, 2]]"),  # nested JSON
+    v2.Tensor("x", [1, 2], "INT64", values=[1.5, 2.0]),  # gRPC contents of the wrong type
+    v2.Tensor("x", [1, 2], "UINT8", values=[255.0, 0.0]),
+])
+def test_a_float_among_integers_is_a_400_never_truncated(tensor: v2.Tensor) -> None:
+    with pytest.raises(BadRequest, match=rf"must hold integers \({tensor.datatype}\)"):
+        v2.array(tensor)
+    whole = v2.Tensor("x", [1, 2], tensor.datatype, values=[1, 2])
+    assert v2.array(whole).tolist() == [[1, 2]]
