@@ -531,3 +531,23 @@ def test_an_audit_takes_budget_for_each_of_its_rows_or_is_skipped(tmp_path: Path
     budget = Budget(True, rows_per_s=0.001, capacity_rows_s=0.002, share=0.5)  # 1 row's worth
     assert audited_calls(tmp_path / "two", [tagged((SURE, 0), (SURE, 1))], budget) == []
     assert audited_calls(tmp_path / "one", [tagged((SURE, 0))], budget) == [[0]]
+
+
+class SharedBatcher(FixedBatcher):
+    """A batcher answering with rows of one model call's output, as the real one does when
+    requests share a call: the array it answers stays its own (``given``)."""
+
+    async def submit(self, rows: list[np.ndarray]) -> np.ndarray:
+        self.given = await super().submit(rows)
+        return self.given
+
+
+def test_the_centers_answers_never_overwrite_the_model_calls_own_rows(tmp_path: Path) -> None:
+    """Another request's rows may come from the same model call: escalation writes the
+    center's answers into a copy."""
+    batcher = SharedBatcher()
+    service = edge(tmp_path, center_by_tag([]))
+    out = outputs(infer(service, resident(batcher), tagged((UNSURE, 0), (SURE, 1))))
+    assert out["tier"] == ["center", "edge"]
+    np.testing.assert_array_equal(batcher.given, softmax(np.asarray(
+        [LOGITS[UNSURE], LOGITS[SURE]], dtype=np.float32)))
