@@ -482,7 +482,7 @@ def test_rows_the_center_could_not_answer_count_as_kept_but_are_not_audited(
     async def scenario() -> list[str]:
         request_id.set("r-1")  # escalations carry it; audits carry none
         answer = await service.infer(r, tagged((UNSURE, 0), (SURE, 1), (UNSURE, 2), (SURE, 3)))
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.5)  # the audit's call, answered at once
         await service.stop()
         return outputs(answer)["tier"]
 
@@ -497,15 +497,17 @@ def test_rows_the_center_could_not_answer_count_as_kept_but_are_not_audited(
 def audited_calls(tmp_path: Path, requests: list[v2.Parsed], budget: Budget | None = None,
                   **settings: Any) -> list[list[int]]:
     """The center's calls (tags) for ``requests`` sent back to back to an edge auditing every
-    row it keeps, the center taking 0.3 s per call."""
+    row it keeps, the center answering none of them until the edge stops (every audit stays in
+    flight, whatever the machine's speed)."""
     calls: list[list[int]] = []
     answering = center_by_tag(calls)
 
-    async def slow(request: httpx.Request) -> httpx.Response:
-        await asyncio.sleep(0.3)
-        return answering(request)
+    async def stuck(request: httpx.Request) -> httpx.Response:
+        answering(request)  # counted on arrival
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
 
-    service = edge(tmp_path, slow, audit_share=1.0, center_timeout_s=5, **settings)
+    service = edge(tmp_path, stuck, audit_share=1.0, center_timeout_s=30, **settings)
     if budget is not None:
         service.policy.set_budget("sentiment", budget)
     r = resident(FixedBatcher())
@@ -513,8 +515,8 @@ def audited_calls(tmp_path: Path, requests: list[v2.Parsed], budget: Budget | No
     async def scenario() -> None:
         for request in requests:
             await service.infer(r, request)
-        await asyncio.sleep(0.6)
-        await service.stop()
+        await asyncio.sleep(0.3)  # the audits started reach the center
+        await service.stop()  # and are cancelled
 
     asyncio.run(scenario())
     return sorted(calls)
