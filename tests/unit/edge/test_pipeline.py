@@ -5,6 +5,7 @@ logits are chosen, so the same rows are confident or unsure on every machine."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from serving.protocol import v2
 from serving.protocol.budget import Budget
 from serving.release.manifest import Calibration, Manifest
 from serving.runtime.repository import Resident
+from serving.telemetry.logs import request_id
 from tests.codecs import decoded, received, text_codec
 from tests.unit.serving.test_store import manifest as store_manifest
 
@@ -391,3 +393,227 @@ def test_a_drifting_audit_is_noted_in_readiness_and_its_report(tmp_path: Path) -
     assert report["drift"] and report["audit_rows"] == 40
     assert report["audit_agreement"] == pytest.approx(0.5)
     assert report["estimated_accuracy"] == pytest.approx(0.8 - 1.0 * 0.5 * 0.5)
+
+
+# Rows told apart by their content: a row is (kind, tag), token ids [kind, 100 + tag]. The edge
+# model (``TaggedBatcher``) and the center (``center_by_tag``) answer each row from its tag, so a
+# row answered with another row's answer, or with none (uninitialised memory), shows.
+
+
+def tagged(*rows: tuple[int, int], **parameters: Any) -> v2.Parsed:
+    return v2.Parsed("req", parameters, decoded([np.asarray([kind, 100 + tag], dtype=np.int64)
+                                                 for kind, tag in rows]), None)
+
+
+def edge_confidence(kind: int, tag: int) -> float:
+    """What ``TaggedBatcher`` answers for a row: a SURE row's logit margin is 3 + tag / 2
+    (0.953 for tag 0, rising; above the 0.9 threshold), an UNSURE row's 0.2 (0.550)."""
+    margin = 3 + tag / 2 if kind == SURE else 0.2
+    return float(1 / (1 + np.exp(-margin)))
+
+
+class TaggedBatcher(FixedBatcher):
+    """The edge model answering ``pos`` with ``edge_confidence``; records each batch's tags."""
+
+    async def submit(self, rows: list[np.ndarray]) -> np.ndarray:
+        self.batches.append([int(r[1]) - 100 for r in rows])
+        return self.finish(np.asarray([[0.0, 3 + (int(r[1]) - 100) / 2 if int(r[0]) == SURE
+                                        else 0.2] for r in rows], dtype=np.float32))
+
+
+def center_confidence(tag: int) -> float:
+    return 0.6 + tag / 100
+
+
+def center_by_tag(calls: list[list[int]], version: str = "9",
+                  refuse: Callable[[httpx.Request], bool] = lambda _: False) -> Handler:
+    """A center answering ``neg`` with ``center_confidence(tag)`` for each row it is sent;
+    records each call's tags; refuses (connection refused) the calls ``refuse`` picks."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if refuse(request):
+            raise httpx.ConnectError("refused", request=request)
+        body = received(request.content, request.headers.get(v2.HEADER_LENGTH))
+        ids = body["inputs"][0]
+        tags = [int(ids["data"][k * ids["shape"][1] + 1]) - 100 for k in range(ids["shape"][0])]
+        calls.append(tags)
+        data = [p for tag in tags for p in (center_confidence(tag), 1 - center_confidence(tag))]
+        return httpx.Response(200, json={"model_name": "sentiment", "model_version": version,
+                                         "outputs": [{"name": "probabilities",
+                                                      "shape": [len(tags), 2],
+                                                      "datatype": "FP32", "data": data}]})
+
+    return handle
+
+
+def test_the_center_answers_the_requests_own_rows_when_cached_rows_come_first(
+        tmp_path: Path) -> None:
+    """The escalated rows are the request's rows, not their positions among its cache misses."""
+    calls: list[list[int]] = []
+    service, r = edge(tmp_path, center_by_tag(calls)), resident(FixedBatcher())
+    infer(service, r, tagged((SURE, 0), (UNSURE, 1)))  # both rows cached; row 1 the center's
+    out = outputs(infer(service, r, tagged((SURE, 0), (UNSURE, 1), (UNSURE, 2), (SURE, 3),
+                                           (UNSURE, 4))))
+    assert calls == [[1], [2, 4]]  # the second request's rows 2 and 4, nothing else
+    assert out["tier"] == ["edge", "center", "center", "edge", "center"]
+    assert out["label"] == ["pos", "neg", "neg", "pos", "neg"]
+    assert [out["confidence"][i] for i in (1, 2, 4)] == pytest.approx(
+        [center_confidence(1), center_confidence(2), center_confidence(4)])
+
+
+def test_cached_and_fresh_answers_each_land_on_their_own_row_when_hits_follow_misses(
+        tmp_path: Path) -> None:
+    calls: list[list[int]] = []
+    service, batcher = edge(tmp_path, center_by_tag(calls)), TaggedBatcher()
+    r = resident(batcher)
+    infer(service, r, tagged((SURE, 1), (SURE, 3)))
+    request = [(SURE, 0), (SURE, 1), (UNSURE, 2), (SURE, 3), (UNSURE, 4)]  # miss, hit, ...
+    answer = infer(service, r, tagged(*request))
+    out = outputs(answer)
+    assert batcher.batches == [[1, 3], [0, 2, 4]] and calls == [[2, 4]]
+    assert out["tier"] == ["edge", "edge", "center", "edge", "center"]
+    assert out["label"] == ["pos", "pos", "neg", "pos", "neg"]
+    expected = [edge_confidence(SURE, 0), edge_confidence(SURE, 1), center_confidence(2),
+                edge_confidence(SURE, 3), center_confidence(4)]
+    assert out["confidence"] == pytest.approx(expected, abs=1e-6)
+    pos = [1 - c if t == "center" else c for c, t in zip(expected, out["tier"], strict=True)]
+    assert out["probabilities"] == pytest.approx([p for c in pos for p in (1 - c, c)], abs=1e-6)
+    assert answer.parameters["center_version"] == "9"  # the fresh rows' center, merged too
+    hits = service.metrics.registry.get_sample_value(
+        "edge_cache_hits_total", {"model": "sentiment", "version": "3"})
+    assert hits == 2  # rows 1 and 3
+    again = infer(service, r, tagged(*request))  # every row cached now, each under its own key
+    assert outputs(again) == out and len(batcher.batches) == 2 and len(calls) == 1
+
+
+def test_a_shed_answer_is_not_cached_so_the_row_escalates_once_the_budget_allows(
+        tmp_path: Path) -> None:
+    calls: list[list[int]] = []
+    service, r = edge(tmp_path, center_by_tag(calls)), resident(FixedBatcher())
+    service.policy.set_budget("sentiment", Budget(True, rows_per_s=0.001, capacity_rows_s=0.002,
+                                                  share=0.5))
+    # the first budget's bucket holds one row: row 0 escalates, row 1 is shed
+    assert outputs(infer(service, r, tagged((UNSURE, 0), (UNSURE, 1))))["tier"] == [
+        "center", "edge-shed"]
+    service.policy.set_budget("sentiment", Budget(True, rows_per_s=1000.0,
+                                                  capacity_rows_s=2000.0, share=0.5))
+    time.sleep(0.01)  # a changed budget keeps what was left: 10 ms refill 10 rows' worth
+    out = outputs(infer(service, r, tagged((UNSURE, 0), (UNSURE, 1))))
+    assert out["tier"] == ["center", "center"] and calls == [[0], [1]]
+
+
+def test_an_answer_at_one_requests_threshold_is_not_served_at_another(tmp_path: Path) -> None:
+    calls: list[list[int]] = []
+    service, r = edge(tmp_path, center_by_tag(calls)), resident(FixedBatcher())
+    assert outputs(infer(service, r, tagged((UNSURE, 0), threshold=0.5)))["tier"] == ["edge"]
+    assert outputs(infer(service, r, tagged((UNSURE, 0))))["tier"] == ["center"]  # 0.9
+    assert outputs(infer(service, r, tagged((UNSURE, 0), threshold=0.5)))["tier"] == ["edge"]
+    assert calls == [[0]]
+
+
+def test_the_audit_sends_the_requests_own_rows_the_edge_kept_when_cached_rows_come_first(
+        tmp_path: Path) -> None:
+    """Every row the edge answered itself (share 1) goes to the center once more, in the
+    background: the request's rows, never its escalated or cached ones."""
+    calls: list[list[int]] = []
+    service = edge(tmp_path, center_by_tag(calls), audit_share=1.0)
+    r = resident(FixedBatcher())
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        first = await service.infer(r, tagged((SURE, 0)))
+        await asyncio.sleep(0.2)
+        second = await service.infer(r, tagged((SURE, 0), (SURE, 1), (UNSURE, 2), (SURE, 3)))
+        await asyncio.sleep(0.2)
+        await service.stop()
+        return outputs(first)["tier"], outputs(second)["tier"]
+
+    first, second = asyncio.run(scenario())
+    assert first == ["edge"] and second == ["edge", "edge", "center", "edge"]
+    assert sorted(calls) == [[0], [1, 3], [2]]  # audit, audit (rows 1 and 3), escalation
+    auditor = service.audit.auditors[("sentiment", 3)]
+    assert auditor.audited == 3 and auditor.state().agreement == 0.0  # pos vs the center's neg
+
+
+def test_rows_the_center_could_not_answer_count_as_kept_but_are_not_audited(
+        tmp_path: Path) -> None:
+    """A degraded row is the edge's answer (the kept share counts it) but not one the gate
+    kept: the audit compares only those."""
+    calls: list[list[int]] = []
+    escalation = center_by_tag(calls, refuse=lambda request: "x-request-id" in request.headers)
+    service = edge(tmp_path, escalation, audit_share=1.0)
+    r = resident(FixedBatcher())
+
+    async def scenario() -> list[str]:
+        request_id.set("r-1")  # escalations carry it; audits carry none
+        answer = await service.infer(r, tagged((UNSURE, 0), (SURE, 1), (UNSURE, 2), (SURE, 3)))
+        await asyncio.sleep(0.5)  # the audit's call, answered at once
+        await service.stop()
+        return outputs(answer)["tier"]
+
+    assert asyncio.run(scenario()) == ["edge-degraded", "edge", "edge-degraded", "edge"]
+    assert calls == [[1, 3]]  # the audit's call; the escalation was refused
+    auditor = service.audit.auditors[("sentiment", 3)]
+    assert auditor.kept_share == 1.0  # 4 rows, all answered at the edge
+    infer(service, r, tagged((SURE, 4), (SURE, 5), (SURE, 6), (SURE, 7)))
+    assert auditor.kept_share == 1.0
+
+
+def audited_calls(tmp_path: Path, requests: list[v2.Parsed], budget: Budget | None = None,
+                  **settings: Any) -> list[list[int]]:
+    """The center's calls (tags) for ``requests`` sent back to back to an edge auditing every
+    row it keeps, the center answering none of them until the edge stops (every audit stays in
+    flight, whatever the machine's speed)."""
+    calls: list[list[int]] = []
+    answering = center_by_tag(calls)
+
+    async def stuck(request: httpx.Request) -> httpx.Response:
+        answering(request)  # counted on arrival
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    service = edge(tmp_path, stuck, audit_share=1.0, center_timeout_s=30, **settings)
+    if budget is not None:
+        service.policy.set_budget("sentiment", budget)
+    r = resident(FixedBatcher())
+
+    async def scenario() -> None:
+        for request in requests:
+            await service.infer(r, request)
+        await asyncio.sleep(0.3)  # the audits started reach the center
+        await service.stop()  # and are cancelled
+
+    asyncio.run(scenario())
+    return sorted(calls)
+
+
+def test_audits_in_flight_are_bounded_and_one_more_is_skipped_not_queued(
+        tmp_path: Path) -> None:
+    requests = [tagged((SURE, tag)) for tag in range(3)]
+    assert audited_calls(tmp_path / "one", requests, audit_in_flight=1) == [[0]]
+    assert audited_calls(tmp_path / "two", requests, audit_in_flight=2) == [[0], [1]]
+
+
+def test_an_audit_takes_budget_for_each_of_its_rows_or_is_skipped(tmp_path: Path) -> None:
+    budget = Budget(True, rows_per_s=0.001, capacity_rows_s=0.002, share=0.5)  # 1 row's worth
+    assert audited_calls(tmp_path / "two", [tagged((SURE, 0), (SURE, 1))], budget) == []
+    assert audited_calls(tmp_path / "one", [tagged((SURE, 0))], budget) == [[0]]
+
+
+class SharedBatcher(FixedBatcher):
+    """A batcher answering with rows of one model call's output, as the real one does when
+    requests share a call: the array it answers stays its own (``given``)."""
+
+    async def submit(self, rows: list[np.ndarray]) -> np.ndarray:
+        self.given = await super().submit(rows)
+        return self.given
+
+
+def test_the_centers_answers_never_overwrite_the_model_calls_own_rows(tmp_path: Path) -> None:
+    """Another request's rows may come from the same model call: escalation writes the
+    center's answers into a copy."""
+    batcher = SharedBatcher()
+    service = edge(tmp_path, center_by_tag([]))
+    out = outputs(infer(service, resident(batcher), tagged((UNSURE, 0), (SURE, 1))))
+    assert out["tier"] == ["center", "edge"]
+    np.testing.assert_array_equal(batcher.given, softmax(np.asarray(
+        [LOGITS[UNSURE], LOGITS[SURE]], dtype=np.float32)))

@@ -234,3 +234,127 @@ def test_a_requests_images_are_bounded_together_from_their_headers() -> None:
     with pytest.raises(BadRequest, match="pixels together"):
         images(codec, *full, claiming(1, 1))
     assert codec.inline_bytes == 0  # images are always decoded off the event loop
+
+
+RGB = ImageInput(height=8, width=8, channels=3, resize=10, scale=255.0,
+                 mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], max_pixels=4096)
+
+
+def rgb(width: int, height: int, seed: int) -> np.ndarray:
+    """``uint8`` RGB pixels, each channel its own values."""
+    return np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+
+
+def reference(image: np.ndarray, resized: tuple[int, int], spec: ImageInput) -> np.ndarray:
+    """torchvision's ``Resize(spec.resize)``, ``CenterCrop``, ``ToTensor`` and ``Normalize`` on
+    a PIL image, written out: Pillow's bilinear resize to ``resized`` (the shorter side to
+    ``resize``), the crop at ``round(margin / 2)`` from the top left, each channel scaled,
+    less its own mean, over its own std; ``[H, W, C]``."""
+    width, height = resized
+    scaled = np.asarray(Image.fromarray(image, "RGB").resize(resized, Image.Resampling.BILINEAR))
+    top, left = round((height - spec.height) / 2), round((width - spec.width) / 2)
+    crop = scaled[top:top + spec.height, left:left + spec.width].astype(np.float64)
+    return (crop / spec.scale - np.array(spec.mean)) / np.array(spec.std)
+
+
+@pytest.mark.parametrize(("size", "resized"), [
+    ((26, 20), (13, 10)),  # landscape: margins of 5 (left 2) and 2 (top 1)
+    ((20, 34), (10, 17)),  # portrait: margins of 2 (left 1) and 9 (top 4)
+])
+def test_an_rgb_image_is_resized_centre_cropped_and_normalised_per_channel(
+        size: tuple[int, int], resized: tuple[int, int]) -> None:
+    """Each channel's values exactly as torchvision computes them (margins chosen where its
+    rounding and the floor agree), from PNG and from UINT8 pixels, in both layouts."""
+    image = rgb(*size, seed=sum(size))
+    expected = reference(image, resized, RGB)
+    nchw = ImageCodec(RGB, [TensorSpec("image", "FP32", [-1, 3, 8, 8])], Bounds(), Path)
+    (row,) = images(nchw, pixels.encode_png(image)).rows
+    assert row.shape == (3, 8, 8)
+    for c in range(3):
+        np.testing.assert_allclose(row[c], expected[:, :, c], rtol=1e-5, atol=1e-5)
+    (raw,) = nchw.decode([v2.binary("image", "UINT8", image[None])], {}).rows
+    np.testing.assert_array_equal(raw, row)
+    nhwc = ImageCodec(msgspec.structs.replace(RGB, layout="NHWC"),
+                      [TensorSpec("image", "FP32", [-1, 8, 8, 3])], Bounds(), Path)
+    (row,) = images(nhwc, pixels.encode_png(image)).rows
+    np.testing.assert_allclose(row, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_without_resize_an_rgb_image_goes_straight_to_the_models_size_per_channel() -> None:
+    """Of the model's size: only scaled and normalised; of another: torchvision's
+    ``Resize((8, 8))`` (Pillow's bilinear) first."""
+    codec = ImageCodec(msgspec.structs.replace(RGB, resize=0), [TensorSpec(
+        "image", "FP32", [-1, 3, 8, 8])], Bounds(), Path)
+    image = rgb(8, 8, seed=3)
+    other = rgb(13, 10, seed=4)
+    resized = np.asarray(Image.fromarray(other, "RGB").resize((8, 8),
+                                                              Image.Resampling.BILINEAR))
+    for given, pixels_8x8 in ((image, image), (other, resized)):
+        (row,) = images(codec, pixels.encode_png(given)).rows
+        for c in range(3):
+            np.testing.assert_allclose(row[c], (pixels_8x8[:, :, c] / 255 - RGB.mean[c])
+                                       / RGB.std[c], rtol=1e-5, atol=1e-5)
+
+
+def test_an_rgb_model_refuses_grey_pixels_and_encoded_images_two_to_a_row() -> None:
+    codec = ImageCodec(RGB, [TensorSpec("image", "FP32", [-1, 3, 8, 8])], Bounds(), Path)
+    assert len(codec.decode([v2.binary("image", "UINT8", rgb(8, 8, 1)[None])], {}).rows) == 1
+    for grey in (np.zeros((1, 8, 8, 1), np.uint8), np.zeros((1, 8, 8), np.uint8)):
+        with pytest.raises(BadRequest, match=r"takes \[rows, height, width, 3\]"):
+            codec.decode([v2.binary("image", "UINT8", grey)], {})
+    data = pixels.encode_png(rgb(8, 8, 1))
+    rows = codec.decode([v2.binary("image", "BYTES", [data, data], shape=[2, 1])], {}).rows
+    assert len(rows) == 2
+    with pytest.raises(BadRequest, match=r"shape must be \[rows\] or \[rows, 1\]"):
+        codec.decode([v2.binary("image", "BYTES", [data, data], shape=[1, 2])], {})
+
+
+@pytest.mark.parametrize(("changes", "valid"), [
+    ({"std": [0.2, 1e-6, 0.2]}, True), ({"std": [0.2, 0.0, 0.2]}, False),
+    ({"scale": 1e-6}, True), ({"scale": 0.0}, False),
+    ({"mean": [0.5, 0.5]}, False), ({"std": [0.2, 0.2, 0.2, 0.2]}, False),
+])
+def test_an_image_release_needs_a_mean_and_std_per_channel_and_no_zero_divisor(
+        changes: dict[str, object], valid: bool) -> None:
+    spec = msgspec.structs.replace(RGB, **changes)
+    model = [TensorSpec("image", "FP32", [-1, 3, 8, 8])]
+    if valid:
+        assert ImageCodec(spec, model, Bounds(), Path).spec == spec
+    else:
+        with pytest.raises(ValueError, match="mean and std need 3 values each, std and scale "
+                                             "non-zero"):
+            ImageCodec(spec, model, Bounds(), Path)
+
+
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+@pytest.mark.parametrize("datatype", ["FP32", "FP64"])
+def test_features_that_are_not_finite_are_refused_in_every_float_datatype(
+        value: float, datatype: str) -> None:
+    codec = TensorCodec(TensorInput("features"), [TensorSpec("features", datatype, [-1, 3])],
+                        Bounds(max_rows=4), Path)
+    finite = np.finfo(np.float32 if datatype == "FP32" else np.float64).max
+    ok = codec.decode([v2.binary("features", datatype, [[finite, -finite, 0.0]])], {})
+    assert np.stack(ok.rows).tolist() == [[float(finite), -float(finite), 0.0]]
+    with pytest.raises(BadRequest, match="NaN or infinite"):
+        codec.decode([v2.binary("features", datatype, [[0.0, value, 1.0]])], {})
+
+
+def test_a_variable_row_is_bounded_at_max_row_elements_just_inside_and_just_outside() -> None:
+    from serving.inputs.tensor import MAX_ROW_ELEMENTS
+
+    codec = TensorCodec(TensorInput("features"), [TensorSpec("features", "FP32", [-1, -1])],
+                        Bounds(max_rows=4), Path)
+    (row,) = codec.decode([v2.Tensor("features", [1, MAX_ROW_ELEMENTS], "FP32",
+                                     raw=bytes(4 * MAX_ROW_ELEMENTS))], {}).rows
+    assert row.shape == (MAX_ROW_ELEMENTS,) and not row.any()
+    with pytest.raises(BadRequest, match=r"shape \[1, 4194305\]; this model takes"):
+        codec.decode([v2.Tensor("features", [1, MAX_ROW_ELEMENTS + 1], "FP32", raw=b"")], {})
+
+
+def test_a_tensor_input_feeds_a_model_of_exactly_one_input() -> None:
+    two = [*FEATURES, TensorSpec("other", "FP32", [-1, 3])]
+    with pytest.raises(ValueError, match=r"a tensor input feeds a model with one input; this one "
+                                         r"takes \['features', 'other'\]"):
+        TensorCodec(TensorInput("features"), two, Bounds(), Path)
+    assert TensorCodec(TensorInput("features"), FEATURES, Bounds(), Path).metadata() == [
+        {"name": "features", "datatype": "FP32", "shape": [-1, 3]}]

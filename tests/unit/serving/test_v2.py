@@ -342,3 +342,51 @@ def test_outputs_come_back_binary_where_asked(request_extra: dict[str, object],
 def test_binary_flags_must_be_booleans(extra: dict[str, object]) -> None:
     with pytest.raises(BadRequest, match="must be a boolean"):
         v2.parse(text(["a"], **extra), LIMITS)
+
+
+@pytest.mark.parametrize(("datatype", "low", "high"), [("INT8", -128, 127), ("UINT8", 0, 255),
+                                                       ("INT16", -32768, 32767)])
+@pytest.mark.parametrize("form", ["flat", "nested", "contents"])
+def test_integers_at_their_datatypes_limits_pass_and_one_past_them_is_a_400(
+        datatype: str, low: int, high: int, form: str) -> None:
+    def tensor(values: list[int]) -> v2.Tensor:
+        shape = [1, len(values)]
+        if form == "contents":  # gRPC's typed contents: int_contents / uint_contents
+            return v2.Tensor("x", shape, datatype, values=values)
+        data = json.dumps([values] if form == "nested" else values).encode()
+        return v2.Tensor("x", shape, datatype, json=data)
+
+    assert v2.array(tensor([low, high])).tolist() == [[low, high]]
+    for outside in ([low - 1, high], [low, high + 1]):
+        with pytest.raises(BadRequest, match=rf"values must lie in \[{low}, {high}\]"):
+            v2.array(tensor(outside))
+
+
+@pytest.mark.parametrize("shape", [[-1, 3], [2, -3]])
+def test_a_negative_dimension_is_refused_before_any_data_is_read(shape: list[int]) -> None:
+    with pytest.raises(BadRequest, match=r"shape \[.*\] is not valid here"):
+        v2.check_rows(v2.Tensor("x", shape, "FP32", raw=b""), (2,), 8)
+    assert v2.check_rows(v2.Tensor("x", [2, 3], "FP32", raw=b""), (2,), 8) == 2
+
+
+def test_nested_data_must_have_the_declared_shape_not_just_its_element_count() -> None:
+    assert v2.array(v2.Tensor("x", [2, 2], "FP32", json=b"[[1, 2], [3, 4]]")).tolist() == \
+        [[1.0, 2.0], [3.0, 4.0]]
+    with pytest.raises(BadRequest, match=r"nested data does not have shape \[1, 4\]"):
+        v2.array(v2.Tensor("x", [1, 4], "FP32", json=b"[[1, 2], [3, 4]]"))
+    assert v2.strings(v2.Tensor("t", [2, 2], "BYTES", json=b'[["a", "b"], ["c", "d"]]')) == \
+        ["a", "b", "c", "d"]
+    with pytest.raises(BadRequest, match=r"nested data does not have shape \[2, 2\]"):
+        v2.strings(v2.Tensor("t", [2, 2], "BYTES", json=b'[["a"], ["b", "c", "d"]]'))
+
+
+@pytest.mark.parametrize("tensor", [
+    v2.Tensor("x", [1, 2], "INT64", json=b"[[1.5, 2]]"),  # nested JSON
+    v2.Tensor("x", [1, 2], "INT64", values=[1.5, 2.0]),  # gRPC contents of the wrong type
+    v2.Tensor("x", [1, 2], "UINT8", values=[255.0, 0.0]),
+])
+def test_a_float_among_integers_is_a_400_never_truncated(tensor: v2.Tensor) -> None:
+    with pytest.raises(BadRequest, match=rf"must hold integers \({tensor.datatype}\)"):
+        v2.array(tensor)
+    whole = v2.Tensor("x", [1, 2], tensor.datatype, values=[1, 2])
+    assert v2.array(whole).tolist() == [[1, 2]]
