@@ -120,6 +120,12 @@ def _fit(values: np.ndarray, dtype: np.dtype[Any], tensor: Tensor) -> np.ndarray
                              f"{info.max}] ({tensor.datatype})")
     elif values.dtype.kind not in "iuf":
         raise BadRequest(f"input {tensor.name!r} must hold numbers ({tensor.datatype})")
+    elif values.dtype.kind == "f" and dtype.itemsize < values.dtype.itemsize:
+        # a finite float64 past FP32's (or FP16's) range would become inf in the cast
+        top = float(np.finfo(dtype).max)
+        if np.nanmax(np.abs(values), initial=0.0) > top:
+            raise BadRequest(f"input {tensor.name!r}: values must lie in [{-top:g}, {top:g}] "
+                             f"({tensor.datatype})")
     return values.astype(dtype.newbyteorder("="))
 
 

@@ -362,6 +362,19 @@ def test_integers_at_their_datatypes_limits_pass_and_one_past_them_is_a_400(
             v2.array(tensor(outside))
 
 
+@pytest.mark.parametrize(("datatype", "top"), [("FP32", "3.4028234663852886e+38"),
+                                               ("FP16", "65504.0")])
+def test_floats_at_their_datatypes_limit_pass_and_past_it_are_a_400_not_inf(
+        datatype: str, top: str) -> None:
+    """JSON numbers are float64: one past FP32's (FP16's) range would be cast to inf."""
+    at = v2.array(v2.Tensor("x", [1, 2], datatype, json=f"[-{top}, {top}]".encode()))
+    assert at.tolist() == [[-float(top), float(top)]]
+    past = repr(float(top) * 1.001)
+    for outside in (f"[{past}, 0]", f"[0, -{past}]"):
+        with pytest.raises(BadRequest, match=r"values must lie in \[-"):
+            v2.array(v2.Tensor("x", [1, 2], datatype, json=outside.encode()))
+
+
 @pytest.mark.parametrize("shape", [[-1, 3], [2, -3]])
 def test_a_negative_dimension_is_refused_before_any_data_is_read(shape: list[int]) -> None:
     with pytest.raises(BadRequest, match=r"shape \[.*\] is not valid here"):
