@@ -61,8 +61,9 @@ def table(counts: dict[str, Counter[str]]) -> Table:
     overall = sum(counts.values(), Counter())
     out = Table("module", "mutants run", *COLUMNS, "kill rate")
     for module, c in [*sorted(counts.items()), ("all", overall)]:
-        out.add_row(module, str(c.total() - c["not checked"]), *(str(c[s]) for s in COLUMNS),
-                    f"{rate(c):.1%}")
+        run = c.total() - c["not checked"]
+        out.add_row(module, str(run), *(str(c[s]) for s in COLUMNS),
+                    f"{rate(c):.1%}" if run else "not run")
     other = overall.total() - sum(overall[s] for s in (*COLUMNS, "not checked"))
     notes = [f"{overall['not checked']} not run yet (an interrupted run)"] * bool(
         overall["not checked"]) + [f"{other} suspicious, segfault or skipped"] * bool(other)

@@ -59,6 +59,9 @@ def test_the_table_has_a_row_per_module_and_the_overall_rate(
                           "| serving.inputs.image | 2 | 0 | 1 | 0 | 1 | 50.0% |",
                           "| all | 7 | 3 | 1 | 2 | 1 | 57.1% |"]
     assert "1 not run yet" in out
+    saved.write_text("    edge.cache.x_key__mutmut_1: not checked\n")
+    main(["--results", str(saved)])
+    assert "| edge.cache | 0 | 0 | 0 | 0 | 0 | not run |" in capsys.readouterr().out
 
 
 def test_no_results_is_an_error_that_says_what_to_run(tmp_path: Path) -> None:

@@ -112,3 +112,38 @@ def test_a_release_without_bins_reports_agreement_but_no_expectation(tmp_path: P
     assert report == {"audit_rows": 30, "audit_agreement": 0.5,
                       "audit_interval": a.state().interval, "drift": False}
     assert s.notes() == []
+
+
+def test_an_empty_window_says_zero_of_everything_and_no_alarm() -> None:
+    from edge.audit import AuditState
+
+    assert auditor().state() == AuditState(0, 0.0, 0.0, None, False, None, 0.0, None, False)
+
+
+def test_drift_needs_min_rows_just_inside_and_outside_and_the_interval_is_the_samples() -> None:
+    from edge.audit import Z95, wilson
+
+    a = Auditor(CALIBRATION, share=1.0, window=500, drift_z=3.0, min_rows=40, seed=0)
+    a.kept_share = 0.5
+    disagree = np.r_[np.ones(20, int), np.zeros(19, int)]  # 19 of 39 agree where 99% expected
+    a.record(np.full(39, 0.95), np.zeros(39, int), disagree)
+    state = a.state()
+    assert (state.rows, state.drift, state.estimated_accuracy) == (39, False, None)
+    assert state.agreement == pytest.approx(19 / 39)
+    assert state.interval == pytest.approx(wilson(19, 39))
+    a.record(np.array([0.95]), np.zeros(1, int), np.zeros(1, int))  # the 40th row agrees
+    state = a.state()
+    assert state.drift and state.expected == pytest.approx(0.99)
+    cost = np.r_[np.full(20, 0.1), np.zeros(20)]  # gain 0.1 where they disagree
+    assert state.estimated_accuracy == pytest.approx(0.85 - 0.5 * cost.mean())
+    assert state.accuracy_interval == pytest.approx(Z95 * 0.5 * cost.std(ddof=1) / np.sqrt(40))
+
+
+def test_the_kept_share_moves_by_each_requests_weight() -> None:
+    a = auditor()
+    a.traffic(0, 0)
+    assert a.kept_share == 1.0
+    a.traffic(2500, 0)  # half the weight of a full 5,000-row window
+    assert a.kept_share == pytest.approx(0.5)
+    a.traffic(10_000, 10_000)  # weighs at most 1
+    assert a.kept_share == 1.0

@@ -92,3 +92,25 @@ def test_the_edge_watches_the_centers_service(tmp_path: Path) -> None:
     assert list(watches) == [SERVICES["center"]]
     watches[SERVICES["center"]]([Instance("c9", "10.0.0.9", 8100)])
     assert service.center.urls == ["http://10.0.0.9:8100"]
+
+
+def test_the_request_span_and_the_cache_series_say_what_each_row_got(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from edge import pipeline
+
+    spans: list[dict[str, Any]] = []
+    monkeypatch.setattr(pipeline.tracing, "active", lambda: True)
+    monkeypatch.setattr(pipeline.tracing, "set_attributes", lambda **a: spans.append(a))
+    service, batcher = edge(tmp_path, center_answering([], version="9")), FixedBatcher()
+    first = infer(service, resident(batcher), parsed(SURE, UNSURE))
+    assert first.parameters["center_version"] == "9"
+    assert spans[-1] == {"tiered.tier": "center+edge", "tiered.threshold": 0.9,
+                         "tiered.rows": 2, "tiered.escalated": 1, "tiered.degraded": 0,
+                         "tiered.cached": 0, "tiered.confidence": pytest.approx(0.8),
+                         "tiered.center_version": "9"}
+    again = infer(service, resident(batcher), parsed(SURE, UNSURE))  # both rows cached
+    assert again.parameters["escalated"] == 1 and again.parameters["degraded"] == 0
+    assert spans[-1]["tiered.cached"] == 2 and spans[-1]["tiered.tier"] == "center+edge"
+    hits = service.metrics.registry.get_sample_value("edge_cache_hits_total",
+                                                     {"model": "sentiment", "version": "3"})
+    assert hits == 2
