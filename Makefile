@@ -62,7 +62,8 @@ bench: demo
 ## mutate: mutation testing of the hot modules (serving/inputs/, edge/pipeline.py, cache.py,
 ## audit.py, registry/releases/; pyproject [tool.mutmut]): mutmut puts one-line bugs in a copy
 ## (mutants/), runs the unit tests that reach each one, prints the kill rate per module
-## (docs/reliability.md; ~N min on 2 cores, incremental after the first run); not in CI
+## (docs/reliability.md; ~75 min for the 4,009 mutants on 2 busy cores, then only what changed);
+## not in CI
 MUTATE_CHILDREN ?= 2
 mutate: $(STAMP)
 	$(BIN)/pip install -q 'mutmut>=3.8,<4'
