@@ -4,7 +4,7 @@ BIN   := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO  := var/demo/release
 
-.PHONY: up sites demo serve bench test compose-test sites-test swarm-test demo-test test-fast lint typecheck check clean docs
+.PHONY: up sites demo serve bench mutate test compose-test sites-test swarm-test demo-test test-fast lint typecheck check clean docs
 
 $(STAMP): pyproject.toml scripts/bootstrap.sh scripts/install_tools.sh
 	bash scripts/bootstrap.sh
@@ -59,6 +59,17 @@ bench: demo
 	$(BIN)/python -m bench.failover --markdown docs/bench/registry_failover.md
 	$(BIN)/python -m bench.report
 
+## mutate: mutation testing of the hot modules (serving/inputs/, edge/pipeline.py, cache.py,
+## audit.py, registry/releases/; pyproject [tool.mutmut]): mutmut puts one-line bugs in a copy
+## (mutants/), runs the unit tests that reach each one, prints the kill rate per module
+## (docs/reliability.md; ~75 min for the 4,009 mutants on 2 busy cores, then only what changed);
+## not in CI
+MUTATE_CHILDREN ?= 2
+mutate: $(STAMP)
+	$(BIN)/pip install -q 'mutmut>=3.8,<4'
+	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 $(BIN)/mutmut run --max-children $(MUTATE_CHILDREN)
+	$(BIN)/python -m bench.mutation
+
 ## test: the whole suite (unit + integration, slow tests included)
 test: $(STAMP)
 	$(BIN)/python -m pytest
@@ -108,4 +119,4 @@ docs: $(STAMP)
 check: lint typecheck test
 
 clean:
-	rm -rf var .mypy_cache .ruff_cache .pytest_cache
+	rm -rf var .mypy_cache .ruff_cache .pytest_cache mutants

@@ -1,0 +1,116 @@
+"""The edge's escalation as the center and an operator see it (``edge.pipeline``): which model
+and request the center is asked about, the bytes and circuit series, the log line of a
+degraded answer, the TLS name a discovered center must show. The tests that kill `make
+mutate`'s mutants the older tests let through."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from serving.fleet.discovery import SERVICES, Instance
+from serving.telemetry.logs import request_id
+from tests.unit.edge.test_pipeline import (
+    SURE,
+    UNSURE,
+    FixedBatcher,
+    center_answering,
+    edge,
+    infer,
+    outputs,
+    parsed,
+    resident,
+)
+
+
+def test_the_center_is_asked_about_the_model_for_the_clients_request(tmp_path: Path) -> None:
+    seen: list[tuple[str, str | None]] = []
+    answering = center_answering([])
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.path, request.headers.get("x-request-id")))
+        return answering(request)
+
+    service = edge(tmp_path, handle)
+
+    async def scenario() -> list[str]:
+        request_id.set("req-42")
+        answer = await service.infer(resident(FixedBatcher()), parsed(UNSURE, SURE, UNSURE))
+        return outputs(answer)["tier"]
+
+    assert asyncio.run(scenario()) == ["center", "edge", "center"]
+    assert seen == [("/v2/models/sentiment/infer", "req-42")]
+    sent = service.metrics.registry.get_sample_value("edge_escalated_input_bytes_total",
+                                                     {"model": "sentiment"})
+    assert sent == 2 * (2 * 2 * 8)  # input_ids and attention_mask: two rows of two INT64
+
+
+def test_a_degraded_answer_is_logged_with_its_rows_and_why_and_the_circuit_opens(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused by the test", request=request)
+
+    service = edge(tmp_path, down)
+    circuit = {"center": "http://center.test"}
+    with caplog.at_level(logging.WARNING, logger="edge.pipeline"):
+        for _ in range(3):  # the breaker opens after 3 failures
+            out = outputs(infer(service, resident(FixedBatcher()), parsed(UNSURE, UNSURE)))
+            assert out["tier"] == ["edge-degraded", "edge-degraded"]
+            gauge = service.metrics.registry.get_sample_value("edge_center_circuit_open",
+                                                              circuit)
+            assert gauge == (1.0 if _ == 2 else 0.0)
+    (first, *_) = [r.getMessage() for r in caplog.records if r.name == "edge.pipeline"]
+    assert first == "center unavailable, answering 2 rows degraded: http://center.test: " \
+                    "ConnectError"
+
+
+def test_a_discovered_center_over_tls_must_show_its_own_nodes_name_or_the_roles(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    centers = [Instance("c1", "10.0.0.1", 8100), Instance("not_a_label!", "10.0.0.2", 8100)]
+    ca = tmp_path / "ca.pem"
+    service = edge(tmp_path, center_answering([]), center_ca=ca)
+    with caplog.at_level(logging.WARNING, logger="edge.pipeline"):
+        service._centers(centers)
+    assert service.center.urls == ["https://10.0.0.1:8100"]
+    assert service.center.centers["https://10.0.0.1:8100"].tls_name == "c1.center.tiered.invalid"
+    (skipped,) = [r.getMessage() for r in caplog.records if r.name == "edge.pipeline"]
+    assert skipped.startswith("center not_a_label! skipped: node id 'not_a_label!'")
+    role = edge(tmp_path, center_answering([]), center_ca=ca, center_tls_name="role")
+    role._centers(centers)
+    assert [c.tls_name for c in role.center.centers.values()] == [None, None]
+    assert role.center.urls == ["https://10.0.0.1:8100", "https://10.0.0.2:8100"]
+
+
+def test_the_edge_watches_the_centers_service(tmp_path: Path) -> None:
+    service = edge(tmp_path, center_answering([]))
+    watches: dict[str, Any] = service.watches()
+    assert list(watches) == [SERVICES["center"]]
+    watches[SERVICES["center"]]([Instance("c9", "10.0.0.9", 8100)])
+    assert service.center.urls == ["http://10.0.0.9:8100"]
+
+
+def test_the_request_span_and_the_cache_series_say_what_each_row_got(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from edge import pipeline
+
+    spans: list[dict[str, Any]] = []
+    monkeypatch.setattr(pipeline.tracing, "active", lambda: True)
+    monkeypatch.setattr(pipeline.tracing, "set_attributes", lambda **a: spans.append(a))
+    service, batcher = edge(tmp_path, center_answering([], version="9")), FixedBatcher()
+    first = infer(service, resident(batcher), parsed(SURE, UNSURE))
+    assert first.parameters["center_version"] == "9"
+    assert spans[-1] == {"tiered.tier": "center+edge", "tiered.threshold": 0.9,
+                         "tiered.rows": 2, "tiered.escalated": 1, "tiered.degraded": 0,
+                         "tiered.cached": 0, "tiered.confidence": pytest.approx(0.8),
+                         "tiered.center_version": "9"}
+    again = infer(service, resident(batcher), parsed(SURE, UNSURE))  # both rows cached
+    assert again.parameters["escalated"] == 1 and again.parameters["degraded"] == 0
+    assert spans[-1]["tiered.cached"] == 2 and spans[-1]["tiered.tier"] == "center+edge"
+    hits = service.metrics.registry.get_sample_value("edge_cache_hits_total",
+                                                     {"model": "sentiment", "version": "3"})
+    assert hits == 2
