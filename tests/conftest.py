@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -123,6 +124,17 @@ class RegistryCli:
 
     def catalog(self) -> Catalog:
         return Catalog(connect(self.home / "registry.sqlite3"), "tester@ci")
+
+
+@pytest.fixture
+def permissive_umask() -> Iterator[None]:
+    """The umask most systems give users (022: files 0644), for checks that what a command
+    makes is private whatever the umask."""
+    before = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(before)
 
 
 @pytest.fixture

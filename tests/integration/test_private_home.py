@@ -4,26 +4,16 @@
 
 from __future__ import annotations
 
-import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import RegistryCli
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("permissive_umask")]
 
 
-@pytest.fixture(autouse=True)
-def permissive_umask() -> Iterator[None]:
-    """The commands run with the umask most systems give users (022: files 0644)."""
-    before = os.umask(0o022)
-    try:
-        yield
-    finally:
-        os.umask(before)
 
 
 def readable_by_others(root: Path) -> dict[str, str]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,14 +14,7 @@ from registry.store import private
 from registry.store.blobs import BlobStore
 from registry.store.db import connect
 
-
-@pytest.fixture(autouse=True)
-def permissive_umask() -> Iterator[None]:
-    before = os.umask(0o022)
-    try:
-        yield
-    finally:
-        os.umask(before)
+pytestmark = pytest.mark.usefixtures("permissive_umask")
 
 
 def modes(root: Path) -> dict[str, int]:
