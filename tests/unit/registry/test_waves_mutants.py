@@ -59,6 +59,7 @@ def test_a_started_rollout_is_running_wave_one_with_nothing_admitted_and_its_pol
 def test_the_first_node_of_each_wave_goes_at_once_one_nodes_worth_before_its_start() -> None:
     assert waves.first_admit(POLICY, 0, 1000.0) == 990.0  # 6 a minute
     assert waves.first_admit(POLICY, 1, 1000.0) == pytest.approx(1000.0 - 60 / 18)
+    assert waves.first_admit(WavePolicy((1.0,), pace=0.5), 0, 1000.0) == 880.0  # one in 2 min
     assert waves.first_admit(WavePolicy((1.0,)), 0, 1000.0) == 1000.0  # no pace: all at once
 
 
@@ -182,6 +183,7 @@ def test_the_gate_reads_every_edge_by_position_with_its_state_for_the_model(
 def test_a_later_release_ends_the_rollout_audited_with_its_wave_and_why(
         catalog: Catalog) -> None:
     r = start(catalog)
+    other = start(catalog, model="other", version=1, previous=None)
     with transaction(catalog.db) as conn:
         waves.update(conn, r.id, wave=1)
         waves.end(conn, MODEL, "ops@host", "superseded", "version 3 published by ops@host")
@@ -194,3 +196,4 @@ def test_a_later_release_ends_the_rollout_audited_with_its_wave_and_why(
         "rollout-superseded", "ops@host", MODEL, 2)
     assert json.loads(record.payload) == {"wave": 2, "reason": "version 3 published by ops@host"}
     assert waves.unfinished(catalog.db.conn, MODEL) == []
+    assert waves.unfinished(catalog.db.conn) == [other]  # another model's rollout goes on
