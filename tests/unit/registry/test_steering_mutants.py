@@ -259,8 +259,12 @@ def test_the_pace_admits_one_node_per_interval_exactly_and_the_last_wave_too(
     assert roll.tick(T0 + 30) == ["m version 2, wave 1/1: 1 of 20 nodes admitted"]
     assert roll.r.admitted_at == T0  # the next is due a minute after the first was
     assert roll.r.cutoff == math.nextafter(waves.position(MODEL, order[0].node_id), 2.0)
+    start = roll.r.figures["baseline"]
+    assert (start["from"], start["audit_nodes"]) == ("start", 20)
+    roll.ack()  # the first node now reports on version 2
     assert roll.tick(T0 + 59.9) == []
     assert roll.tick(T0 + 60) == ["m version 2, wave 1/1: 2 of 20 nodes admitted"]
+    assert roll.r.figures["baseline"] == start  # taken once, before anyone moved
     assert roll.tick(T0 + 60 * 4 + 30) == ["m version 2, wave 1/1: 5 of 20 nodes admitted"]
     assert roll.r.admitted_at == T0 + 60 * 4
     assert {n.node_id for n in roll.wave()} == {n.node_id for n in order[:5]}
@@ -334,3 +338,30 @@ def test_a_persons_reason_is_refused_with_the_whole_explanation() -> None:
             steering.check_reason(bad)
         assert str(refused.value) == said
 
+
+
+def test_a_held_gate_whose_reason_changes_is_held_and_audited_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three edges, a first wave of two: one of them says nothing (not measured), then claims
+    a trillion rows agreeing never (undecided: it may be the one lying)."""
+    three = [RolloutNode(f"edge-{i}", "edge", "eu") for i in range(3)]
+    policy = WavePolicy((0.1, 0.5, 1.0), bake_s=10, install_timeout_s=60, min_audit_rows=100)
+    roll = Roll(tmp_path / "r.sqlite3", policy, monkeypatch, nodes=three)
+    roll.tick(T0)
+    wave = sorted(n.node_id for n in roll.wave())
+    assert len(wave) == 2
+    roll.ack(only={wave[0]})
+    roll.ack(only={wave[1]}, rows=0)
+    roll.tick(T0 + 1)
+    roll.tick(T0 + 21)
+    assert (roll.r.state, roll.r.figures["held"]) == ("held", "not-measured")
+    roll.book.write([node_writes.quality(wave[1], MODEL, {**report(2, 0.0, 10**12),
+                                                          "requests": 10**6})])
+    lines = roll.tick(T0 + 22)
+    r = roll.r
+    assert (r.state, r.figures["held"]) == ("held", "undecided")
+    assert (r.reason or "").startswith("agreement undecided: live audit agreement")
+    assert lines == [f"m version 2, wave 1/3: gate held (undecided): {r.reason}; "
+                     f"`registry rollout resume m --reason ...` passes it, `abort` ends it"]
+    assert [x[3]["hold"] for x in roll.records("rollout-hold")] == ["not-measured",
+                                                                   "undecided"]
