@@ -80,3 +80,10 @@ def test_a_finished_rollout_tells_nobody_its_version(catalog: Catalog) -> None:
     with audited(catalog.db, None) as conn:
         steering.steer(conn, "m", "abort", "ops", time.time())
     assert set(by_node(catalog, [*EDGES, CENTER]).values()) == {(1, "production")}
+
+
+def test_a_canary_for_every_node_reaches_every_node(catalog: Catalog) -> None:
+    catalog.create_version(manifest())
+    catalog.create_version(manifest(seed=1), canary=["*"])
+    assert by_node(catalog, [EU_EDGE, US_EDGE, CENTER]) == {
+        "edge-1": (2, "canary"), "edge-2": (2, "canary"), "center-1": (2, "canary")}

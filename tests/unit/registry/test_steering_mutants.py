@@ -340,13 +340,8 @@ def test_a_persons_reason_is_refused_with_the_whole_explanation() -> None:
 
 
 
-def test_a_held_gate_whose_reason_changes_is_held_and_audited_again(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Three edges, a first wave of two: one of them says nothing (not measured), then claims
-    a trillion rows agreeing never (undecided: it may be the one lying)."""
-    three = [RolloutNode(f"edge-{i}", "edge", "eu") for i in range(3)]
-    policy = WavePolicy((0.1, 0.5, 1.0), bake_s=10, install_timeout_s=60, min_audit_rows=100)
-    roll = Roll(tmp_path / "r.sqlite3", policy, monkeypatch, nodes=three)
+def held_not_measured(roll: Roll) -> str:
+    """Step a first wave of two to a hold: one of its nodes says nothing; its id."""
     roll.tick(T0)
     wave = sorted(n.node_id for n in roll.wave())
     assert len(wave) == 2
@@ -355,9 +350,24 @@ def test_a_held_gate_whose_reason_changes_is_held_and_audited_again(
     roll.tick(T0 + 1)
     roll.tick(T0 + 21)
     assert (roll.r.state, roll.r.figures["held"]) == ("held", "not-measured")
-    roll.book.write([node_writes.quality(wave[1], MODEL, {**report(2, 0.0, 10**12),
-                                                          "requests": 10**6})])
-    lines = roll.tick(T0 + 22)
+    return wave[1]
+
+
+THREE_EDGES = [RolloutNode(f"edge-{i}", "edge", "eu") for i in range(3)]
+FIRST_OF_TWO = WavePolicy((0.1, 0.5, 1.0), bake_s=10, install_timeout_s=60, min_audit_rows=100)
+
+
+@pytest.mark.parametrize("at", [T0 + 22, T0 + 15], ids=["later", "clock-set-back"])
+def test_a_held_gate_whose_reason_changes_is_held_and_audited_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at: float) -> None:
+    """Three edges, a first wave of two: one of them says nothing (not measured), then claims
+    a trillion rows agreeing never (undecided: it may be the one lying). A held gate is judged
+    at every step, even one whose clock was set back before the second bake's end."""
+    roll = Roll(tmp_path / "r.sqlite3", FIRST_OF_TWO, monkeypatch, nodes=THREE_EDGES)
+    quiet = held_not_measured(roll)
+    roll.book.write([node_writes.quality(quiet, MODEL, {**report(2, 0.0, 10**12),
+                                                        "requests": 10**6})])
+    lines = roll.tick(at)
     r = roll.r
     assert (r.state, r.figures["held"]) == ("held", "undecided")
     assert (r.reason or "").startswith("agreement undecided: live audit agreement")
@@ -365,3 +375,25 @@ def test_a_held_gate_whose_reason_changes_is_held_and_audited_again(
                      f"`registry rollout resume m --reason ...` passes it, `abort` ends it"]
     assert [x[3]["hold"] for x in roll.records("rollout-hold")] == ["not-measured",
                                                                    "undecided"]
+
+
+def test_a_person_steers_the_named_models_rollout_not_anothers(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    roll = Roll(tmp_path / "r.sqlite3", THREE_WAVES, monkeypatch)
+    roll.catalog.create_version(manifest("other", seed=1))
+    roll.catalog.create_version(manifest("other", seed=2), rollout=THREE_WAVES)
+    roll.tick(T0)
+    assert roll.steer("pause", T0 + 1).model == MODEL
+    other = waves.latest(roll.catalog.db.conn, "other")
+    assert other is not None and other.state == "running"
+    assert (roll.r.model, roll.r.state) == (MODEL, "paused")
+
+
+def test_an_unknown_action_changes_and_audits_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    roll = Roll(tmp_path / "r.sqlite3", THREE_WAVES, monkeypatch)
+    roll.tick(T0)
+    before = list(chain.records(roll.catalog.db))
+    with pytest.raises(ValueError, match=r"^restart$"):
+        roll.steer("restart", T0 + 1)
+    assert roll.r.state == "running" and list(chain.records(roll.catalog.db)) == before
