@@ -143,9 +143,11 @@ def test_a_signed_publish_stores_the_signature_and_lists_it_in_the_tuf_targets(
     assert tuf.ensure(catalog.db, key, key.key.public_key())
     for seed, expected in ((1, 2), (2, 3)):
         catalog.create_version(manifest(seed=seed), signer=key)
-        payload = json.loads(publishes(catalog)[-1].payload)
-        assert payload["key_id"] == key.key_id
-        assert payload["tuf_targets"] == {"version": expected, "complete": True, "missing": 0}
+        record = publishes(catalog)[-1]
+        assert json.loads(record.payload) == {
+            "manifest_sha256": record.sha256, "alias": "production", "targets": ["*"],
+            "artifacts": artifacts(catalog, seed + 1), "key_id": key.key_id,
+            "tuf_targets": {"version": expected, "complete": True, "missing": 0}}
     stored = tuf.latest(catalog.db.conn, tuf.TARGETS)
     assert stored is not None
     assert tuf.releases(stored.md.signed) >= {("m", 2), ("m", 3)}
