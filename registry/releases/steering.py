@@ -50,9 +50,8 @@ def tick(conn: sqlite3.Connection, at: float, actor: str) -> list[str]:
 
 def target(share: float, total: int, least: int = 1) -> int:
     """Nodes in a wave of ``share`` of ``total`` edges: at least ``least`` (the fewest whose
-    figures a gate can judge when one may be lying, ``gate.least_wave``)."""
-    if share >= 1:
-        return total
+    figures a gate can judge when one may be lying, ``gate.least_wave``); all of them at a
+    share of 1."""
     return min(total, max(least, math.ceil(share * total - 1e-9)))
 
 
