@@ -85,9 +85,11 @@ def test_a_side_counts_true_drift_alarms_and_the_p99s_of_nodes_that_served() -> 
     side.add("c", reported(drift="true", confidence_drift=1, p99_ms=30, requests=0))
     side.add("d", reported(drift=False, p99_ms=float("nan")))
     side.add("e", reported(p99_ms=40))
-    assert side.nodes == 5 and side.drifted == 2
-    assert side.p99s == [12.5, 40.0]
-    assert [a.node_id for a in side.audits] == ["a", "d", "e"]
+    side.add("f", reported(p99_ms=0.5, requests=1))  # one request, answered fast
+    assert side.nodes == 6 and side.drifted == 2
+    assert side.p99s == [12.5, 40.0, 0.5]
+    assert [a.node_id for a in side.audits] == ["a", "d", "e", "f"]
+    assert side.figures(3, 100)["drift_share"] == 0.3333  # 2 of 6
 
 
 def test_a_nodes_weight_is_at_most_the_lower_median_nodes_rows() -> None:
