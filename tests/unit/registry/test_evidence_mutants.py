@@ -89,7 +89,7 @@ def test_a_side_counts_true_drift_alarms_and_the_p99s_of_nodes_that_served() -> 
     assert side.nodes == 6 and side.drifted == 2
     assert side.p99s == [12.5, 40.0, 0.5]
     assert [a.node_id for a in side.audits] == ["a", "d", "e", "f"]
-    assert side.figures(3, 100)["drift_share"] == 0.3333  # 2 of 6
+    assert side.figures(3, 100, 1)["drift_share"] == 0.3333  # 2 of 6
 
 
 def test_a_nodes_weight_is_at_most_the_lower_median_nodes_rows() -> None:
@@ -129,9 +129,9 @@ def test_a_sides_figures_list_each_nodes_claimed_bounded_and_counted_rows_and_we
 
 def test_a_side_is_measured_only_at_its_quorum_and_min_rows() -> None:
     side = three_nodes()
-    assert side.figures(3, 2100)["measured"] is True
-    assert side.figures(4, 2100)["measured"] is False  # one node short of the quorum
-    assert side.figures(3, 2101)["measured"] is False  # one row short
+    assert side.figures(3, 2100, 1)["measured"] is True
+    assert side.figures(4, 2100, 1)["measured"] is False  # one node short of the quorum
+    assert side.figures(3, 2101, 1)["measured"] is False  # one row short
     assert side.figures(2, 10, 0)["quorum"] == 2
 
 
@@ -153,13 +153,13 @@ def test_with_one_liar_two_nodes_figures_span_both_and_one_node_is_never_measure
 
 
 def test_a_side_nobody_audited_has_no_figures_and_is_not_measured() -> None:
-    assert Side().figures(0, 0) == {
+    assert Side().figures(0, 0, 0) == {
         "nodes": 0, "audit_nodes": 0, "audit_rows": 0, "agreement": None, "quorum": 0,
         "measured": False, "low": None, "high": None, "weights": [], "drifted": 0,
         "drift_share": None, "p99_ms": None, "p99_low": None, "p99_high": None}
     side = Side()
     side.add("a", {"drift": True})
-    assert side.figures(0, 0)["drift_share"] == 1.0
+    assert side.figures(0, 0, 0)["drift_share"] == 1.0
 
 
 def test_the_heaviest_nodes_are_listed_by_name_ties_by_name_the_rest_counted() -> None:
@@ -167,7 +167,7 @@ def test_the_heaviest_nodes_are_listed_by_name_ties_by_name_the_rest_counted() -
     for i in range(MAX_LISTED + 1):
         side.add(f"n{i:02d}", {"requests": 10, "audit_rows": 100, "audit_agreement": 0.5})
     side.add("light", {"requests": 10, "audit_rows": 1, "audit_agreement": 0.5})
-    figures = side.figures(3, 100)
+    figures = side.figures(3, 100, 1)
     assert [w["node"] for w in figures["weights"]] == [f"n{i:02d}" for i in range(MAX_LISTED)]
     assert figures["audit_nodes"] == MAX_LISTED + 2
     assert figures["audit_rows"] == (MAX_LISTED + 1) * 100 + 1
