@@ -131,7 +131,7 @@ class Side:
         cap = statistics.median_low(a.rows for a in self.audits)
         return {a.node_id: min(a.rows, cap) for a in self.audits}
 
-    def figures(self, min_nodes: int, min_rows: int, liars: int = 0) -> dict[str, Any]:
+    def figures(self, min_nodes: int, min_rows: int, liars: int) -> dict[str, Any]:
         """The side's figures; ``min_nodes``: its quorum (``quorum``), ``liars``: how many of
         its nodes may be lying (``tolerated``)."""
         weights = self.weights()

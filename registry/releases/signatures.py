@@ -49,7 +49,7 @@ def _awaiting_targets(conn: sqlite3.Connection, model: str,
                       version: int | None) -> tuple[list[str], bool]:
     """The releases of this model held by the targets version awaiting signatures, and whether
     this sign approves it."""
-    waiting = tuf.pending(conn) if tuf.latest(conn, tuf.ROOT) else None
+    waiting = tuf.pending(conn)  # (None too where there is no TUF root: no targets either)
     held = [r for r in (waiting or {}).get("releases", [])
             if r.split("@")[0] == model and (version is None or r == f"{model}@{version}")]
     # a targets version that adds no release (re-signed by a rotation) is approved by any

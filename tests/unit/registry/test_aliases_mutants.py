@@ -91,3 +91,17 @@ def test_promote_refusals_say_why(catalog: Catalog) -> None:
         catalog.promote("m")
     with pytest.raises(NotFound, match="m has no version 5"):
         catalog.promote("m", 5)
+
+
+def test_promote_with_no_version_takes_the_models_own_wave_rollout_not_anothers(
+        catalog: Catalog) -> None:
+    catalog.create_version(manifest())
+    rolling = catalog.create_version(manifest(seed=1), rollout=FAST)
+    for seed in range(3):
+        catalog.create_version(manifest("other", seed=seed), rollout=FAST if seed else None)
+    assert catalog.promote("m") == rolling == 2
+    r = waves.latest(catalog.db.conn, "m")
+    assert r is not None and (r.version, r.state) == (rolling, "done")
+    other = waves.latest(catalog.db.conn, "other")
+    assert other is not None and (other.version, other.state) == (3, "running")
+    assert catalog.alias("other", "production") == 1

@@ -3,6 +3,7 @@ that kill `make mutate`'s mutants of the reads the CLI and the server list."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from registry.errors import NotFound
@@ -85,3 +86,13 @@ def test_an_artifacts_size_is_known_only_while_a_version_ships_it(catalog: Catal
     catalog.require_version("m", 1)
     with pytest.raises(NotFound, match="m has no version 2"):
         catalog.require_version("m", 2)
+
+
+def test_a_version_row_names_its_model_and_when_it_was_published(catalog: Catalog) -> None:
+    """What `registry versions` and `registry show` print as the model and ``published_at``."""
+    at = "2026-01-02T03:04:05.678+00:00"
+    catalog.create_version(msgspec.structs.replace(manifest("a"), published_at=at))
+    catalog.create_version(manifest("b"))
+    for row in (catalog.versions("a")[0], catalog.resolve("a", "1")):
+        assert (row.model, row.version, row.created_at) == ("a", 1, at)
+    assert catalog.resolve("b").model == "b"

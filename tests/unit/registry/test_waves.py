@@ -486,10 +486,10 @@ def side(*audits: tuple[float, int]) -> evidence.Side:
 
 def test_one_node_moves_a_sides_agreement_no_further_than_the_others_range() -> None:
     for lie in (0.0, 1.0):
-        f = side((0.30, 300), (0.32, 300), (lie, 10**6)).figures(3, 100)
+        f = side((0.30, 300), (0.32, 300), (lie, 10**6)).figures(3, 100, 0)
         assert f["agreement"] == (0.3 if lie == 0.0 else 0.32)
         assert [w["counted"] for w in f["weights"]] == [300, 300, 300]  # at the median node's
-    two = side((0.3, 300), (1.0, 10**6)).figures(1, 100)
+    two = side((0.3, 300), (1.0, 10**6)).figures(1, 100, 0)
     assert two["agreement"] == pytest.approx(0.65)  # two nodes: their mean (why 3 is default)
     assert [w["weight"] for w in two["weights"]] == [0.5, 0.5]  # the lower median: 300
 
