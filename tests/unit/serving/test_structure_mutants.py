@@ -148,3 +148,61 @@ def test_what_is_neither_jpeg_nor_png_is_left_to_pillow_to_refuse() -> None:
     assert structure.check(b"GIF89a" + b"\x00" * 100, 0) == structure.Structure()
     with pytest.raises(BadRequest, match="not a decodable JPEG or PNG"):
         decoded(b"GIF89a" + b"\x00" * 100)
+
+
+def tem_between_scans(data: bytes) -> bytes:
+    """``data`` (a progressive JPEG) with a TEM marker (standalone, no length) before each scan
+    after the first, where libjpeg reads and skips it."""
+    out, scans = data[:2], 0
+    for marker, start, end in attack.segments(data):
+        scans += marker == 0xDA
+        out += (b"\xff\x01" if marker == 0xDA and scans > 1 else b"") + data[start:end]
+    return out
+
+
+def test_standalone_markers_between_scans_are_stepped_over_and_every_scan_counted() -> None:
+    base = attack.progressive(64)
+    marked = tem_between_scans(base)
+    assert structure.check(marked, 0) == structure.check(base, 0)
+    np.testing.assert_array_equal(decoded(marked), decoded(base))
+    inside = tem_between_scans(attack.scan_bomb(base, structure.MAX_SCANS - 6))
+    np.testing.assert_array_equal(decoded(inside), decoded(base))
+    bomb = tem_between_scans(attack.scan_bomb(base, structure.MAX_SCANS - 5))
+    caught = refused(bomb)
+    assert caught.reason == "scans" and "more than 32 JPEG scans" in str(caught)
+
+
+def test_a_jpeg_cut_right_after_a_marker_counts_only_its_whole_segments() -> None:
+    head = attack.small_jpeg()[:2] + attack.com() * 3
+    for cut in (b"\xff\xdb", b"\xff\xdb\x00"):  # a marker with no (whole) length after it
+        found = structure.check(head + cut, 0)
+        assert (found.segments, found.metadata) == (3, 3)
+        with pytest.raises(BadRequest, match="not a decodable JPEG or PNG"):
+            decoded(head + cut)
+
+
+def test_what_follows_a_pngs_iend_is_not_walked_as_pillow_never_reads_it() -> None:
+    trailer = b"".join(attack.ztxt(i, 70_000) for i in range(8)) + attack.chunk(b"IDAT", b"") * 600
+    data = attack.png() + trailer
+    assert structure.check(data, 0) == structure.check(attack.png(), 0)
+    np.testing.assert_array_equal(decoded(data), honest())
+
+
+def test_too_much_png_metadata_is_refused_naming_the_row() -> None:
+    many = attack.png(extra=b"".join(attack.chunk(b"tEXt", b"k%d\x00t" % i) for i in range(33)))
+    caught = refused(many, row=7)
+    assert caught.reason == "metadata"
+    assert str(caught) == ("image row 7: more than 32 metadata segments (APPn, COM, ancillary "
+                           "chunks); the limit is 32")
+
+
+def test_a_chunks_body_ends_at_its_length_its_crc_is_not_read_as_a_compression_flag() -> None:
+    # iTXt chunks whose body ends at the keyword's NUL and whose CRC's first byte is 1: were
+    # the CRC read as the body's next byte, each would count as a compressed chunk
+    keywords = [k for k in (b"k%d" % i for i in range(5000))
+                if zlib.crc32(b"iTXt" + k + b"\x00") >> 24 == 1][:5]
+    chunks = [attack.chunk(b"iTXt", k + b"\x00") for k in keywords]
+    assert len(chunks) == 5 and all(c[-4] == 1 for c in chunks)
+    data = attack.png(extra=b"".join(chunks))
+    assert structure.check(data, 0).compressed == 0
+    np.testing.assert_array_equal(decoded(data), honest())

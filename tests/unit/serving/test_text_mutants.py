@@ -100,7 +100,7 @@ def test_texts_are_bounded_in_bytes_just_inside_and_outside_and_shaped_as_rows()
         codec.decode([v2.binary("text", "BYTES", ["good", "bad"], shape=[1, 2])], {})
     with pytest.raises(BadRequest, match="input 'text' must have datatype BYTES, got INT64"):
         codec.decode([v2.binary("text", "INT64", [1, 2])], {})
-    with pytest.raises(BadRequest, match=r"parameters\.truncate must be a boolean"):
+    with pytest.raises(BadRequest, match=r"^parameters\.truncate must be a boolean$"):
         codec.decode([v2.binary("text", "BYTES", ["good"])], {"truncate": 1})
 
 
@@ -162,3 +162,21 @@ def test_the_tokenizers_own_length_widens_what_token_clients_may_send() -> None:
     codec = TextCodec(TextInput(tokenizer="tokenizer.json", max_length=4), TOKENS, Bounds(),
                       lambda _: tokenizer_path())
     assert codec.max_sequence > 4 and codec.vocab is not None and codec.vocab > 1000
+
+
+def test_one_unknown_input_is_refused_naming_each_input_and_what_it_carries() -> None:
+    with pytest.raises(BadRequest) as caught:
+        text_codec().decode([v2.binary("words", "BYTES", ["good"])], {})
+    assert str(caught.value) == ("unknown input 'words': this model takes 'text' (BYTES) or "
+                                 "'input_ids' (INT64) or 'attention_mask' (INT64)")
+
+
+def test_texts_go_on_to_the_center_as_the_texts_sent_under_the_input_name() -> None:
+    from examples.sentiment.encoder import tokenizer_path
+
+    codec = TextCodec(TextInput(name="review", tokenizer="tokenizer.json", max_length=16),
+                      TOKENS, Bounds(), lambda _: tokenizer_path())
+    decoded = codec.decode([v2.binary("review", "BYTES", ["a fine film", "dull"])], {})
+    (sent,) = decoded.forward([1])
+    assert (sent.name, sent.datatype) == ("review", "BYTES")
+    assert v2.blobs(sent) == [b"dull"]
