@@ -179,6 +179,19 @@ def test_a_jpeg_cut_right_after_a_marker_counts_only_its_whole_segments() -> Non
         assert (found.segments, found.metadata) == (3, 3)
         with pytest.raises(BadRequest, match="not a decodable JPEG or PNG"):
             decoded(head + cut)
+    found = structure.check(head + attack.com(), 0)  # a whole (empty) segment ends the data
+    assert (found.segments, found.metadata) == (4, 4)
+
+
+def test_app15_is_metadata_and_the_jpg_extension_markers_past_it_are_not() -> None:
+    base = attack.small_jpeg()
+    app15 = b"\xff\xef\x00\x04ab"
+    np.testing.assert_array_equal(decoded(attack.with_segments(base, app15, 31)),
+                                  decoded(base))  # with its JFIF APP0: 32, the bound
+    assert refused(attack.with_segments(base, app15, 32)).reason == "metadata"
+    jpg0 = b"\xff\xf0\x00\x04ab"  # JPG0: a segment, not metadata (Pillow refuses it)
+    found = structure.check(attack.with_segments(base, jpg0, 33), 0)
+    assert (found.segments, found.metadata) == (39, 1)
 
 
 def test_what_follows_a_pngs_iend_is_not_walked_as_pillow_never_reads_it() -> None:
