@@ -214,3 +214,16 @@ def test_a_stored_release_serves_one_request_input_under_the_nodes_row_bound(
                                          r"serves exactly one \(its kind feeds every model "
                                          r"input\)$"):
         inputs.codec([GREY, GREY], model, Bounds(), Path)
+
+
+def test_a_wrong_input_or_datatype_is_refused_naming_every_form_the_model_takes() -> None:
+    c = codec()
+    with pytest.raises(BadRequest) as unknown:
+        c.decode([v2.binary("photo", "BYTES", [b"x"])], {})
+    assert str(unknown.value) == ("unknown input 'photo': this model takes 'image' (JPEG/PNG as "
+                                  "BYTES, UINT8 [rows, height, width, 1] or FP32 "
+                                  "[-1, 1, 8, 8])")
+    with pytest.raises(BadRequest) as datatype:
+        c.decode([v2.binary("image", "INT32", np.zeros((1, 8, 8, 1), np.int32))], {})
+    assert str(datatype.value) == ("input 'image': datatype INT32 is not taken; send JPEG/PNG "
+                                   "as BYTES, UINT8 pixels or FP32 [-1, 1, 8, 8]")
