@@ -218,6 +218,10 @@ def test_a_stored_release_serves_one_request_input_under_the_nodes_row_bound(
 
 def test_a_wrong_input_or_datatype_is_refused_naming_every_form_the_model_takes() -> None:
     c = codec()
+    with pytest.raises(BadRequest) as none:
+        c.decode([], {})
+    assert str(none.value) == ("no inputs: this model takes 'image' (JPEG/PNG as BYTES, UINT8 "
+                               "[rows, height, width, 1] or FP32 [-1, 1, 8, 8])")
     with pytest.raises(BadRequest) as unknown:
         c.decode([v2.binary("photo", "BYTES", [b"x"])], {})
     assert str(unknown.value) == ("unknown input 'photo': this model takes 'image' (JPEG/PNG as "

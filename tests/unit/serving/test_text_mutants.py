@@ -12,7 +12,7 @@ from serving.errors import BadRequest
 from serving.inputs.base import Bounds
 from serving.inputs.text import TextCodec
 from serving.protocol import v2
-from serving.release.manifest import TextInput
+from serving.release.manifest import TensorSpec, TextInput
 from tests.codecs import TOKENS, text_codec
 
 IDS, MASK = "input_ids", "attention_mask"
@@ -180,3 +180,11 @@ def test_texts_go_on_to_the_center_as_the_texts_sent_under_the_input_name() -> N
     (sent,) = decoded.forward([1])
     assert (sent.name, sent.datatype) == ("review", "BYTES")
     assert v2.blobs(sent) == [b"dull"]
+
+
+def test_a_text_model_with_an_input_other_than_tokens_is_refused_when_the_codec_is_made(
+        ) -> None:
+    model = [*TOKENS, TensorSpec("pixels", "FP32", [-1, 3])]
+    with pytest.raises(ValueError, match=r"^a text model takes input_ids, attention_mask and "
+                                         r"optionally token_type_ids; this one takes "):
+        TextCodec(TextInput(max_length=4), model, Bounds(), Path)
