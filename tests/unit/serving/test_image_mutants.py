@@ -222,6 +222,10 @@ def test_a_wrong_input_or_datatype_is_refused_naming_every_form_the_model_takes(
         c.decode([], {})
     assert str(none.value) == ("no inputs: this model takes 'image' (JPEG/PNG as BYTES, UINT8 "
                                "[rows, height, width, 1] or FP32 [-1, 1, 8, 8])")
+    with pytest.raises(BadRequest) as two:
+        c.decode([v2.binary("image", "BYTES", [b"x"])] * 2, {})
+    assert str(two.value) == ("send one input: 'image' (JPEG/PNG as BYTES, UINT8 [rows, height, "
+                              "width, 1] or FP32 [-1, 1, 8, 8])")
     with pytest.raises(BadRequest) as unknown:
         c.decode([v2.binary("photo", "BYTES", [b"x"])], {})
     assert str(unknown.value) == ("unknown input 'photo': this model takes 'image' (JPEG/PNG as "
