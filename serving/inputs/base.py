@@ -51,7 +51,7 @@ class Codec(Protocol):
         equal cost batch without padding."""
         ...
 
-    def sample(self, rows: int, seed: int = 0) -> list[np.ndarray]:
+    def sample(self, rows: int, seed: int = 0) -> list[np.ndarray]:  # pragma: no mutate
         """Generated rows of every shape serving sees (warm-up; calibration without data)."""
         ...
 

@@ -106,7 +106,7 @@ class ImageCodec:
     def cost(self, row: np.ndarray) -> int:
         return int(row.size)
 
-    def sample(self, rows: int, seed: int = 0) -> list[np.ndarray]:
+    def sample(self, rows: int, seed: int = 0) -> list[np.ndarray]:  # pragma: no mutate
         rng = np.random.default_rng(seed)
         shape = (self.spec.height, self.spec.width, self.spec.channels)
         return [pixels.preprocess(rng.integers(0, 256, size=shape, dtype=np.uint8), self.spec)

@@ -71,7 +71,7 @@ class TensorCodec:
     def cost(self, row: np.ndarray) -> int:
         return int(row.size)
 
-    def sample(self, rows: int, seed: int = 0) -> list[np.ndarray]:
+    def sample(self, rows: int, seed: int = 0) -> list[np.ndarray]:  # pragma: no mutate
         rng = np.random.default_rng(seed)
         shape = [d if d > 0 else 4 for d in self.model.shape[1:]]
         dtype = native(self.model.datatype)

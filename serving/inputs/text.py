@@ -87,7 +87,7 @@ class TextCodec:
     def cost(self, row: np.ndarray) -> int:
         return len(row)
 
-    def sample(self, rows: int, seed: int = 0) -> list[np.ndarray]:
+    def sample(self, rows: int, seed: int = 0) -> list[np.ndarray]:  # pragma: no mutate
         rng = np.random.default_rng(seed)
         top = min(self.vocab or GENERATED_VOCAB, GENERATED_VOCAB)
         return [rng.integers(1, top, size=int(rng.integers(1, min(48, self.spec.max_length)

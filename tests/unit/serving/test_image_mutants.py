@@ -161,3 +161,77 @@ def test_collate_cost_sample_and_items_are_the_rows_serving_sees() -> None:
     assert not np.array_equal(np.stack(c.sample(30, seed=6)), values)
     with pytest.raises(BadRequest, match="image row 1 is not a decodable JPEG or PNG"):
         c.items([data, b"junk"])
+
+
+def test_rows_go_on_to_the_center_under_the_input_name_in_the_form_they_came_in() -> None:
+    c = codec(msgspec.structs.replace(GREY, name="pixels"))
+    first, second = ramp(8, 8), 255 - ramp(8, 8)
+    uint8 = c.decode([v2.binary("pixels", "UINT8", np.stack([first, second]))], {})
+    (sent,) = uint8.forward([1])
+    assert (sent.name, sent.datatype, sent.shape) == ("pixels", "UINT8", [1, 8, 8, 1])
+    np.testing.assert_array_equal(v2.array(sent)[0], second)
+    floats = np.stack(uint8.rows)
+    fp32 = c.decode([v2.binary("pixels", "FP32", floats)], {})
+    (sent,) = fp32.forward([0, 1])
+    assert (sent.name, sent.datatype, sent.shape) == ("pixels", "FP32", [2, 1, 8, 8])
+    np.testing.assert_array_equal(v2.array(sent), floats)
+    pngs = [pixels.encode_png(first), pixels.encode_png(second)]
+    (sent,) = c.decode([v2.binary("pixels", "BYTES", pngs)], {}).forward([1])
+    assert (sent.name, sent.datatype) == ("pixels", "BYTES")
+    assert v2.blobs(sent) == [pngs[1]]
+
+
+def test_uint8_pixels_are_bounded_at_64_mib_counting_every_channel() -> None:
+    big = msgspec.structs.replace(RGB, max_pixels=8193 * 8192)
+    rgb = codec(big, max_rows=8)
+    with pytest.raises(BadRequest, match=r"\[2, 4096, 4096, 3\] is more than 64 MiB"):
+        rgb.decode([v2.Tensor("image", [2, 4096, 4096, 3], "UINT8", raw=b"")], {})
+    with pytest.raises(BadRequest) as inside:  # 48 MiB: on to its (missing) data
+        rgb.decode([v2.Tensor("image", [1, 4096, 4096, 3], "UINT8", raw=b"")], {})
+    assert "64 MiB" not in str(inside.value)
+    grey = codec(msgspec.structs.replace(GREY, max_pixels=8193 * 8192), max_rows=8)
+    with pytest.raises(BadRequest, match=r"\[1, 8193, 8192, 1\] is more than 64 MiB"):
+        grey.decode([v2.Tensor("image", [1, 8193, 8192, 1], "UINT8", raw=b"")], {})
+
+
+def test_a_stored_release_serves_one_request_input_under_the_nodes_row_bound(
+        tmp_path: Path) -> None:
+    from serving import inputs
+    from serving.release.manifest import SCHEMA
+    from tests.unit.serving.test_store import manifest
+
+    model = [TensorSpec("image", "FP32", [-1, 1, 8, 8])]
+    release = msgspec.structs.replace(manifest(2), schema=SCHEMA, inputs=model, request=[GREY])
+    served = inputs.for_manifest(release, tmp_path, Bounds(max_rows=2))
+    png = pixels.encode_png(ramp(8, 8))
+    assert len(served.decode([v2.binary("image", "BYTES", [png] * 2)], {}).rows) == 2
+    with pytest.raises(BadRequest, match=r"^input 'image' has 3 rows; the limit is 2$"):
+        served.decode([v2.binary("image", "BYTES", [png] * 3)], {})
+    made = inputs.codec([GREY], model, Bounds(max_rows=1), Path)
+    with pytest.raises(BadRequest, match=r"has 2 rows; the limit is 1$"):
+        made.decode([v2.binary("image", "BYTES", [png] * 2)], {})
+    with pytest.raises(ValueError, match=r"^a release declares 2 request inputs; this version "
+                                         r"serves exactly one \(its kind feeds every model "
+                                         r"input\)$"):
+        inputs.codec([GREY, GREY], model, Bounds(), Path)
+
+
+def test_a_wrong_input_or_datatype_is_refused_naming_every_form_the_model_takes() -> None:
+    c = codec()
+    with pytest.raises(BadRequest) as none:
+        c.decode([], {})
+    assert str(none.value) == ("no inputs: this model takes 'image' (JPEG/PNG as BYTES, UINT8 "
+                               "[rows, height, width, 1] or FP32 [-1, 1, 8, 8])")
+    with pytest.raises(BadRequest) as two:
+        c.decode([v2.binary("image", "BYTES", [b"x"])] * 2, {})
+    assert str(two.value) == ("send one input: 'image' (JPEG/PNG as BYTES, UINT8 [rows, height, "
+                              "width, 1] or FP32 [-1, 1, 8, 8])")
+    with pytest.raises(BadRequest) as unknown:
+        c.decode([v2.binary("photo", "BYTES", [b"x"])], {})
+    assert str(unknown.value) == ("unknown input 'photo': this model takes 'image' (JPEG/PNG as "
+                                  "BYTES, UINT8 [rows, height, width, 1] or FP32 "
+                                  "[-1, 1, 8, 8])")
+    with pytest.raises(BadRequest) as datatype:
+        c.decode([v2.binary("image", "INT32", np.zeros((1, 8, 8, 1), np.int32))], {})
+    assert str(datatype.value) == ("input 'image': datatype INT32 is not taken; send JPEG/PNG "
+                                   "as BYTES, UINT8 pixels or FP32 [-1, 1, 8, 8]")

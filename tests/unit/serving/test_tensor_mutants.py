@@ -116,3 +116,18 @@ def test_items_are_the_rows_a_request_of_the_same_features_gets() -> None:
     assert c.items([]) == []
     with pytest.raises(BadRequest, match=r"must lie in \[0.0, 1.0\]"):
         c.items([[0.0, 2.0, 0.0]])
+
+
+def test_a_models_dimension_of_one_is_kept_in_generated_rows() -> None:
+    c = codec([TensorSpec("features", "FP32", [-1, 1, 3])])
+    assert all(r.shape == (1, 3) for r in c.sample(5))
+
+
+def test_features_go_on_to_the_center_under_the_input_name_as_the_models_datatype() -> None:
+    c = TensorCodec(TensorInput("vitals"), [TensorSpec("vitals", "FP64", [-1, 2])],
+                    Bounds(), Path)
+    sent_rows = [[36.6, 72.0], [39.1, 110.0]]
+    decoded = c.decode([v2.binary("vitals", "FP64", sent_rows)], {})
+    (sent,) = decoded.forward([1])
+    assert (sent.name, sent.datatype, sent.shape) == ("vitals", "FP64", [1, 2])
+    assert v2.array(sent).tolist() == [[39.1, 110.0]]

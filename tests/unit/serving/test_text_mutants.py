@@ -12,7 +12,7 @@ from serving.errors import BadRequest
 from serving.inputs.base import Bounds
 from serving.inputs.text import TextCodec
 from serving.protocol import v2
-from serving.release.manifest import TextInput
+from serving.release.manifest import TensorSpec, TextInput
 from tests.codecs import TOKENS, text_codec
 
 IDS, MASK = "input_ids", "attention_mask"
@@ -100,7 +100,7 @@ def test_texts_are_bounded_in_bytes_just_inside_and_outside_and_shaped_as_rows()
         codec.decode([v2.binary("text", "BYTES", ["good", "bad"], shape=[1, 2])], {})
     with pytest.raises(BadRequest, match="input 'text' must have datatype BYTES, got INT64"):
         codec.decode([v2.binary("text", "INT64", [1, 2])], {})
-    with pytest.raises(BadRequest, match=r"parameters\.truncate must be a boolean"):
+    with pytest.raises(BadRequest, match=r"^parameters\.truncate must be a boolean$"):
         codec.decode([v2.binary("text", "BYTES", ["good"])], {"truncate": 1})
 
 
@@ -132,7 +132,7 @@ def test_without_a_tokenizer_only_tokens_are_taken_and_described() -> None:
     with pytest.raises(BadRequest, match="this model has no tokenizer: send 'input_ids' and "
                                          "'attention_mask' INT64 tensors"):
         bare.decode([v2.binary("text", "BYTES", ["good"])], {})
-    with pytest.raises(ValueError, match="texts need the release's tokenizer"):
+    with pytest.raises(ValueError, match=r"^texts need the release's tokenizer$"):
         bare.items(["good"])
     described = text_codec().metadata()
     assert described[0] == {"name": "text", "datatype": "BYTES", "shape": [-1]}
@@ -150,7 +150,8 @@ def test_generated_rows_are_seeded_within_the_vocabulary_and_the_length() -> Non
     assert [r.tolist() for r in codec.sample(50, seed=3)] == [r.tolist() for r in sample]
     assert [r.tolist() for r in codec.sample(50, seed=4)] != [r.tolist() for r in sample]
     small = text_codec(vocab_size=10)
-    assert np.concatenate(small.sample(50)).max() < 10
+    ids = np.concatenate(small.sample(50))
+    assert ids.max() == 9 and ids.min() == 1  # every id of the vocabulary but the padding 0
     long = text_codec(max_length=512).sample(200)
     assert max(len(r) for r in long) == 48
 
@@ -161,3 +162,29 @@ def test_the_tokenizers_own_length_widens_what_token_clients_may_send() -> None:
     codec = TextCodec(TextInput(tokenizer="tokenizer.json", max_length=4), TOKENS, Bounds(),
                       lambda _: tokenizer_path())
     assert codec.max_sequence > 4 and codec.vocab is not None and codec.vocab > 1000
+
+
+def test_one_unknown_input_is_refused_naming_each_input_and_what_it_carries() -> None:
+    with pytest.raises(BadRequest) as caught:
+        text_codec().decode([v2.binary("words", "BYTES", ["good"])], {})
+    assert str(caught.value) == ("unknown input 'words': this model takes 'text' (BYTES) or "
+                                 "'input_ids' (INT64) or 'attention_mask' (INT64)")
+
+
+def test_texts_go_on_to_the_center_as_the_texts_sent_under_the_input_name() -> None:
+    from examples.sentiment.encoder import tokenizer_path
+
+    codec = TextCodec(TextInput(name="review", tokenizer="tokenizer.json", max_length=16),
+                      TOKENS, Bounds(), lambda _: tokenizer_path())
+    decoded = codec.decode([v2.binary("review", "BYTES", ["a fine film", "dull"])], {})
+    (sent,) = decoded.forward([1])
+    assert (sent.name, sent.datatype) == ("review", "BYTES")
+    assert v2.blobs(sent) == [b"dull"]
+
+
+def test_a_text_model_with_an_input_other_than_tokens_is_refused_when_the_codec_is_made(
+        ) -> None:
+    model = [*TOKENS, TensorSpec("pixels", "FP32", [-1, 3])]
+    with pytest.raises(ValueError, match=r"^a text model takes input_ids, attention_mask and "
+                                         r"optionally token_type_ids; this one takes "):
+        TextCodec(TextInput(max_length=4), model, Bounds(), Path)
