@@ -14,12 +14,15 @@ import httpx
 import pytest
 
 from serving.fleet.discovery import SERVICES, Instance
+from serving.protocol.budget import Budget
 from serving.telemetry.logs import request_id
 from tests.unit.edge.test_pipeline import (
     SURE,
     UNSURE,
     FixedBatcher,
+    GradedBatcher,
     center_answering,
+    center_naming,
     edge,
     infer,
     outputs,
@@ -114,3 +117,30 @@ def test_the_request_span_and_the_cache_series_say_what_each_row_got(
     hits = service.metrics.registry.get_sample_value("edge_cache_hits_total",
                                                      {"model": "sentiment", "version": "3"})
     assert hits == 2
+
+
+def test_without_a_cache_the_escalation_budget_still_sheds_the_rows_over_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The budget's bucket holds one row: the least confident unsure row (10: 0.525) goes to
+    the center and gets its answer; the others keep the edge's own, marked edge-shed. Nothing
+    is counted as cached."""
+    from edge import pipeline
+
+    spans: list[dict[str, Any]] = []
+    monkeypatch.setattr(pipeline.tracing, "active", lambda: True)
+    monkeypatch.setattr(pipeline.tracing, "set_attributes", lambda **a: spans.append(a))
+    calls: list[list[int]] = []
+    service = edge(tmp_path, center_naming(calls), cache_size=0)
+    service.policy.set_budget("sentiment", Budget(True, rows_per_s=0.001, capacity_rows_s=0.002,
+                                                  share=0.5))
+    answer = infer(service, resident(GradedBatcher()), parsed(40, 10, 90))
+    out = outputs(answer)
+    assert out["tier"] == ["edge-shed", "center", "edge-shed"]
+    assert calls == [[10]]
+    assert out["confidence"] == pytest.approx([0.599, 0.99, 0.711], abs=1e-3)
+    assert (answer.parameters["threshold"], answer.parameters["escalated"],
+            answer.parameters["shed"]) == (0.9, 1, 2)
+    assert spans[-1]["tiered.cached"] == 0 and spans[-1]["tiered.threshold"] == 0.9
+    hits = service.metrics.registry.get_sample_value("edge_cache_hits_total",
+                                                     {"model": "sentiment", "version": "3"})
+    assert hits is None
