@@ -144,3 +144,68 @@ def test_without_a_cache_the_escalation_budget_still_sheds_the_rows_over_it(
     hits = service.metrics.registry.get_sample_value("edge_cache_hits_total",
                                                      {"model": "sentiment", "version": "3"})
     assert hits is None
+
+
+def spans_of(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The request span's attributes, one dict per request (tracing on)."""
+    from edge import pipeline
+
+    spans: list[dict[str, Any]] = []
+    monkeypatch.setattr(pipeline.tracing, "active", lambda: True)
+    monkeypatch.setattr(pipeline.tracing, "set_attributes", lambda **a: spans.append(a))
+    return spans
+
+
+def test_a_request_the_edge_answers_alone_says_nothing_escalated_degraded_or_shed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spans = spans_of(monkeypatch)
+    calls: list[dict[str, Any]] = []
+    service = edge(tmp_path, center_answering(calls))
+    answer = infer(service, resident(FixedBatcher()), parsed(SURE, SURE))
+    assert outputs(answer)["tier"] == ["edge", "edge"] and calls == []
+    assert answer.parameters == {"edge_version": 3, "threshold": 0.9, "escalated": 0,
+                                 "degraded": 0, "shed": 0, "node_id": service.settings.node_id,
+                                 "region": service.settings.region}
+    assert (spans[-1]["tiered.escalated"], spans[-1]["tiered.degraded"]) == (0, 0)
+    assert spans[-1]["tiered.tier"] == "edge" and spans[-1]["tiered.center_version"] == ""
+
+
+def test_degraded_rows_are_counted_in_the_answer_and_the_span(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    spans = spans_of(monkeypatch)
+    service = edge(tmp_path, down)
+    answer = infer(service, resident(FixedBatcher()), parsed(UNSURE, SURE, UNSURE))
+    assert outputs(answer)["tier"] == ["edge-degraded", "edge", "edge-degraded"]
+    assert (answer.parameters["degraded"], answer.parameters["escalated"]) == (2, 0)
+    assert "center_version" not in answer.parameters
+    assert (spans[-1]["tiered.degraded"], spans[-1]["tiered.escalated"]) == (2, 0)
+
+
+def test_the_quality_report_has_the_requests_rows_by_tier_under_its_model_and_version(
+        tmp_path: Path) -> None:
+    service = edge(tmp_path, center_answering([]))
+    infer(service, resident(FixedBatcher()), parsed(SURE, UNSURE, SURE, SURE))
+    [report] = service.metrics.quality.drain()
+    assert (report["model"], report["version"], report["rows"]) == ("sentiment", 3, 4)
+    assert report["escalation_rate"] == 0.25 and report["degraded_rate"] == 0.0
+    assert report["mean_tokens"] == 2.0  # each row two token ids
+
+
+def test_an_answer_merging_two_centers_versions_names_both(tmp_path: Path) -> None:
+    """Row 0 answered (and cached) while the center served version 8, row 1 now by version 9:
+    the answer names both, in order."""
+    version = {"now": "8"}
+
+    def center(request: httpx.Request) -> httpx.Response:
+        return center_answering([], version=version["now"])(request)
+
+    service, r = edge(tmp_path, center), resident(FixedBatcher())
+    first = infer(service, r, parsed(UNSURE))
+    assert first.parameters["center_version"] == "8"
+    version["now"] = "9"
+    both = infer(service, r, parsed(UNSURE, UNSURE))  # row 0 cached, row 1 new (100 + 1)
+    assert outputs(both)["tier"] == ["center", "center"]
+    assert both.parameters["center_version"] == "8,9"
