@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +24,17 @@ from tests.unit.edge.test_pipeline import (
     UNSURE,
     FixedBatcher,
     GradedBatcher,
+    TaggedBatcher,
     center_answering,
+    center_by_tag,
     center_naming,
     edge,
+    edge_confidence,
     infer,
     outputs,
     parsed,
     resident,
+    tagged,
 )
 
 
@@ -209,3 +216,55 @@ def test_an_answer_merging_two_centers_versions_names_both(tmp_path: Path) -> No
     both = infer(service, r, parsed(UNSURE, UNSURE))  # row 0 cached, row 1 new (100 + 1)
     assert outputs(both)["tier"] == ["center", "center"]
     assert both.parameters["center_version"] == "8,9"
+
+
+def test_the_gate_span_says_the_threshold_the_rows_those_escalated_and_the_least_confidence(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from edge import pipeline
+
+    class Span:
+        def __init__(self, attributes: dict[str, Any]) -> None:
+            self.attributes = attributes
+
+        def set_attributes(self, attributes: dict[str, Any]) -> None:
+            self.attributes |= attributes
+
+        def set_attribute(self, name: str, value: Any) -> None:
+            self.attributes[name] = value
+
+    opened: list[tuple[str, Span]] = []
+
+    @contextmanager
+    def span(name: str, *_: Any, **attributes: Any) -> Iterator[Span]:
+        opened.append((name, Span(dict(attributes))))
+        yield opened[-1][1]
+
+    monkeypatch.setattr(pipeline.tracing, "span", span)
+    service = edge(tmp_path, center_answering([]))
+    infer(service, resident(FixedBatcher()), parsed(SURE, UNSURE, UNSURE))
+    [gate] = [s.attributes for name, s in opened if name == "gate"]
+    assert gate == {"tiered.threshold": 0.9, "tiered.rows": 3, "tiered.escalated": 2,
+                    "tiered.confidence": pytest.approx(0.5498, abs=1e-4)}
+
+
+def test_with_the_controller_off_unsure_rows_escalate_and_none_is_shed(tmp_path: Path) -> None:
+    calls: list[list[int]] = []
+    service = edge(tmp_path, center_naming(calls), controller="off")
+    out = outputs(infer(service, resident(GradedBatcher()), parsed(40, 10, 500)))
+    assert out["tier"] == ["center", "center", "edge"] and calls == [[40, 10]]
+    assert out["confidence"] == pytest.approx([0.96, 0.99, 0.9933], abs=1e-3)
+
+
+def test_under_a_budget_the_threshold_follows_the_confidences_the_gate_saw(
+        tmp_path: Path) -> None:
+    """60 confident rows (0.953 up) at 60 rows/s, a budget of 1 row/s: the next request's
+    threshold rises from the calibrated 0.9 to the least of them, so few rows would escalate."""
+    service = edge(tmp_path, center_by_tag([]))
+    service.policy.set_budget("sentiment", Budget(True, rows_per_s=1.0, capacity_rows_s=2.0,
+                                                  share=0.5))
+    r = resident(TaggedBatcher())
+    first = infer(service, r, tagged(*[(SURE, tag) for tag in range(60)]))
+    assert first.parameters["threshold"] == 0.9  # too few rows seen to move it
+    time.sleep(0.15)  # the controller re-takes its quantile every 0.1 s
+    again = infer(service, r, tagged((SURE, 100)))
+    assert again.parameters["threshold"] == pytest.approx(edge_confidence(SURE, 0), abs=1e-4)
