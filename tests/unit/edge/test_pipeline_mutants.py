@@ -201,9 +201,11 @@ def test_the_quality_report_has_the_requests_rows_by_tier_under_its_model_and_ve
     assert report["mean_tokens"] == 2.0  # each row two token ids
 
 
-def test_an_answer_merging_two_centers_versions_names_both(tmp_path: Path) -> None:
+def test_an_answer_merging_two_centers_versions_names_both(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Row 0 answered (and cached) while the center served version 8, row 1 now by version 9:
-    the answer names both, in order."""
+    the answer and its span name both, in order."""
+    spans = spans_of(monkeypatch)
     version = {"now": "8"}
 
     def center(request: httpx.Request) -> httpx.Response:
@@ -216,6 +218,18 @@ def test_an_answer_merging_two_centers_versions_names_both(tmp_path: Path) -> No
     both = infer(service, r, parsed(UNSURE, UNSURE))  # row 0 cached, row 1 new (100 + 1)
     assert outputs(both)["tier"] == ["center", "center"]
     assert both.parameters["center_version"] == "8,9"
+    assert spans[-1]["tiered.center_version"] == "8,9" and spans[-1]["tiered.cached"] == 1
+
+
+def test_a_request_of_no_rows_answers_none_and_its_span_says_full_confidence(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spans = spans_of(monkeypatch)
+    calls: list[dict[str, Any]] = []
+    service = edge(tmp_path, center_answering(calls))
+    answer = infer(service, resident(FixedBatcher()), parsed())
+    assert outputs(answer) == {"label": [], "probabilities": [], "confidence": [], "tier": []}
+    assert spans[-1]["tiered.rows"] == 0 and spans[-1]["tiered.confidence"] == 1.0
+    assert calls == []
 
 
 def test_the_gate_span_says_the_threshold_the_rows_those_escalated_and_the_least_confidence(
