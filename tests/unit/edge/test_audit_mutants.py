@@ -418,3 +418,31 @@ def test_stopping_the_edge_waits_for_the_audit_calls_in_flight_to_end(tmp_path: 
         return list(ended)
 
     assert asyncio.run(scenario()) == ["/v2/models/sentiment/infer"]
+
+
+class EvenPositive(FixedBatcher):
+    """The edge model answering ``pos`` for rows of an even tag and ``neg`` for odd ones, each
+    with 0.953 (confident: kept at the edge)."""
+
+    async def submit(self, rows: list[np.ndarray]) -> np.ndarray:
+        self.batches.append([int(r[1]) - 100 for r in rows])
+        return self.finish(np.asarray([[0.0, 3.0] if int(r[1]) % 2 == 0 else [3.0, 0.0]
+                                       for r in rows], dtype=np.float32))
+
+
+def test_the_audit_compares_each_rows_own_edge_answer_with_the_centers(tmp_path: Path) -> None:
+    """The center says ``pos`` for every row: it agrees with the edge on rows 0 and 2 only."""
+    paths: list[str] = []
+    s = edge(tmp_path, center_agreeing_on({0, 1, 2, 3}, paths), audit_share=1.0)
+    r = Resident(CALIBRATED, runtime=None, batcher=EvenPositive(),  # type: ignore[arg-type]
+                 codec=text_codec())
+
+    async def scenario() -> list[str]:
+        answer = await s.infer(r, tagged(*[(SURE, t) for t in range(4)]))
+        await asyncio.sleep(0.2)
+        await s.stop()
+        return outputs(answer)["label"]
+
+    assert asyncio.run(scenario()) == ["pos", "neg", "pos", "neg"]
+    assert paths == ["/v2/models/sentiment/infer [0, 1, 2, 3]"]
+    assert gauge(s, "edge_audit_agreement") == 0.5
