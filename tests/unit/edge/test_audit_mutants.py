@@ -446,3 +446,13 @@ def test_the_audit_compares_each_rows_own_edge_answer_with_the_centers(tmp_path:
     assert asyncio.run(scenario()) == ["pos", "neg", "pos", "neg"]
     assert paths == ["/v2/models/sentiment/infer [0, 1, 2, 3]"]
     assert gauge(s, "edge_audit_agreement") == 0.5
+
+
+def test_the_report_carries_the_confidence_test_and_the_audit_together(tmp_path: Path) -> None:
+    s, a = service(tmp_path)
+    confidences(a, [200, 200, 200])
+    a.record(np.full(40, 0.95), np.zeros(40, int), np.zeros(40, int))
+    report = s.audit.report("sentiment", 3)
+    assert report["confidence_psi"] == 0.0 and report["confidence_drift"] is False
+    assert (report["audit_rows"], report["audit_agreement"], report["drift"]) == (40, 1.0, False)
+    assert report["estimated_accuracy"] == pytest.approx(0.85)
