@@ -431,9 +431,10 @@ class EvenPositive(FixedBatcher):
 
 
 def test_the_audit_compares_each_rows_own_edge_answer_with_the_centers(tmp_path: Path) -> None:
-    """The center says ``pos`` for every row: it agrees with the edge on rows 0 and 2 only."""
+    """The edge says pos, neg, pos, neg; the center pos for row 0, neg for the others: they
+    agree on rows 0, 1 and 3."""
     paths: list[str] = []
-    s = edge(tmp_path, center_agreeing_on({0, 1, 2, 3}, paths), audit_share=1.0)
+    s = edge(tmp_path, center_agreeing_on({0}, paths), audit_share=1.0)
     r = Resident(CALIBRATED, runtime=None, batcher=EvenPositive(),  # type: ignore[arg-type]
                  codec=text_codec())
 
@@ -445,7 +446,7 @@ def test_the_audit_compares_each_rows_own_edge_answer_with_the_centers(tmp_path:
 
     assert asyncio.run(scenario()) == ["pos", "neg", "pos", "neg"]
     assert paths == ["/v2/models/sentiment/infer [0, 1, 2, 3]"]
-    assert gauge(s, "edge_audit_agreement") == 0.5
+    assert gauge(s, "edge_audit_agreement") == 0.75
 
 
 def test_the_report_carries_the_confidence_test_and_the_audit_together(tmp_path: Path) -> None:
