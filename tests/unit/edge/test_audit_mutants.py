@@ -457,3 +457,21 @@ def test_the_report_carries_the_confidence_test_and_the_audit_together(tmp_path:
     assert report["confidence_psi"] == 0.0 and report["confidence_drift"] is False
     assert (report["audit_rows"], report["audit_agreement"], report["drift"]) == (40, 1.0, False)
     assert report["estimated_accuracy"] == pytest.approx(0.85)
+
+
+def test_a_finished_audit_makes_room_for_the_next_one(tmp_path: Path) -> None:
+    """One audit at a time: each request's audit is answered before the next request, so every
+    request's rows are audited."""
+    paths: list[str] = []
+    s = edge(tmp_path, center_agreeing_on(set(), paths), audit_share=1.0, audit_in_flight=1)
+    r = Resident(CALIBRATED, runtime=None, batcher=FixedBatcher(),  # type: ignore[arg-type]
+                 codec=text_codec())
+
+    async def scenario() -> None:
+        for tag in range(3):
+            await s.infer(r, tagged((SURE, tag)))
+            await asyncio.sleep(0.1)
+        await s.stop()
+
+    asyncio.run(scenario())
+    assert paths == [f"/v2/models/sentiment/infer [{tag}]" for tag in range(3)]
