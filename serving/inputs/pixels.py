@@ -108,8 +108,11 @@ def decode(data: bytes, spec: ImageInput, row: int = 0, walked: bool = False) ->
 def preprocess(pixels: np.ndarray, spec: ImageInput) -> np.ndarray:
     """``uint8`` pixels ``[height, width, channels]`` as one model row: resized (the shorter
     side to ``resize`` then centre-cropped, or straight to the model's size), scaled, minus
-    the mean over the std, in the model's layout (``[C, H, W]`` for NCHW)."""
-    if pixels.shape[:2] != (spec.height, spec.width):
+    the mean over the std, in the model's layout (``[C, H, W]`` for NCHW). An image of the
+    model's size is left as it is only where torchvision's transforms would leave it: with
+    ``resize`` larger than the model's size it is enlarged and cropped like any other."""
+    if pixels.shape[:2] != (spec.height, spec.width) or \
+            (spec.resize and spec.resize != min(spec.height, spec.width)):
         pixels = _resize(pixels, spec)
     values = pixels.astype(np.float32) / np.float32(spec.scale)
     if spec.mean:
@@ -122,13 +125,14 @@ def preprocess(pixels: np.ndarray, spec: ImageInput) -> np.ndarray:
 def _resize(pixels: np.ndarray, spec: ImageInput) -> np.ndarray:
     image = Image.fromarray(pixels[:, :, 0] if spec.channels == 1 else pixels,
                             MODES[spec.channels])
-    if spec.resize:
-        width, height = image.size
-        short = min(width, height)
-        size = (max(spec.width, round(width * spec.resize / short)),
-                max(spec.height, round(height * spec.resize / short)))
+    if spec.resize:  # torchvision's Resize(resize) then CenterCrop, on a PIL image:
+        width, height = image.size  # the longer side truncated, the crop's offset rounded
+        short = min(width, height)  # half to even (its _compute_resized_output_size and
+        size = (max(spec.width, int(width * spec.resize / short)),  # center_crop)
+                max(spec.height, int(height * spec.resize / short)))
         image = image.resize(size, Image.Resampling.BILINEAR)
-        left, top = (size[0] - spec.width) // 2, (size[1] - spec.height) // 2
+        left = round((size[0] - spec.width) / 2)
+        top = round((size[1] - spec.height) / 2)
         image = image.crop((left, top, left + spec.width, top + spec.height))
     else:
         image = image.resize((spec.width, spec.height), Image.Resampling.BILINEAR)

@@ -260,11 +260,15 @@ def reference(image: np.ndarray, resized: tuple[int, int], spec: ImageInput) -> 
 @pytest.mark.parametrize(("size", "resized"), [
     ((26, 20), (13, 10)),  # landscape: margins of 5 (left 2) and 2 (top 1)
     ((20, 34), (10, 17)),  # portrait: margins of 2 (left 1) and 9 (top 4)
+    ((22, 20), (11, 10)),  # a margin of 3: torchvision crops from column 2, a floor from 1
+    ((27, 20), (13, 10)),  # 13.5 columns: torchvision truncates to 13, rounding makes 14
+    ((20, 31), (10, 15)),  # 15.5 rows truncated to 15, a margin of 7: top 4 (a floor: 3)
+    ((8, 8), (10, 10)),  # the model's size already, but resize 10: enlarged, then cropped
 ])
 def test_an_rgb_image_is_resized_centre_cropped_and_normalised_per_channel(
         size: tuple[int, int], resized: tuple[int, int]) -> None:
-    """Each channel's values exactly as torchvision computes them (margins chosen where its
-    rounding and the floor agree), from PNG and from UINT8 pixels, in both layouts."""
+    """Each channel's values exactly as torchvision computes them (its truncated longer side,
+    its crop offset rounded half to even), from PNG and from UINT8 pixels, in both layouts."""
     image = rgb(*size, seed=sum(size))
     expected = reference(image, resized, RGB)
     nchw = ImageCodec(RGB, [TensorSpec("image", "FP32", [-1, 3, 8, 8])], Bounds(), Path)
