@@ -116,8 +116,15 @@ def _admit_and_install(conn: sqlite3.Connection, r: Rollout, fleet: list[tuple[f
     if pending and at - r.wave_started < p.install_timeout_s:
         return []
     update(conn, r.id, state="baking", installed_at=at)
-    return [f"{name}: installed on {len(wave) - len(pending)} of {len(wave)} nodes; "
-            f"baking {p.bake_s:g}s"]
+    installed = sum(s.installed(r.version) for s in wave)
+    failed = sum(not s.installed(r.version) and s.failed(r.version) for s in wave)
+    others = [f"{failed} failed"] if failed else []
+    if len(wave) - installed - failed - len(pending):
+        others.append(f"{len(wave) - installed - failed - len(pending)} disconnected")
+    if pending:
+        others.append(f"{len(pending)} not answered within {p.install_timeout_s:g}s")
+    return [f"{name}: installed on {installed} of {len(wave)} nodes"
+            + (f" ({', '.join(others)})" if others else "") + f"; baking {p.bake_s:g}s"]
 
 
 def _start(r: Rollout, fleet: list[tuple[float, Any]]) -> dict[str, Any]:
