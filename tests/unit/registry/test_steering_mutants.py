@@ -225,12 +225,18 @@ def test_a_gate_that_cannot_judge_waits_exactly_one_more_bake_then_holds_once(
                                 "passed": True})]
 
 
-def test_the_install_waits_for_connected_wave_nodes_until_the_timeout_exactly(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def first_wave_installing(tmp_path: Path,
+                          monkeypatch: pytest.MonkeyPatch) -> tuple[Roll, list[str]]:
+    """A rollout of two waves (a quarter, then all) whose first wave is installing: its nodes."""
     policy = WavePolicy((0.25, 1.0), bake_s=10, install_timeout_s=60, min_audit_rows=100)
     roll = Roll(tmp_path / "r.sqlite3", policy, monkeypatch)
     roll.tick(T0)
-    wave = [n.node_id for n in roll.wave()]
+    return roll, [n.node_id for n in roll.wave()]
+
+
+def test_the_install_waits_for_connected_wave_nodes_until_the_timeout_exactly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    roll, wave = first_wave_installing(tmp_path, monkeypatch)
     failed, gone, silent = wave[0], wave[1], wave[2]
     roll.book.write([node_writes.goodbye(gone)])  # disconnected: not waited for
     roll.ack(only={n for n in wave if n not in (gone, silent)}, failed={failed})
@@ -242,10 +248,7 @@ def test_the_install_waits_for_connected_wave_nodes_until_the_timeout_exactly(
 
 def test_a_failed_install_is_an_answer_not_a_wait(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    policy = WavePolicy((0.25, 1.0), bake_s=10, install_timeout_s=60, min_audit_rows=100)
-    roll = Roll(tmp_path / "r.sqlite3", policy, monkeypatch)
-    roll.tick(T0)
-    wave = [n.node_id for n in roll.wave()]
+    roll, wave = first_wave_installing(tmp_path, monkeypatch)
     roll.ack(failed={wave[0]})
     roll.tick(T0 + 1)
     assert (roll.r.state, roll.r.installed_at) == ("baking", T0 + 1)
