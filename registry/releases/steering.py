@@ -118,11 +118,10 @@ def _admit_and_install(conn: sqlite3.Connection, r: Rollout, fleet: list[tuple[f
     update(conn, r.id, state="baking", installed_at=at)
     installed = sum(s.installed(r.version) for s in wave)
     failed = sum(not s.installed(r.version) and s.failed(r.version) for s in wave)
+    gone = len(wave) - installed - failed - len(pending)  # neither: disconnected
     others = [f"{failed} failed"] if failed else []
-    if len(wave) - installed - failed - len(pending):
-        others.append(f"{len(wave) - installed - failed - len(pending)} disconnected")
-    if pending:
-        others.append(f"{len(pending)} not answered within {p.install_timeout_s:g}s")
+    others += [f"{gone} disconnected"] if gone else []
+    others += [f"{len(pending)} not answered within {p.install_timeout_s:g}s"] if pending else []
     return [f"{name}: installed on {installed} of {len(wave)} nodes"
             + (f" ({', '.join(others)})" if others else "") + f"; baking {p.bake_s:g}s"]
 
