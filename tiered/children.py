@@ -22,7 +22,8 @@ import httpx
 from tiered.processes import RunningProcess
 
 Echo = Callable[[str, str], None]  # (child name, output line)
-RESTARTED = ("registry", "center", "edge")  # roles the supervisor brings back
+# roles the supervisor brings back (monitoring: Prometheus, Alertmanager; targets: their renderer)
+RESTARTED = ("registry", "center", "edge", "monitoring", "targets")
 JOB = "job"  # a child that runs to its end (the full release trained behind): never restarted,
 # its exit never stops the stack
 RESTART_DELAY_S = 0.5
@@ -30,7 +31,7 @@ RESTART_DELAY_S = 0.5
 
 @dataclass
 class Child(RunningProcess):
-    role: str = ""  # consul, registry, center, edge, nginx
+    role: str = ""  # consul, registry, center, edge, nginx, monitoring, targets
     argv: list[str] = field(default_factory=list)
     restarts: int = 0
 

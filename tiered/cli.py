@@ -73,7 +73,7 @@ def up_cmd(http_port: int | None, grpc_port: int | None, consul_port: int | None
     token = s.registry_token.get_secret_value() if s.registry_token else secrets.token_hex(16)
     stack = Stack(s.root.resolve(), s.registry_home.resolve(), token, s.http_port,
                   s.consul_port, grpc_port=s.grpc_port, tracing=tracing_env(s, os.environ),
-                  echo=Printer(), nginx_flags=LOOPBACK_ENTRY)
+                  echo=Printer(), nginx_flags=LOOPBACK_ENTRY, monitoring=True)
 
     def start() -> None:
         stack.up(timeout)
@@ -204,6 +204,12 @@ def summary(stack: Stack, s: TieredSettings, seconds: float) -> None:
     if stack.consul_acl:
         pairs.append(("Consul token", f"{stack.acl.token_file} (management: UI login, "
                                       f"CONSUL_HTTP_TOKEN; keep it private)"))
+    if stack.prometheus_url:
+        pairs.append(("Prometheus", f"{stack.prometheus_url}/targets (targets from Consul; "
+                                    f"rules: monitoring/rules; loopback only)"))
+    if stack.alertmanager_url:
+        pairs.append(("Alertmanager", f"{stack.alertmanager_url} (receivers: "
+                                      f"{stack.alertmanager_config})"))
     pairs.append(("registry metrics", f"{stack.url}/registry/metrics"))
     pairs += [(f"{child.name} metrics", f"{stack.node_url(child.name)}/metrics")
               for child in stack.children.values() if child.role in ("edge", "center")]

@@ -15,7 +15,8 @@ import httpx
 from serving.config.tokens import write_secret
 
 CONSUL_POLICIES = Path(__file__).resolve().parent.parent / "consul" / "policies"  # <role>.hcl
-CONSUL_ROLES = ("agent", "registry", "center", "edge", "reader")  # a policy and a token each
+# a policy and a token each (prometheus: the target renderer's read-only token)
+CONSUL_ROLES = ("agent", "registry", "center", "edge", "reader", "prometheus")
 
 
 @dataclass
@@ -35,8 +36,8 @@ class ConsulAcl:
     def agent_config(self) -> Path:
         """A 0600 file that turns ACLs on (default deny) with the management and agent tokens,
         for the agent's ``-config-file``; the tokens are made on first use."""
-        if not self.tokens:
-            self.tokens.update({r: str(uuid.uuid4()) for r in ("management", *CONSUL_ROLES)})
+        for role in ("management", *CONSUL_ROLES):  # a role added since: its token made now
+            self.tokens.setdefault(role, str(uuid.uuid4()))
         self.folder.mkdir(parents=True, exist_ok=True)
         self.folder.chmod(0o700)
         config = self.folder / "acl.json"  # Consul 1.8: "master" (later "initial_management")

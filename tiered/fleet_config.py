@@ -17,8 +17,9 @@ from tiered.commands import BIN, registry_env, tier_env
 from tiered.consul_acl import ConsulAcl
 from tiered.views import registry_database
 
+# the token each child gets as CONSUL_HTTP_TOKEN
 CHILD_CONSUL_ROLE = {"registry": "registry", "center": "center", "edge": "edge",
-                     "nginx": "reader"}  # the token each child gets as CONSUL_HTTP_TOKEN
+                     "nginx": "reader", "targets": "prometheus"}
 # Provisioned edges serve HTTPS with their own certificate, and nginx reaches each over TLS,
 # checking that node's name (the renderer's --edge-ca): a catalog entry moved to another
 # address reaches nobody. False keeps them on plain HTTP (their bundle still gives them their

@@ -7,8 +7,10 @@ going, the health waits, ``stack.json`` and stopping are ``tiered.running``'s.
 from __future__ import annotations
 
 import time
+from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -16,9 +18,11 @@ from registry.trust import pki
 from serving.fleet.discovery import SERVICES
 from tiered.children import Child
 from tiered.commands import BIN, nginx_argv, registry_argv, tier_argv
+from tiered.monitoring import prometheus
 from tiered.processes import free_port
 from tiered.running import RunningFleet
 
+MONITORING = "monitoring"  # the role of Prometheus, Alertmanager and the target renderer
 CONSUL_CONFIG = Path(__file__).resolve().parent.parent / "consul" / "dev.hcl"
 
 
@@ -33,6 +37,11 @@ class Stack(RunningFleet):
     regions: tuple[str, ...] = ("eu", "us")
     centers: int = 1
     consul_flags: tuple[str, ...] = ()
+    monitoring: bool = False  # Prometheus (targets from Consul) and Alertmanager beside the
+    # fleet: `tiered up` runs them; the stack tests that do not look at them start without
+    prometheus_port: int = 0  # 0: a free port
+    alertmanager_port: int = 0
+    alertmanager_config: Path = prometheus.ALERTMANAGER_CONFIG  # the receivers (user-edited)
 
     @property
     def consul(self) -> str:
@@ -73,6 +82,8 @@ class Stack(RunningFleet):
         for region in self.regions:
             self.start_edge(f"edge-{region}-1", region)
         self.start_nginx()
+        if self.monitoring:
+            self.start_monitoring()
         self.save()
         self.wait_healthy(timeout)
         return time.monotonic() - started
@@ -123,6 +134,42 @@ class Stack(RunningFleet):
                          grpc_port=free_port())
         return self.spawn(name, argv, port, tier)
 
+    @property
+    def prometheus_url(self) -> str | None:
+        child = self.children.get("prometheus")
+        return f"http://127.0.0.1:{child.port}" if child else None
+
+    @property
+    def alertmanager_url(self) -> str | None:
+        child = self.children.get("alertmanager")
+        return f"http://127.0.0.1:{child.port}" if child else None
+
+    def start_monitoring(self) -> None:
+        """Alertmanager, the Consul-fed target renderer and Prometheus, data under
+        ``<root>/prometheus`` and ``<root>/alertmanager``; waits until both answer ready."""
+        home = self.root / "prometheus"
+        am_port = self.alertmanager_port or free_port()
+        am = self.spawn("alertmanager", prometheus.alertmanager_argv(
+            self.alertmanager_config, self.root / "alertmanager", f"127.0.0.1:{am_port}"),
+            am_port, MONITORING)
+        self.spawn("targets", prometheus.targets_argv(home / "targets", self.consul), 0,
+                   "targets")
+        port = self.prometheus_port or free_port()
+        scrape = prometheus.Scrape(
+            home / "targets", f"127.0.0.1:{am_port}", f"127.0.0.1:{port}",
+            https=frozenset(r for r in ("edge", "center") if self.tls_serving(r)),
+            ca=self.tls / "ca.pem")
+        config = scrape.write(home / "prometheus.yml")
+        child = self.spawn("prometheus", prometheus.prometheus_argv(
+            config, home / "data", f"127.0.0.1:{port}"), port, MONITORING)
+        for name, c in (("Alertmanager", am), ("Prometheus", child)):
+            self.children.wait(partial(_ready, f"http://127.0.0.1:{c.port}/-/ready"), 30,
+                               f"{name} ready", c)
+
+    def state(self) -> dict[str, Any]:
+        return super().state() | {"prometheus": self.prometheus_url,
+                                  "alertmanager": self.alertmanager_url}
+
     def start_nginx(self) -> Child:
         grpc = f"127.0.0.1:{self.grpc_port}" if self.grpc_port else None
         # centers serve HTTPS from their bundles: nginx checks them against the fleet CA
@@ -132,3 +179,7 @@ class Stack(RunningFleet):
         argv = nginx_argv(self.root / "nginx", f"127.0.0.1:{self.http_port}", *centers,
                           *self.nginx_flags, grpc_listen=grpc)
         return self.spawn("nginx", argv, self.http_port, "nginx")
+
+
+def _ready(url: str) -> bool:
+    return httpx.get(url, timeout=1).status_code == 200
