@@ -7,8 +7,8 @@ going, the health waits, ``stack.json`` and stopping are ``tiered.running``'s.
 from __future__ import annotations
 
 import time
-from functools import partial
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
