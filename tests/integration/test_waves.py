@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ import httpx
 import pytest
 
 from examples.sentiment import data
+from harness.monitoring import Monitoring, watching
 from harness.processes import RegistryProcess, start_registry, start_tier
 from registry.releases import waves
 from tests.conftest import RegistryCli
@@ -145,6 +147,17 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Itera
         registry.stop()
 
 
+@pytest.fixture(scope="module")
+def chain(fleet: Fleet, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Monitoring]:
+    """Prometheus with the repository's rules scraping the registry, Alertmanager with the
+    shipped receiver config, and a webhook at its end."""
+    with watching(tmp_path_factory.mktemp("alerts")) as found:
+        found.targets("registry", [{
+            "targets": [f"127.0.0.1:{fleet.registry.metrics_port}"],
+            "labels": {"node": "registry", "tier": "registry", "region": "local"}}])
+        yield found
+
+
 def audited_rows(fleet: Fleet, node: Server, version: int) -> int:
     rows = {r["node"]: r for r in fleet.cli("status", "--json").json() if r["model"] == MODEL}
     row = rows.get(node.node_id, {})
@@ -152,7 +165,7 @@ def audited_rows(fleet: Fleet, node: Server, version: int) -> int:
 
 
 def test_a_worse_release_halts_at_the_first_gate_and_its_wave_goes_back(
-        fleet: Fleet, tiny_release_flipped: Path) -> None:
+        fleet: Fleet, tiny_release_flipped: Path, chain: Monitoring) -> None:
     with traffic(fleet):
         wait_for(lambda: audited_rows(fleet, fleet.last, 1) >= 40, 60,
                  "the previous version's live audit")
@@ -161,6 +174,7 @@ def test_a_worse_release_halts_at_the_first_gate_and_its_wave_goes_back(
         bad = int(created["manifest"]["version"])
         wait_for(lambda: fleet.rollout()["state"] not in ("running", "baking"), 120,
                  "the first gate's verdict", poll=0.5)
+        halted = time.monotonic()
         rollout = fleet.rollout()
         wait_for(lambda: served(fleet.first) == 1, 30, "the wave's real edge back on 1")
         back = [s for s in fleet.sims if waves.position(MODEL, s.node_id) < rollout["cutoff"]]
@@ -186,6 +200,10 @@ def test_a_worse_release_halts_at_the_first_gate_and_its_wave_goes_back(
     assert state("running") == 0.0
     assert metric(fleet.registry.metrics_url, "registry_rollout_wave", model=MODEL) == 1.0
     assert fleet.cli("list", "--json").json()[0]["production"] == 1
+    # the operator is paged: the real chain, the shipped routing, from the halt to the webhook
+    hit = chain.webhook.wait("TieredRolloutHalted", halted, 120, model=MODEL)
+    print(f"\nrollout halted: TieredRolloutHalted at the webhook after {hit.at - halted:.0f} s")
+    assert hit.alert["labels"]["severity"] and "runbook" in hit.alert["annotations"]
 
 
 def test_a_good_release_passes_every_gate_unattended(fleet: Fleet, tiny_release: Path) -> None:
