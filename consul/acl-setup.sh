@@ -42,7 +42,13 @@ fi
 check_secret CONSUL_HTTP_TOKEN "$management"
 # Each role's token: CONSUL_<ROLE>_TOKEN, or the file CONSUL_<ROLE>_TOKEN_FILE names (Docker
 # secrets, deploy/swarm/stack.yml); read once, kept in the shell's own variables.
-for role in agent registry center edge reader; do
+# prometheus (the target renderer's read-only token) is optional: a deployment without
+# Prometheus sets none.
+roles="agent registry center edge reader"
+if [ -n "${CONSUL_PROMETHEUS_TOKEN:-}${CONSUL_PROMETHEUS_TOKEN_FILE:-}" ]; then
+    roles="$roles prometheus"
+fi
+for role in $roles; do
     var=CONSUL_$(echo "$role" | tr a-z A-Z)_TOKEN
     eval "file=\${${var}_FILE:-}"
     if [ -n "$file" ]; then
@@ -77,7 +83,7 @@ json_text() {
         | awk '{ printf "%s\\n", $0 }'
 }
 
-for role in agent registry center edge reader; do
+for role in $roles; do
     var=CONSUL_$(echo "$role" | tr a-z A-Z)_TOKEN
     eval "secret=\${$var}"
     name=tiered-$role
