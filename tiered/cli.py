@@ -30,6 +30,7 @@ from serving.fleet.discovery import SERVICES
 from tiered import demo as demo_run
 from tiered import netns, releases
 from tiered.commands import BIN, registry_cli
+from tiered.monitoring import prometheus
 from tiered.running import RunningFleet, load_state
 from tiered.settings import TieredSettings
 from tiered.sites import Sites
@@ -55,25 +56,33 @@ def cli() -> None:
 
 
 @cli.command("up")
-@options(TieredSettings, ("http_port", "grpc_port", "consul_port", "root", "otlp_endpoint"))
+@options(TieredSettings, ("http_port", "grpc_port", "consul_port", "prometheus_port",
+                         "alertmanager_port", "alertmanager_config", "root", "otlp_endpoint"))
 @click.option("--timeout", type=float, default=600, show_default=True,
               help="Seconds to wait for every health check.")
 def up_cmd(http_port: int | None, grpc_port: int | None, consul_port: int | None,
-           root: Path | None, otlp_endpoint: str | None, timeout: float) -> None:
+           prometheus_port: int | None, alertmanager_port: int | None,
+           alertmanager_config: Path | None, root: Path | None, otlp_endpoint: str | None,
+           timeout: float) -> None:
     """Install what is missing, publish the demo if the registry has no release (the full one
     when it is built, else the quick one, with the full one trained behind and rolled out when
     done), start Consul (dev), registry serve, a center, two edges (eu, us) and nginx; wait
     until all are healthy; restart a registry, center or edge that dies; Ctrl-C stops
     everything."""
     s = settings_from(http_port=http_port, grpc_port=grpc_port, consul_port=consul_port,
-                      root=root, otlp_endpoint=otlp_endpoint)
+                      prometheus_port=prometheus_port, alertmanager_port=alertmanager_port,
+                      alertmanager_config=alertmanager_config, root=root,
+                      otlp_endpoint=otlp_endpoint)
     started = time.monotonic()
     ensure_tools()
     choice = ensure_release(s)
     token = s.registry_token.get_secret_value() if s.registry_token else secrets.token_hex(16)
     stack = Stack(s.root.resolve(), s.registry_home.resolve(), token, s.http_port,
                   s.consul_port, grpc_port=s.grpc_port, tracing=tracing_env(s, os.environ),
-                  echo=Printer(), nginx_flags=LOOPBACK_ENTRY, monitoring=True)
+                  echo=Printer(), nginx_flags=LOOPBACK_ENTRY, monitoring=True,
+                  prometheus_port=s.prometheus_port, alertmanager_port=s.alertmanager_port,
+                  alertmanager_config=(s.alertmanager_config.resolve() if s.alertmanager_config
+                                       else prometheus.ALERTMANAGER_CONFIG))
 
     def start() -> None:
         stack.up(timeout)

@@ -28,6 +28,17 @@ class TieredSettings(AbsolutePaths):
     consul_port: int = Field(default=8500, ge=1, le=65535)
     """HTTP port of the Consul dev agent (its UI is at /ui)."""
 
+    prometheus_port: int = Field(default=9090, ge=0, le=65535)
+    """Prometheus's port (loopback only; 0 = a free one): its targets come from Consul, its
+    rules from monitoring/rules."""
+
+    alertmanager_port: int = Field(default=9093, ge=0, le=65535)
+    """Alertmanager's port (loopback only; 0 = a free one)."""
+
+    alertmanager_config: Path | None = None
+    """Alertmanager's receivers (who is paged, how); unset: monitoring/alertmanager.yml of this
+    checkout, a webhook to edit (e-mail and chat as commented examples)."""
+
     root: Path = Path("./var/stack")
     """Folder for the stack's stores, logs, nginx files and stack.json."""
 

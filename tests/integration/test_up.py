@@ -64,7 +64,8 @@ def test_tiered_up_from_the_clone_root_serves_quick_then_full_live(tmp_path: Pat
     with (tmp_path / "up.log").open("w") as log:
         up = subprocess.Popen([str(BIN / "tiered"), "up", "--http-port", str(http_port),
                                "--grpc-port", str(grpc_port), "--consul-port",
-                               str(consul_port)], env=env, cwd=clone, text=True,
+                               str(consul_port), "--prometheus-port", "0",
+                               "--alertmanager-port", "0"], env=env, cwd=clone, text=True,
                               stdout=subprocess.PIPE, stderr=log)
     stop, answers, versions = threading.Event(), Counter[str](), list[str]()
     client = threading.Thread(target=_client, args=(f"http://127.0.0.1:{http_port}", stop,
@@ -119,6 +120,14 @@ def test_tiered_up_from_the_clone_root_serves_quick_then_full_live(tmp_path: Pat
         assert {r["health"] for r in rows} == {"passing"} and len(rows) == 1 + 3 * 2
         assert {(r["model"], r["state"]) for r in rows if r["service"] != "tiered-registry"} \
             == {("sentiment", "ACTIVE"), ("digits", "ACTIVE")}  # both models on every node
+        # Prometheus found every node through Consul (none written by hand) and scrapes it
+        targets = httpx.get(f"{state['prometheus']}/api/v1/targets", timeout=5).json()
+        health = {t["labels"].get("node", t["labels"]["job"]): t["health"]
+                  for t in targets["data"]["activeTargets"]}
+        assert {n for n, c in state["children"].items() if c["role"] in ("center", "edge")} \
+            <= set(health), health
+        assert set(health.values()) == {"up"}, health
+        assert httpx.get(f"{state['alertmanager']}/-/ready", timeout=5).status_code == 200
     finally:
         stop.set()
         if client.is_alive():
