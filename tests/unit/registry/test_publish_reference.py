@@ -11,7 +11,7 @@ import numpy as np
 from serving.inputs import drift
 from serving.inputs.base import Bounds
 from serving.inputs.image import ImageCodec
-from serving.release.manifest import encode
+from serving.release.manifest import ImageInput, encode
 from tests.conftest import RegistryCli
 from tests.kinds import image_release
 
@@ -33,6 +33,7 @@ def test_a_published_image_release_carries_its_calibration_rows_reference(
     # dark and bright rows alike (0..1 pixels, scale=255): the mean pixel is mid-grey
     assert 0.3 < ref.mean[0] < 0.7 and 0 <= ref.outliers < 0.1
     (request,) = manifest.request_inputs()
+    assert isinstance(request, ImageInput)
     codec = ImageCodec(request, manifest.inputs, Bounds(), lambda name: tmp_path)
     measure = drift.InputDrift.of(codec, manifest)
     assert measure is not None  # this node computes the statistics the release recorded
