@@ -30,7 +30,7 @@ BATCH = 256  # calibration rows per stats call at publish
 
 
 @dataclass(frozen=True)
-class Measured:
+class InputSums:
     """Some rows' standardised statistics, summed (what a quality window adds up)."""
 
     shift: np.ndarray  # per statistic: sum over the rows of (value - ref mean) / ref std
@@ -81,6 +81,6 @@ class InputDrift:
             return None
         return cls(codec, ref)
 
-    def measure(self, rows: list[np.ndarray]) -> Measured:
+    def measure(self, rows: list[np.ndarray]) -> InputSums:
         z = (self.codec.stats(rows) - self.mean) / self.std
-        return Measured(z.sum(0), int((np.abs(z) > OUTLIER_STD).any(1).sum()), len(rows))
+        return InputSums(z.sum(0), int((np.abs(z) > OUTLIER_STD).any(1).sum()), len(rows))

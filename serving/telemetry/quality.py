@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from serving.inputs.drift import Measured
+from serving.inputs.drift import InputSums
 
 TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, math.inf)
 CONFIDENCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, math.inf)
@@ -113,7 +113,7 @@ class _Window:
     confidence: np.ndarray = field(
         default_factory=lambda: np.zeros(len(CONFIDENCE_BUCKETS), np.int64))
     low_confidence: int = 0
-    input_shift: np.ndarray | None = None  # per statistic: the rows' z summed (drift.Measured)
+    input_shift: np.ndarray | None = None  # per statistic: the rows' z summed (drift.InputSums)
     input_outliers: int = 0
     input_rows: int = 0
 
@@ -168,7 +168,7 @@ class QualityWindow:
             _add_counts(w.confidence, values, CONFIDENCE_BUCKETS)
             w.low_confidence += low
 
-    def inputs(self, model: str, version: int, measured: Measured) -> None:
+    def inputs(self, model: str, version: int, measured: InputSums) -> None:
         """Rows' input statistics against the release's reference (``InputDrift.measure``)."""
         with self._lock:
             self._window(model, version).add_inputs(measured.shift, measured.outliers,

@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from edge.metrics import EdgeMetrics
 from registry.server.metrics import SyncMetrics
 from serving.inputs import drift
-from serving.inputs.drift import Measured
+from serving.inputs.drift import InputSums
 from serving.runtime.repository import Resident
 from serving.telemetry.metrics import Metrics
 from serving.telemetry.quality import CONFIDENCE_BUCKETS, QualityWindow
@@ -34,8 +34,8 @@ from tests.unit.edge.test_pipeline import model as edge_model
 from tests.unit.serving.test_input_drift import with_reference
 
 
-def measured(z: list[float], outliers: int, rows: int) -> Measured:
-    return Measured(np.asarray(z), outliers, rows)
+def measured(z: list[float], outliers: int, rows: int) -> InputSums:
+    return InputSums(np.asarray(z), outliers, rows)
 
 
 def test_the_report_gives_the_largest_mean_shift_and_the_outlier_share() -> None:
