@@ -47,6 +47,9 @@ class CenterService:
         self.metrics.quality.rows(resident.manifest.name, resident.version,
                                   [resident.codec.cost(r) for r in rows],
                                   ["center"] * len(rows))
+        if resident.drift is not None:
+            self.metrics.quality.inputs(resident.manifest.name, resident.version,
+                                        resident.drift.measure(rows))
         if tracing.active():
             tracing.set_attributes(**{"tiered.tier": "center", "tiered.rows": len(rows),
                                       "tiered.confidence": float(probabilities.max(axis=1).min(

@@ -59,6 +59,7 @@ def build_service(settings: EdgeSettings, metrics: Metrics | None = None,
     repository.listen(policy)  # a new version's calibration reaches the controller
     metrics.quality.add_source(policy.report)
     metrics.quality.add_source(audit.report)
+    metrics.quality.outflows.append(stats.reported)  # the last window's drift as gauges
     return EdgeService(settings, metrics=metrics, stats=stats, repository=repository,
                        cache=ResponseCache(settings.cache_size, settings.cache_ttl_s),
                        center=center, policy=policy, audit=audit)

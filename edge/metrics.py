@@ -59,6 +59,16 @@ class EdgeMetrics:
         self.confidence_drift = Gauge("edge_confidence_drift", "1 while the edge's "
                                       "confidences have shifted from the calibration split's",
                                       MV, registry=r)
+        self.input_shift = Gauge("edge_input_shift", "Largest standardised shift of an input "
+                                 "statistic's mean from the release's calibration rows, over "
+                                 "the last report window (0: no reference, no rows)", MV,
+                                 registry=r)
+        self.input_outliers = Gauge("edge_input_outliers", "Share of the last report window's "
+                                    "rows with an input statistic beyond 4 calibration stds",
+                                    MV, registry=r)
+        self.low_confidence = Gauge("edge_low_confidence_share", "Share of the last report "
+                                    "window's rows with edge confidence below 0.3", MV,
+                                    registry=r)
         self._tier_counters: dict[tuple[str, int, str], Any] = {}
 
     def tier_rows(self, model: str, version: int, tier: str) -> Any:
@@ -70,6 +80,14 @@ class EdgeMetrics:
             found = self._tier_counters[key] = self.rows_by_tier.labels(model, str(version),
                                                                         tier)
         return found
+
+    def reported(self, report: dict[str, Any]) -> None:
+        """A drained quality report's input drift and low-confidence share as gauges (the
+        quality window's ``outflows``)."""
+        labels = (report["model"], str(report["version"]))
+        self.input_shift.labels(*labels).set(report["input_shift"])
+        self.input_outliers.labels(*labels).set(report["input_outliers"])
+        self.low_confidence.labels(*labels).set(report["low_confidence_share"])
 
     def finisher(self, manifest: Manifest,
                  observe: Callable[[np.ndarray], None] | None = None) -> Finish:

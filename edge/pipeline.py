@@ -97,7 +97,11 @@ class EdgeService:
         when the controller's budget is spent)."""
         if not indices:
             return Answers.empty(len(resident.manifest.labels))
-        edge = await resident.batcher.submit([rows[i] for i in indices])  # probabilities
+        ran = [rows[i] for i in indices]
+        edge = await resident.batcher.submit(ran)  # probabilities
+        if resident.drift is not None:  # the rows the edge model ran, not the cached ones
+            self.metrics.quality.inputs(resident.manifest.name, resident.version,
+                                        resident.drift.measure(ran))
         answers = Answers(edge, ["edge"] * len(indices), [None] * len(indices))
         confidence = edge.max(axis=1)
         if controller is not None:

@@ -45,12 +45,14 @@ from registry.store.blobs import BlobStore
 from registry.store.chunkstore import ChunkStore
 from registry.store.clock import now
 from registry.trust import keys, tuf
+from serving.inputs import drift
 from serving.release import hardware, probe
 from serving.release.manifest import (
     SCHEMA,
     Artifact,
     Calibration,
     Fidelity,
+    InputReference,
     Manifest,
     Preprocessing,
     Quantization,
@@ -102,6 +104,7 @@ class _Built:
     probe: Path  # probe.npz: rows and the fp32 references every node checks itself on
     probe_agreement: float  # INT8 vs fp32 edge on the probe, on this CPU
     probe_rows: int
+    reference: InputReference | None  # the calibration rows' input statistics (none: none)
 
 
 def publish(settings: RegistrySettings, catalog: Catalog, source: ReleaseSource,
@@ -189,7 +192,8 @@ def _build(source: ReleaseSource, work: Path, timed: Step) -> _Built:
         probe.save(work / PROBE_FILE, feeds, edge_ref, center_ref)
     return _Built(signature, quantization, inputs, center_logits, edge_fp32_logits,
                   edge_int8_logits, edge_fp32.stat().st_size, edge_int8, work / PROBE_FILE,
-                  agreement(int8_probe, edge_ref), len(edge_ref))
+                  agreement(int8_probe, edge_ref), len(edge_ref),
+                  drift.reference(signature.codec, rows) if rows else None)
 
 
 def _quantize(edge_fp32: Path, work: Path, inputs: Inputs, reference: np.ndarray,
@@ -269,4 +273,5 @@ def _manifest(name: str, source: ReleaseSource, labels: list[str],
         center=artifacts["center"], edge=artifacts["edge"], tokenizer=artifacts.get("tokenizer"),
         calibration=calibration, fidelity=fidelity, publisher=publisher, published_at=now(),
         source_sha256=source.digest, probe=artifacts["probe"], quantization=quantization,
-        schema=1 if legacy else SCHEMA, request=[] if legacy else [signature.request])
+        schema=1 if legacy else SCHEMA, request=[] if legacy else [signature.request],
+        input_reference=built.reference)

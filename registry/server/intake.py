@@ -113,8 +113,9 @@ class Intake:
             return
         data = MessageToDict(report, preserving_proto_field_name=True,
                              always_print_fields_with_no_presence=True)
-        for key in ("version", "requests", "rows", "audit_rows"):  # proto JSON writes 64-bit
-            data[key] = int(data[key])  # ints as strings
+        # proto JSON writes 64-bit ints as strings
+        for key in ("version", "requests", "rows", "audit_rows", "input_rows"):
+            data[key] = int(data[key])
         if not (math.isfinite(report.fidelity) and 0 <= report.fidelity <= 1):
             data["fidelity"] = 0.0
         for key, value in data.items():  # proto JSON writes NaN and infinities as strings

@@ -46,6 +46,12 @@ QUALITY = {  # report field -> (series, help, scale)
                          1.0),
     "estimated_accuracy": ("estimated_accuracy", "Live cascade accuracy estimated from the "
                            "audit", 1.0),
+    "input_shift": ("input_shift", "Largest standardised shift of an input statistic's "
+                    "window mean from the release's calibration rows (0: no reference)", 1.0),
+    "input_outliers": ("input_outliers", "Share of rows with an input statistic beyond 4 "
+                       "calibration stds", 1.0),
+    "low_confidence_share": ("low_confidence_share", "Share of an edge's rows with confidence "
+                             "below 0.3", 1.0),
     "fidelity": ("fidelity", "Top-1 agreement with the fp32 reference on the release probe, "
                  "measured on the node's own hardware (0: not measured)", 1.0),
 }

@@ -30,6 +30,7 @@ class Codec(Protocol):
 
     kind: str
     inline_bytes: int  # bodies up to this size are parsed on the event loop, larger in a thread
+    statistics: list[str]  # the names of :meth:`stats`'s columns, in order
 
     def __init__(self, spec: Any, inputs: list[TensorSpec], bounds: Bounds,
                  files: Callable[[str], Path]) -> None: ...
@@ -49,6 +50,12 @@ class Codec(Protocol):
     def cost(self, row: np.ndarray) -> int:
         """What computing the row costs, in the batcher's units (tokens for text): rows of
         equal cost batch without padding."""
+        ...
+
+    def stats(self, rows: list[np.ndarray]) -> np.ndarray:
+        """Per-row input statistics, ``[len(rows), len(statistics)]`` float64, of decoded rows
+        (what the model sees): input drift compares their window means with the release's
+        calibration rows' (``serving.inputs.drift``). Vectorised: a few numpy calls a request."""
         ...
 
     def sample(self, rows: int, seed: int = 0) -> list[np.ndarray]:  # pragma: no mutate

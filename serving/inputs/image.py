@@ -18,6 +18,7 @@ import numpy as np
 from serving.errors import BadRequest
 from serving.inputs import pixels, work
 from serving.inputs.base import Bounds, Feeds, encoded, model_input, one_input, stacked
+from serving.inputs.pixel_stats import PixelStats
 from serving.protocol import v2
 from serving.release.manifest import ImageInput, TensorSpec
 
@@ -41,6 +42,8 @@ class ImageCodec:
                 any(s == 0 for s in spec.std) or spec.scale == 0:
             raise ValueError(f"image input {spec.name!r}: mean and std need {c} values each, "
                              f"std and scale non-zero")
+        self._stats = PixelStats(spec)
+        self.statistics = self._stats.names
 
     def metadata(self) -> list[dict[str, Any]]:
         """The model's input; JPEG/PNG ``BYTES`` and ``UINT8`` pixels are taken under the same
@@ -105,6 +108,10 @@ class ImageCodec:
 
     def cost(self, row: np.ndarray) -> int:
         return int(row.size)
+
+    def stats(self, rows: list[np.ndarray]) -> np.ndarray:
+        """Pixel and orientation statistics (``serving.inputs.pixel_stats``)."""
+        return self._stats(rows)
 
     def sample(self, rows: int, seed: int = 0) -> list[np.ndarray]:  # pragma: no mutate
         rng = np.random.default_rng(seed)

@@ -20,6 +20,7 @@ from serving.protocol import v2
 from serving.release.manifest import TensorInput, TensorSpec
 
 MAX_ROW_ELEMENTS = 1 << 22  # a variable dimension is bounded by this per row
+MAX_FEATURES = 64  # input drift follows a fixed-size row's first this many values
 
 
 class TensorCodec:
@@ -37,6 +38,13 @@ class TensorCodec:
             raise ValueError(f"tensor input {spec.name!r}: {self.model.datatype} is not a "
                              f"numeric V2 datatype")
         self.float = self.model.datatype.startswith("FP")
+        fixed = self.model.shape[1:]
+        # a fixed-size row: its first values, one statistic each; a variable one: its size and
+        # the mean and std of its values
+        self.features = min(math.prod(fixed), MAX_FEATURES) if all(d > 0 for d in fixed) \
+            else None
+        self.statistics = ([f"feature_{i}" for i in range(self.features)]
+                           if self.features is not None else ["elements", "mean", "std"])
 
     def metadata(self) -> list[dict[str, Any]]:
         return [{"name": self.spec.name, "datatype": self.model.datatype,
@@ -70,6 +78,12 @@ class TensorCodec:
 
     def cost(self, row: np.ndarray) -> int:
         return int(row.size)
+
+    def stats(self, rows: list[np.ndarray]) -> np.ndarray:
+        if self.features is not None:
+            return np.stack(rows).reshape(len(rows), -1)[:, :self.features].astype(np.float64)
+        return np.array([(r.size, r.mean(), r.std()) if r.size else (0, 0, 0) for r in rows],
+                        np.float64).reshape(len(rows), 3)
 
     def sample(self, rows: int, seed: int = 0) -> list[np.ndarray]:  # pragma: no mutate
         rng = np.random.default_rng(seed)

@@ -46,6 +46,10 @@ class TextCodec:
             # a client tokenizing with the release's file as it is sends rows this long
             self.max_sequence = max(spec.max_length, file_length(path))
         self.vocab = self.tokenizer.get_vocab_size() if self.tokenizer else None
+        unknown = getattr(self.tokenizer.model, "unk_token", None) if self.tokenizer else None
+        self.unknown = self.tokenizer.token_to_id(unknown) if self.tokenizer and unknown \
+            else None
+        self.statistics = ["tokens", "unknown_share"]
 
     def metadata(self) -> list[dict[str, Any]]:
         tokens = [{"name": IDS, "datatype": "INT64", "shape": [-1, -1]},
@@ -86,6 +90,17 @@ class TextCodec:
 
     def cost(self, row: np.ndarray) -> int:
         return len(row)
+
+    def stats(self, rows: list[np.ndarray]) -> np.ndarray:
+        """Each row's length in tokens and the share of them that are the tokenizer's unknown
+        token (words it cannot spell: another language, another alphabet)."""
+        lengths = np.fromiter((len(r) for r in rows), np.float64, len(rows))
+        unknown = np.zeros(len(rows))
+        if self.unknown is not None and len(rows):
+            starts = np.concatenate([[0], np.cumsum(lengths[:-1])]).astype(np.intp)
+            hits = (np.concatenate(rows) == self.unknown).astype(np.float64)
+            unknown = np.add.reduceat(hits, starts) / np.maximum(lengths, 1)
+        return np.stack([lengths, unknown], axis=1)
 
     def sample(self, rows: int, seed: int = 0) -> list[np.ndarray]:  # pragma: no mutate
         rng = np.random.default_rng(seed)

@@ -151,6 +151,20 @@ class TensorInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="
 
 
 RequestInput = TextInput | ImageInput | TensorInput
+
+
+class InputReference(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Per-row input statistics of the release's calibration rows (``serving.inputs.drift``):
+    what a node's ``input_shift`` and ``input_outliers`` are measured against. ``statistics``
+    names them in the order the input kind's codec computes them; a node whose codec names
+    others (a newer statistic set) measures nothing rather than compare unlike numbers."""
+
+    kind: Literal["text", "image", "tensor"]
+    statistics: list[str]
+    mean: list[float]
+    std: list[float]  # floored (``serving.inputs.drift.STD_FLOOR``): never 0
+    rows: int
+    outliers: float  # share of the calibration rows with a statistic beyond 4 std of its mean
 SCHEMA = 2
 """The newest manifest schema this code reads: 1, a text model with ``input_ids`` and
 ``attention_mask``; 2, ``request`` declares the inputs' kinds (text, image, tensor) and the
@@ -178,6 +192,9 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # what clients send and how it becomes the model's inputs (empty: schema 1, text, from
     # ``preprocessing``)
     request: list[RequestInput] = []
+    # the calibration rows' input statistics (None: published without calibration rows, or
+    # before they were recorded: no input drift is measured)
+    input_reference: InputReference | None = None
 
     def request_inputs(self) -> list[RequestInput]:
         """The request inputs, schema 1's derived from its preprocessing."""
@@ -212,10 +229,13 @@ class NewerSchema(ValueError):
 
 def encode(manifest: Manifest) -> bytes:
     """The manifest's JSON; a schema-1 release leaves ``request`` out, so nodes that predate it
-    keep reading the releases they can serve."""
+    keep reading the releases they can serve, and a release without an input reference leaves
+    ``input_reference`` out (its bytes, and so its signature, stay what they were)."""
     data = msgspec.to_builtins(manifest)
     if not data["request"]:
         del data["request"]
+    if data["input_reference"] is None:
+        del data["input_reference"]
     return msgspec.json.format(msgspec.json.encode(data), indent=2) + b"\n"
 
 

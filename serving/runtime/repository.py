@@ -21,6 +21,7 @@ from serving import inputs
 from serving.config.settings import ServingSettings
 from serving.errors import ModelNotFound, NotReady
 from serving.inputs.base import Bounds, Codec, Feeds
+from serving.inputs.drift import InputDrift
 from serving.release import hardware, probe
 from serving.release.manifest import Manifest, is_valid_name
 from serving.release.store import ModelStore, StoreError, Tier
@@ -59,6 +60,7 @@ class Resident:
     batcher: Batcher
     codec: Codec  # what clients send and how it becomes the model's inputs (serving.inputs)
     fidelity: probe.Measured | None = None  # on this node's hardware; None: release has no probe
+    drift: InputDrift | None = None  # rows against the release's input reference; None: none
 
     @property
     def version(self) -> int:
@@ -100,7 +102,8 @@ class VersionLoader:
                           max_queue_rows=s.max_queue_rows,
                           observe=self.metrics.observer(model, version),
                           finish=self.finisher(manifest) if self.finisher else None)
-        return Resident(manifest, runtime, batcher, codec, fidelity)
+        return Resident(manifest, runtime, batcher, codec, fidelity,
+                        InputDrift.of(codec, manifest))
 
     def floor(self, manifest: Manifest) -> float:
         """The node's own floor when set, else the release's."""

@@ -1,9 +1,14 @@
 """Quality telemetry a node reports to the registry: per model version and report window,
-request count, latency percentiles, escalation share, edge confidence and input lengths.
+request count, latency percentiles, escalation share, edge confidence, input lengths and
+input drift.
 
 Input-length drift is the population stability index (PSI) of the window's length histogram
 against everything this node saw for that version before it (0 = same shape; above 0.2 is
-usually read as a real shift).
+usually read as a real shift). Input drift compares the rows' statistics with the release's
+calibration rows (``serving.inputs.drift``): ``input_shift`` is the largest standardised shift
+of a statistic's window mean, ``input_outliers`` the share of rows with a statistic beyond
+4 reference stds, over ``input_rows`` rows. ``low_confidence_share`` is the share of edge rows
+whose confidence is below ``LOW_CONFIDENCE`` (most rows there: a data-quality problem).
 """
 
 from __future__ import annotations
@@ -19,13 +24,16 @@ from typing import Any
 
 import numpy as np
 
+from serving.inputs.drift import InputSums
+
 TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, math.inf)
-CONFIDENCE_BUCKETS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, math.inf)
+CONFIDENCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, math.inf)
 MAX_LATENCIES = 20_000  # per window; enough for a p99, bounded memory
 THROUGHPUT_S = 60.0  # a center's capacity is measured over its last minute of batches
 MIN_COMPUTE_S = 0.2  # ... once they took at least this much compute
 MAX_BATCHES = 50_000  # and at most this many batches of it (bounded memory)
 SMALL = 32  # values up to which a histogram is counted in Python, not numpy
+LOW_CONFIDENCE = 0.3  # a row below it counts in low_confidence_share
 
 Source = Callable[[str, int], dict[str, Any]]
 """More fields for one model version's report (the edge's controller and audit, say)."""
@@ -104,6 +112,19 @@ class _Window:
     token_sum: int = 0
     confidence: np.ndarray = field(
         default_factory=lambda: np.zeros(len(CONFIDENCE_BUCKETS), np.int64))
+    low_confidence: int = 0
+    input_shift: np.ndarray | None = None  # per statistic: the rows' z summed (drift.InputSums)
+    input_outliers: int = 0
+    input_rows: int = 0
+
+    def add_inputs(self, shift: np.ndarray, outliers: int, rows: int) -> None:
+        if self.input_shift is None:
+            self.input_shift = np.zeros(len(shift))
+        if len(shift) != len(self.input_shift):  # another worker on another release's code
+            return
+        self.input_shift += shift
+        self.input_outliers += outliers
+        self.input_rows += rows
 
 
 class QualityWindow:
@@ -117,6 +138,7 @@ class QualityWindow:
         self.sources: list[Source] = []
         self.idle_sources: list[Source] = []
         self.inflows: list[Callable[[QualityWindow], None]] = []  # run first in each drain
+        self.outflows: list[Callable[[dict[str, Any]], None]] = []  # given each drained report
 
     def _window(self, model: str, version: int) -> _Window:
         found = self._windows.get((model, version))
@@ -140,8 +162,17 @@ class QualityWindow:
                 w.tiers[tier] = w.tiers.get(tier, 0) + 1
 
     def confidence(self, model: str, version: int, values: list[float]) -> None:
+        low = sum(1 for v in values if v < LOW_CONFIDENCE)
         with self._lock:
-            _add_counts(self._window(model, version).confidence, values, CONFIDENCE_BUCKETS)
+            w = self._window(model, version)
+            _add_counts(w.confidence, values, CONFIDENCE_BUCKETS)
+            w.low_confidence += low
+
+    def inputs(self, model: str, version: int, measured: InputSums) -> None:
+        """Rows' input statistics against the release's reference (``InputDrift.measure``)."""
+        with self._lock:
+            self._window(model, version).add_inputs(measured.shift, measured.outliers,
+                                                    measured.rows)
 
     def add_source(self, source: Source, idle: bool = False) -> None:
         """Fields ``source`` adds to each report; with ``idle``, also to a report of a served
@@ -175,7 +206,11 @@ class QualityWindow:
                 extra |= source(model, version)
             if extra:
                 reports.append(self._report(model, version, _Window(), span) | extra)
-        return sorted(reports, key=lambda r: (r["model"], r["version"]))
+        reports.sort(key=lambda r: (r["model"], r["version"]))
+        for outflow in self.outflows:  # e.g. the edge's gauges of the last window
+            for report in reports:
+                outflow(report)
+        return reports
 
     def export(self) -> list[dict[str, Any]]:
         """The windows as they are (JSON-ready), for another process to :meth:`absorb`;
@@ -184,7 +219,10 @@ class QualityWindow:
             windows, self._windows = self._windows, {}
         return [{"model": model, "version": version, "requests": w.requests,
                  "latencies": w.latencies, "tiers": w.tiers, "tokens": w.tokens.tolist(),
-                 "token_sum": w.token_sum, "confidence": w.confidence.tolist()}
+                 "token_sum": w.token_sum, "confidence": w.confidence.tolist(),
+                 "low_confidence": w.low_confidence,
+                 "input_shift": None if w.input_shift is None else w.input_shift.tolist(),
+                 "input_outliers": w.input_outliers, "input_rows": w.input_rows}
                 for (model, version), w in windows.items()]
 
     def absorb(self, exported: list[dict[str, Any]]) -> None:
@@ -201,6 +239,10 @@ class QualityWindow:
                 w.token_sum += int(e["token_sum"])
                 w.confidence += np.asarray(e["confidence"], np.int64).reshape(
                     w.confidence.shape)
+                w.low_confidence += int(e.get("low_confidence", 0))
+                if e.get("input_shift") is not None:
+                    w.add_inputs(np.asarray(e["input_shift"], np.float64),
+                                 int(e["input_outliers"]), int(e["input_rows"]))
 
     def _report(self, model: str, version: int, w: _Window, span: float) -> dict[str, Any]:
         rows = sum(w.tiers.values())
@@ -218,9 +260,23 @@ class QualityWindow:
             "mean_tokens": w.token_sum / rows if rows else 0.0,
             "tokens": _buckets(w.tokens, TOKEN_BUCKETS),
             "length_drift": drift,
+            **_inputs(w),
             "p50_ms": float(np.percentile(latencies, 50)),
             "p99_ms": float(np.percentile(latencies, 99)),
         }
+
+
+def _inputs(w: _Window) -> dict[str, Any]:
+    """The input drift and low-confidence fields (0 with no reference, rows or confidences)."""
+    rows, edge_rows = w.input_rows, int(w.confidence.sum())
+    shift = w.input_shift
+    return {
+        "input_shift": float(np.abs(shift).max() / rows)
+        if shift is not None and len(shift) and rows else 0.0,
+        "input_outliers": w.input_outliers / rows if rows else 0.0,
+        "input_rows": rows,
+        "low_confidence_share": w.low_confidence / edge_rows if edge_rows else 0.0,
+    }
 
 
 def _buckets(counts: np.ndarray, bounds: tuple[float, ...]) -> list[dict[str, float]]:

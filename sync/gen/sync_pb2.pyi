@@ -185,7 +185,7 @@ class Bucket(_message.Message):
     def __init__(self, le: _Optional[float] = ..., count: _Optional[int] = ...) -> None: ...
 
 class QualityReport(_message.Message):
-    __slots__ = ("model", "version", "window_s", "requests", "rows", "escalation_rate", "degraded_rate", "confidence", "mean_tokens", "tokens", "length_drift", "p50_ms", "p99_ms", "fidelity", "capacity_rows_s", "threshold", "budget_rows_s", "shed_rate", "audit_rows", "audit_agreement", "audit_expected", "audit_interval", "drift", "estimated_accuracy", "accuracy_interval", "confidence_psi", "confidence_drift")
+    __slots__ = ("model", "version", "window_s", "requests", "rows", "escalation_rate", "degraded_rate", "confidence", "mean_tokens", "tokens", "length_drift", "p50_ms", "p99_ms", "fidelity", "capacity_rows_s", "threshold", "budget_rows_s", "shed_rate", "audit_rows", "audit_agreement", "audit_expected", "audit_interval", "drift", "estimated_accuracy", "accuracy_interval", "confidence_psi", "confidence_drift", "input_shift", "input_outliers", "input_rows", "low_confidence_share")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     WINDOW_S_FIELD_NUMBER: _ClassVar[int]
@@ -213,6 +213,10 @@ class QualityReport(_message.Message):
     ACCURACY_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     CONFIDENCE_PSI_FIELD_NUMBER: _ClassVar[int]
     CONFIDENCE_DRIFT_FIELD_NUMBER: _ClassVar[int]
+    INPUT_SHIFT_FIELD_NUMBER: _ClassVar[int]
+    INPUT_OUTLIERS_FIELD_NUMBER: _ClassVar[int]
+    INPUT_ROWS_FIELD_NUMBER: _ClassVar[int]
+    LOW_CONFIDENCE_SHARE_FIELD_NUMBER: _ClassVar[int]
     model: str
     version: int
     window_s: float
@@ -240,7 +244,11 @@ class QualityReport(_message.Message):
     accuracy_interval: float
     confidence_psi: float
     confidence_drift: bool
-    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., window_s: _Optional[float] = ..., requests: _Optional[int] = ..., rows: _Optional[int] = ..., escalation_rate: _Optional[float] = ..., degraded_rate: _Optional[float] = ..., confidence: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., mean_tokens: _Optional[float] = ..., tokens: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., length_drift: _Optional[float] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., fidelity: _Optional[float] = ..., capacity_rows_s: _Optional[float] = ..., threshold: _Optional[float] = ..., budget_rows_s: _Optional[float] = ..., shed_rate: _Optional[float] = ..., audit_rows: _Optional[int] = ..., audit_agreement: _Optional[float] = ..., audit_expected: _Optional[float] = ..., audit_interval: _Optional[float] = ..., drift: _Optional[bool] = ..., estimated_accuracy: _Optional[float] = ..., accuracy_interval: _Optional[float] = ..., confidence_psi: _Optional[float] = ..., confidence_drift: _Optional[bool] = ...) -> None: ...
+    input_shift: float
+    input_outliers: float
+    input_rows: int
+    low_confidence_share: float
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., window_s: _Optional[float] = ..., requests: _Optional[int] = ..., rows: _Optional[int] = ..., escalation_rate: _Optional[float] = ..., degraded_rate: _Optional[float] = ..., confidence: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., mean_tokens: _Optional[float] = ..., tokens: _Optional[_Iterable[_Union[Bucket, _Mapping]]] = ..., length_drift: _Optional[float] = ..., p50_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ..., fidelity: _Optional[float] = ..., capacity_rows_s: _Optional[float] = ..., threshold: _Optional[float] = ..., budget_rows_s: _Optional[float] = ..., shed_rate: _Optional[float] = ..., audit_rows: _Optional[int] = ..., audit_agreement: _Optional[float] = ..., audit_expected: _Optional[float] = ..., audit_interval: _Optional[float] = ..., drift: _Optional[bool] = ..., estimated_accuracy: _Optional[float] = ..., accuracy_interval: _Optional[float] = ..., confidence_psi: _Optional[float] = ..., confidence_drift: _Optional[bool] = ..., input_shift: _Optional[float] = ..., input_outliers: _Optional[float] = ..., input_rows: _Optional[int] = ..., low_confidence_share: _Optional[float] = ...) -> None: ...
 
 class NodeMessage(_message.Message):
     __slots__ = ("hello", "ack", "report", "trust")
