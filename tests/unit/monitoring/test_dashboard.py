@@ -57,7 +57,8 @@ def test_it_shows_the_seed_s_panels_once_each_without_overlapping() -> None:
     cells: set[tuple[int, int]] = set()
     for panel in json.loads(DASHBOARD.read_text())["panels"]:
         g = panel["gridPos"]
-        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"])
+                for y in range(g["y"], g["y"] + g["h"])}
         assert not mine & cells, f"{panel['title']} overlaps another panel"
         assert g["x"] + g["w"] <= 24, f"{panel['title']} is wider than the dashboard"
         cells |= mine

@@ -7,8 +7,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.unit.monitoring.promtool import (LAYERS, RULES, RUNBOOK, SEVERITIES, TESTS, alert_cases,
-                                            alerts, anchor, anchors, run, tool)
+from tests.unit.monitoring.promtool import (
+    LAYERS,
+    RULES,
+    RUNBOOK,
+    SEVERITIES,
+    TESTS,
+    alert_cases,
+    alerts,
+    anchor,
+    anchors,
+    run,
+    tool,
+)
 
 
 def test_promtool_accepts_every_rule_file() -> None:
@@ -73,7 +84,8 @@ def test_anchors_are_github_s() -> None:
 
 
 def test_every_alert_has_a_test_where_it_fires_and_one_where_it_does_not() -> None:
-    firing, quiet = set(), set()
+    firing: set[str] = set()
+    quiet: set[str] = set()
     for case in alert_cases():
         (firing if case.get("exp_alerts") else quiet).add(case["alertname"])
     names = {rule["alert"] for rule in alerts()}
