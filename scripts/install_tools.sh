@@ -9,6 +9,9 @@
 #            `qemu-x86_64 -cpu Haswell` (AVX2, no VNNI), a CPU class the machine may not be.
 #   iproute2, iptables — as root, when missing: `tiered sites` makes each host a network
 #            namespace (ip, tc, iptables); its tests skip without root.
+#   prometheus, prometheus-alertmanager — Debian's (2.42 and 0.25): the stack's monitoring;
+#            `make test` runs promtool and amtool on monitoring/ (docs/alerts.md).
+#   chromium, chromium-driver — Debian's: the fleet console's browser test (selenium).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -55,5 +58,23 @@ if [ "$(uname -m)" = x86_64 ] && ! command -v qemu-x86_64 >/dev/null 2>&1; then
     sudo_if_needed apt-get update -qq
     sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
         --no-install-recommends qemu-user >/dev/null
+fi
+# Where an init system runs (systemd, or their /etc/init.d scripts), Debian's postinst enables
+# and starts prometheus and prometheus-alertmanager as services on their default ports (9090,
+# 9093) with Debian's own configuration; Tiered never uses those (`tiered up` starts its own,
+# data under the stack's root). Stop them if unwanted:
+#   systemctl disable --now prometheus prometheus-alertmanager
+# In a container (no init, or a policy-rc.d that forbids starts) nothing is started.
+missing=()
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v prometheus-alertmanager >/dev/null 2>&1 || [ -x /usr/bin/prometheus-alertmanager ] \
+    || missing+=(prometheus-alertmanager)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "install_tools: installing ${missing[*]} from Debian" >&2
+    sudo_if_needed apt-get update -qq
+    sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends "${missing[@]}" >/dev/null
 fi
 "$BIN/consul" version | sed -n 1p >&2  # sed reads it all: no SIGPIPE (exit 141) under pipefail
