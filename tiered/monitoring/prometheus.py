@@ -48,6 +48,9 @@ class Scrape:
         for job in JOBS:
             entry: dict[str, Any] = {
                 "job_name": job,
+                # the nodes' own labels (edge_rows_total's tier, registry_node_*'s node, tier
+                # and region) win over the target's: the rules and dashboards read them
+                "honor_labels": True,
                 "file_sd_configs": [{"files": [str(self.targets / f"{job}.json")],
                                      "refresh_interval": f"{self.interval_s}s"}]}
             if job in self.https:
