@@ -2,8 +2,8 @@
 what the fleet console's tests, its browser test and its benchmark read. Twenty edges and a
 center took part in a wave rollout of version 2 that halted at its first gate (live audit
 agreement 0.55 against 0.90); ``edge-03`` then disconnected; ``edge-07`` failed an install
-with the reason the caller gives; any further nodes (up to ``size``) said hello running
-version 1 and reported on it, spread over three regions."""
+with the reason the caller gives, ``edge-12`` refused one (a bad signature); any further
+nodes (up to ``size``) said hello running version 1 and reported on it, over three regions."""
 
 from __future__ import annotations
 
@@ -34,6 +34,7 @@ EDGES = [RolloutNode(f"edge-{i:02d}", "edge", REGIONS[i % 2]) for i in range(20)
 CENTER = RolloutNode("center-1", "center", "eu")
 DOWN = "edge-03"
 FAILED = "edge-07"
+REFUSED = "edge-12"
 HALTING = waves.WavePolicy((0.15, 0.5, 1.0), bake_s=10, min_audit_rows=100)
 
 
@@ -75,8 +76,10 @@ def build(home: Path, size: int = 21, failed_reason: str = "bad artifact") -> Ca
         with audited(catalog.db, None) as conn:
             steering.tick(conn, at, "registry:waves")
         _settle(catalog, book, new)
-    book.write([node_writes.ack(next(n for n in EDGES if n.node_id == FAILED), MODEL, new,
-                                "FAILED", failed_reason), node_writes.goodbye(DOWN)])
+    edge = {n.node_id: n for n in EDGES}
+    book.write([node_writes.ack(edge[FAILED], MODEL, new, "FAILED", failed_reason),
+                node_writes.ack(edge[REFUSED], MODEL, new, "REFUSED", "bad signature"),
+                node_writes.goodbye(DOWN)])
     _more(book, size - len(EDGES) - 1)
     return catalog
 

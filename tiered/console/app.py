@@ -44,7 +44,7 @@ def templates() -> jinja2.Environment:
                              autoescape=True, undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True)
     env.filters["figure"] = _figure
-    env.filters["share"] = lambda v: "-" if v is None else f"{100 * v:.1f}%"
+    env.filters["share"] = lambda v: "-" if v is None else f"{100 * v:.3g}%"
     env.globals["nodes_url"] = nodes_url
     return env
 
