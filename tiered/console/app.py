@@ -77,10 +77,16 @@ def build(console: Console, secret: str) -> Door:
 
     @route("/console", http_method=GET)
     async def overview(request: Request[Any, Any, Any]) -> Response[str]:
-        firing = await alerts.firing(request.app.state.http, console.alertmanager,
-                                     console.prometheus)
-        fleet = await anyio.to_thread.run_sync(_fleet, console.database)
-        return render("overview.html", fleet=fleet, firing=firing, at=_now())
+        got: dict[str, Any] = {}
+
+        async def read_alerts() -> None:  # meanwhile, the database in a thread
+            got["firing"] = await alerts.firing(request.app.state.http, console.alertmanager,
+                                                console.prometheus)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(read_alerts)
+            got["fleet"] = await anyio.to_thread.run_sync(_fleet, console.database)
+        return render("overview.html", at=_now(), **got)
 
     @route("/console/nodes", http_method=GET)
     async def nodes(model: str | None = None, site: str | None = None,

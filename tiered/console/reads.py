@@ -31,29 +31,30 @@ FROM = "FROM nodes n LEFT JOIN node_models m ON m.node_id = n.node_id"
 REPORTED = "CAST(COALESCE(json_extract(m.report, '$.version'), m.version) AS INTEGER)"
 
 
+FIELDS = ("escalation_rate", "shed_rate", "degraded_rate", "budget_rows_s", "capacity_rows_s",
+          "estimated_accuracy", "audit_agreement", "drift", "confidence_drift", "input_shift",
+          "low_confidence_share")
+
+
 def _weighted(field: str) -> str:
     """A report field averaged over the reporting nodes, weighted by their window's rows."""
-    rows = "COALESCE(json_extract(m.report, '$.rows'), json_extract(m.report, '$.requests'), 0)"
-    value = f"json_extract(m.report, '$.{field}')"
-    return (f"SUM(CASE WHEN {value} IS NOT NULL THEN {value} * {rows} END) / "
-            f"NULLIF(SUM(CASE WHEN {value} IS NOT NULL THEN {rows} END), 0)")
+    return (f"SUM({field} * rows) / NULLIF(SUM(CASE WHEN {field} IS NOT NULL THEN rows END), "
+            f"0) AS {field}")
 
 
-RELEASES = f"""SELECT m.model, {REPORTED} AS version, n.tier, COUNT(*) AS nodes,
-    SUM(COALESCE(json_extract(m.report, '$.rows'), json_extract(m.report, '$.requests'), 0))
-        AS rows, {_weighted('escalation_rate')} AS escalation_rate,
-    {_weighted('shed_rate')} AS shed_rate, {_weighted('degraded_rate')} AS degraded_rate,
-    SUM(json_extract(m.report, '$.budget_rows_s')) AS budget_rows_s,
-    SUM(json_extract(m.report, '$.capacity_rows_s')) AS capacity_rows_s,
-    {_weighted('estimated_accuracy')} AS estimated_accuracy,
-    {_weighted('audit_agreement')} AS audit_agreement,
-    SUM(COALESCE(json_extract(m.report, '$.drift'), 0) = 1
-        OR COALESCE(json_extract(m.report, '$.confidence_drift'), 0) = 1) AS drifting,
-    MAX(json_extract(m.report, '$.input_shift')) AS input_shift_max,
-    {_weighted('low_confidence_share')} AS low_confidence_share,
-    MAX(m.report_at) AS last_report
-    FROM node_models m JOIN nodes n ON n.node_id = m.node_id WHERE m.report IS NOT NULL
-    GROUP BY 1, 2, 3 ORDER BY 1, 2 DESC, 3"""
+# each report's fields are extracted once (json_extract parses the report at each call)
+RELEASES = f"""WITH r AS (SELECT m.model, {REPORTED} AS version, n.tier, m.report_at,
+    COALESCE(json_extract(m.report, '$.rows'), json_extract(m.report, '$.requests'), 0) AS rows,
+    {", ".join(f"json_extract(m.report, '$.{f}') AS {f}" for f in FIELDS)}
+    FROM node_models m JOIN nodes n ON n.node_id = m.node_id WHERE m.report IS NOT NULL)
+    SELECT model, version, tier, COUNT(*) AS nodes, SUM(rows) AS rows,
+    {", ".join(_weighted(f) for f in ("escalation_rate", "shed_rate", "degraded_rate",
+                                      "estimated_accuracy", "audit_agreement",
+                                      "low_confidence_share"))},
+    SUM(budget_rows_s) AS budget_rows_s, SUM(capacity_rows_s) AS capacity_rows_s,
+    SUM(COALESCE(drift, 0) = 1 OR COALESCE(confidence_drift, 0) = 1) AS drifting,
+    MAX(input_shift) AS input_shift_max, MAX(report_at) AS last_report
+    FROM r GROUP BY 1, 2, 3 ORDER BY 1, 2 DESC, 3"""
 
 
 @dataclass(frozen=True)
