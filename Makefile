@@ -57,6 +57,7 @@ bench: demo
 	$(BIN)/python -m bench.soak --minutes 10 --markdown docs/bench/soak.md
 	$(BIN)/python -m bench.registry_backup --markdown docs/bench/registry_backup.md
 	$(BIN)/python -m bench.failover --markdown docs/bench/registry_failover.md
+	$(BIN)/python -m bench.console --markdown docs/bench/console.md
 	$(BIN)/python -m bench.report
 
 ## mutate: mutation testing of the hot modules (serving/inputs/, edge/pipeline.py, cache.py,

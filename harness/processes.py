@@ -16,7 +16,15 @@ from typing import TypeVar
 import grpc
 import httpx
 
-from tiered.commands import BIN, region_of, registry_argv, registry_env, tier_argv, tier_env
+from tiered.commands import (
+    BIN,
+    console_argv,
+    region_of,
+    registry_argv,
+    registry_env,
+    tier_argv,
+    tier_env,
+)
 from tiered.processes import RunningProcess, free_port
 
 __all__ = [
@@ -25,6 +33,7 @@ __all__ = [
     "RunningProcess",
     "TierProcess",
     "free_port",
+    "start_console",
     "start_registry",
     "start_tier",
 ]
@@ -142,6 +151,27 @@ def start_tier(tier: str, store: Path, log_dir: Path, *flags: str, timeout: floa
         try:
             return httpx.get(f"{server.url}/v2/health/{until}", timeout=1,
                              verify=verify).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    return _ready(server, ready, timeout)
+
+
+def start_console(home: Path, log_dir: Path, credential: Path, *flags: str,
+                  timeout: float = 30) -> TierProcess:
+    """Run ``tiered console`` on a free port over the registry at ``home``; return once its
+    /console/healthz answers."""
+    port = free_port()
+    log = log_dir / f"console-{port}.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(console_argv(home, port, credential, *flags), stdout=out,
+                                   stderr=subprocess.STDOUT,
+                                   env={"PATH": str(BIN), **code_path()})
+    server = TierProcess("console", port, process, log)
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"{server.url}/console/healthz", timeout=1).status_code == 200
         except httpx.HTTPError:
             return False
 

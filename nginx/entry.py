@@ -92,6 +92,17 @@ METRICS_LOCATION = """
             @SIDE_PASS@
         }
 """
+CONSOLE_LOCATION = """
+        # the fleet console (--console): read-only, and it asks for the operator credential
+        # itself; nginx only passes /console/ on to it, rate-limited like inference
+        location /console/ {
+            limit_req zone=per_client burst=@BURST@ nodelay;
+            proxy_pass http://@CONSOLE@;
+            proxy_next_upstream off;
+        }
+"""
+CONSOLE_ADDRESS = re.compile(r"(?:\d{1,3}(?:\.\d{1,3}){3}|\[[0-9a-fA-F:]+\]|localhost)"
+                             r":\d{1,5}")
 SAFE_PATH = re.compile(r"/[A-Za-z0-9._/-]+")  # what a file path in the config may hold
 
 
@@ -116,6 +127,7 @@ class Entry:
     center_rate: int = 20
     center_burst: int = 40
     side_socket: Path | None = None
+    console: str | None = None  # host:port of ``tiered console``; None: no /console/
 
     @property
     def side_roles(self) -> tuple[str, ...]:
@@ -158,6 +170,17 @@ def _side_parts(entry: Entry) -> dict[str, str]:
             "@METRICS_LOCATION@": METRICS_LOCATION if entry.expose_registry_metrics else ""}
 
 
+def console_location(address: str | None) -> str:
+    """The /console/ location passing to ``address`` (an IP literal or localhost with a
+    port), or nothing; ValueError for anything else (it is written into nginx.conf)."""
+    if address is None:
+        return ""
+    if not CONSOLE_ADDRESS.fullmatch(address):
+        raise ValueError(f"console address {address[:80]!r}: an IP address (or localhost) "
+                         f"and a port")
+    return CONSOLE_LOCATION.replace("@CONSOLE@", address)
+
+
 def config(prefix: Path, listen: str, rate: int, burst: int, max_body: str,
            temp: Path | None = None, entry: Entry | None = None) -> str:
     entry = entry or Entry()
@@ -171,6 +194,7 @@ def config(prefix: Path, listen: str, rate: int, burst: int, max_body: str,
     served = "inference is under /v2/" + (", the center under /center/v2/"
                                           if entry.expose_center else "")
     for key, value in {"@GRPC_SERVER@": grpc, **_side_parts(entry),
+                       "@CONSOLE_LOCATION@": console_location(entry.console),
                        "@SIDE_PASS@": SIDE_PASS,
                        "@EDGE_PASS@": edge_pass(entry.edge_ca),
                        "@SERVED@": served,

@@ -168,6 +168,9 @@ async def _exit_with(nginx: Nginx) -> None:
 @click.option("--expose-registry-metrics", is_flag=True,
               help="Serve the registry's Prometheus metrics at /registry/metrics (off: 404), "
                    "through the side nginx; 1 request/s per client and 2/s in all.")
+@click.option("--console", "console", default=None,
+              help="host:port of the fleet console (`tiered console`): /console/ is passed "
+                   "to it (it asks for the operator credential itself); unset = no /console/.")
 @click.option("--metrics-listen", default=None,
               help="host:port for the renderer's own Prometheus metrics (entries left out of "
                    "upstreams.conf and why, nginx -t failures, reloads of the entry and the side "
@@ -179,8 +182,8 @@ def main(prefix: Path, listen: str, grpc_listen: str | None, consul_addr: str | 
          consul_token_file: Path | None, nginx_bin: str | None, run_nginx: bool,
          region: str | None, fallback_regions: tuple[str, ...], edge_ca: Path | None,
          center_ca: Path | None, expose_center: bool, center_rate: int,
-         expose_registry_metrics: bool, metrics_listen: str | None, rate: int, burst: int,
-         max_body: str) -> None:
+         expose_registry_metrics: bool, console: str | None, metrics_listen: str | None,
+         rate: int, burst: int, max_body: str) -> None:
     """Render nginx's config from the template and keep its upstreams in step with Consul.
 
     nginx is only given IP literals (host names in the catalog are resolved here, or left
@@ -190,7 +193,7 @@ def main(prefix: Path, listen: str, grpc_listen: str | None, consul_addr: str | 
     configure("nginx-render", "INFO", None, 10 * 1024 * 1024, 3)
     binary = nginx_bin or shutil.which("nginx") or "/usr/sbin/nginx"
     exposed = Entry(grpc_listen, center_ca, edge_ca, expose_center, expose_registry_metrics,
-                    center_rate, 2 * center_rate)
+                    center_rate, 2 * center_rate, console=console)
     folders: list[Path] = []  # made for this run's workers: removed on exit
     try:
         renderer = wire(prefix, binary, exposed, folders, listen=listen, rate=rate,
@@ -233,7 +236,7 @@ def wire(prefix: Path, binary: str, exposed: Entry, folders: list[Path], *, list
             side_conf = side_nginx.config(side.prefix, run, max_body, exposed)
         conf = config(prefix, listen, rate, burst, max_body, temp, exposed)
     except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--center-ca/--edge-ca") from exc
+        raise click.BadParameter(str(exc), param_hint="--center-ca/--edge-ca/--console") from exc
     entry = Nginx("entry", prefix, binary)
     write_atomically(entry.conf, conf)
     if side is not None:

@@ -30,6 +30,7 @@ from serving.fleet.discovery import SERVICES
 from tiered import demo as demo_run
 from tiered import netns, releases
 from tiered.commands import BIN, registry_cli
+from tiered.console.command import console_cmd
 from tiered.monitoring import prometheus
 from tiered.running import RunningFleet, load_state
 from tiered.settings import TieredSettings
@@ -444,6 +445,9 @@ def consul_headers(state: dict[str, Any]) -> dict[str, str]:
     except OSError as exc:
         raise click.ClickException(f"cannot read the Consul token in {file}: {exc}") from exc
     return {"X-Consul-Token": token} if token else {}
+
+
+cli.add_command(console_cmd)
 
 
 def main() -> None:

@@ -84,3 +84,12 @@ def nginx_argv(prefix: Path, listen: str, *flags: str,
     grpc = ["--grpc-listen", grpc_listen] if grpc_listen else []
     return [sys.executable, "-m", "nginx.render", "--prefix", str(prefix), "--listen", listen,
             *grpc, "--run-nginx", *flags]
+
+
+def console_argv(home: Path, port: int, credential: Path, *flags: str) -> list[str]:
+    """The fleet console on 127.0.0.1:``port`` reading the registry at ``home`` read-only,
+    its operator secret in ``credential`` (made, 0600, when missing); ``flags``:
+    ``--prometheus URL``, ``--alertmanager URL``, ``--consul-ui URL``. The entry nginx passes
+    /console/ to it with ``--console 127.0.0.1:PORT``."""
+    return [str(BIN / "tiered"), "console", "--registry-home", str(home), "--listen",
+            f"{LOOPBACK}:{port}", "--credential-file", str(credential), *flags]

@@ -44,17 +44,7 @@ def rollback_cmd(ctx: Context, name: str, to: int | None, as_json: bool) -> None
 
 def rollout_state(ctx: Context, name: str) -> dict[str, Any] | None:
     """The model's newest wave rollout (``Rollout.to_json``) with its current wave's nodes."""
-    conn = ctx.catalog.db.conn
-    r = waves.latest(conn, name)
-    if r is None:
-        return None
-    fleet = waves.edges(conn, name)
-    inside = [s for pos, s in fleet if pos < r.cutoff]
-    return r.to_json() | {"nodes": {
-        "edges": len(fleet), "wave": len(inside),
-        "installed": sum(s.installed(r.version) for s in inside),
-        "failed": sum(s.failed(r.version) for s in inside),
-        "connected": sum(s.connected for s in inside)}}
+    return waves.summary(ctx.catalog.db.conn, name)
 
 
 @click.group("rollout")

@@ -125,6 +125,21 @@ def newest(conn: sqlite3.Connection) -> list[tuple[str, str, int, str | None]]:
     return [(m, s, int(w), h if h in gate.HOLDS else None) for m, s, w, h in rows]
 
 
+def summary(conn: sqlite3.Connection, model: str) -> dict[str, Any] | None:
+    """The model's newest wave rollout (``Rollout.to_json``) with its current wave's nodes:
+    what ``registry rollout show`` prints and the fleet console shows."""
+    r = latest(conn, model)
+    if r is None:
+        return None
+    fleet = edges(conn, model)
+    inside = [s for pos, s in fleet if pos < r.cutoff]
+    return r.to_json() | {"nodes": {
+        "edges": len(fleet), "wave": len(inside),
+        "installed": sum(s.installed(r.version) for s in inside),
+        "failed": sum(s.failed(r.version) for s in inside),
+        "connected": sum(s.connected for s in inside)}}
+
+
 def unfinished(conn: sqlite3.Connection, model: str | None = None) -> list[Rollout]:
     marks = ", ".join("?" * len(OPEN))
     rows = conn.execute(f"SELECT {COLUMNS} FROM waves WHERE state IN ({marks}) AND "
