@@ -23,7 +23,7 @@ from tiered.processes import RunningProcess
 
 Echo = Callable[[str, str], None]  # (child name, output line)
 # roles the supervisor brings back (monitoring: Prometheus, Alertmanager; targets: their renderer)
-RESTARTED = ("registry", "center", "edge", "monitoring", "targets")
+RESTARTED = ("registry", "center", "edge", "monitoring", "targets", "console")
 JOB = "job"  # a child that runs to its end (the full release trained behind): never restarted,
 # its exit never stops the stack
 RESTART_DELAY_S = 0.5
@@ -31,7 +31,7 @@ RESTART_DELAY_S = 0.5
 
 @dataclass
 class Child(RunningProcess):
-    role: str = ""  # consul, registry, center, edge, nginx, monitoring, targets
+    role: str = ""  # consul, registry, center, edge, nginx, monitoring, targets, console
     argv: list[str] = field(default_factory=list)
     restarts: int = 0
 

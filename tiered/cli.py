@@ -220,6 +220,10 @@ def summary(stack: Stack, s: TieredSettings, seconds: float) -> None:
     if stack.alertmanager_url:
         pairs.append(("Alertmanager", f"{stack.alertmanager_url} (receivers: "
                                       f"{stack.alertmanager_config})"))
+    if "console" in stack.children:
+        secret = stack.console_credential.read_text().strip()
+        pairs.append(("fleet console", f"{stack.url}/console/ (read-only; user operator, "
+                                       f"password {secret}: {stack.console_credential})"))
     pairs.append(("registry metrics", f"{stack.url}/registry/metrics"))
     pairs += [(f"{child.name} metrics", f"{stack.node_url(child.name)}/metrics")
               for child in stack.children.values() if child.role in ("edge", "center")]

@@ -6,6 +6,7 @@ going, the health waits, ``stack.json`` and stopping are ``tiered.running``'s.
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -15,9 +16,10 @@ from typing import Any
 import httpx
 
 from registry.trust import pki
+from serving.config.tokens import write_secret
 from serving.fleet.discovery import SERVICES
 from tiered.children import Child
-from tiered.commands import BIN, nginx_argv, registry_argv, tier_argv
+from tiered.commands import BIN, console_argv, nginx_argv, registry_argv, tier_argv
 from tiered.monitoring import prometheus
 from tiered.processes import free_port
 from tiered.running import RunningFleet
@@ -81,9 +83,9 @@ class Stack(RunningFleet):
             self.start_center(f"center-{i}")
         for region in self.regions:
             self.start_edge(f"edge-{region}-1", region)
-        self.start_nginx()
-        if self.monitoring:
+        if self.monitoring:  # before nginx: the entry passes /console/ to the console
             self.start_monitoring()
+        self.start_nginx()
         self.save()
         self.wait_healthy(timeout)
         return time.monotonic() - started
@@ -165,6 +167,30 @@ class Stack(RunningFleet):
         for name, c in (("Alertmanager", am), ("Prometheus", child)):
             self.children.wait(partial(_ready, f"http://127.0.0.1:{c.port}/-/ready"), 30,
                                f"{name} ready", c)
+        self.start_console()
+
+    @property
+    def console_credential(self) -> Path:
+        """The operator's secret for the fleet console (0600; user ``operator``)."""
+        return self.root / "console" / "operator.secret"
+
+    def start_console(self) -> Child:
+        """The read-only fleet console on loopback, reached through the entry at /console/,
+        never anonymous: its secret is made here (once per stack root) for the summary."""
+        if not self.console_credential.is_file():
+            self.console_credential.parent.mkdir(parents=True, exist_ok=True)
+            self.console_credential.parent.chmod(0o700)
+            write_secret(self.console_credential,
+                         f"{secrets.token_urlsafe(24)}\n".encode())
+        port = free_port()
+        links = ["--prometheus", str(self.prometheus_url), "--alertmanager",
+                 str(self.alertmanager_url), "--consul-ui", f"http://{self.consul}/ui"]
+        child = self.spawn("console", console_argv(self.registry_home, port,
+                                                   self.console_credential, *links),
+                           port, "console")
+        self.children.wait(partial(_ready, f"http://127.0.0.1:{port}/console/healthz"), 30,
+                           "the console ready", child)
+        return child
 
     def state(self) -> dict[str, Any]:
         return super().state() | {"prometheus": self.prometheus_url,
@@ -176,6 +202,8 @@ class Stack(RunningFleet):
         centers = ["--center-ca", str(self.tls / "ca.pem")] if self.provision else []
         if self.tls_serving("edge"):  # each edge's own certificate checked, by node name
             centers += ["--edge-ca", str(self.tls / "ca.pem")]
+        if "console" in self.children:
+            centers += ["--console", f"127.0.0.1:{self.children['console'].port}"]
         argv = nginx_argv(self.root / "nginx", f"127.0.0.1:{self.http_port}", *centers,
                           *self.nginx_flags, grpc_listen=grpc)
         return self.spawn("nginx", argv, self.http_port, "nginx")

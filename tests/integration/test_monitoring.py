@@ -115,6 +115,21 @@ def test_prometheus_scrapes_every_node_from_consul_and_a_later_one_by_itself(
     print(f"killed: up == 0 after {time.monotonic() - started - seconds:.1f} s")
 
 
+def test_the_console_on_the_entry_is_never_anonymous_and_shows_the_fleet(fleet: Stack) -> None:
+    console = f"{fleet.url}/console/"
+    assert httpx.get(console, timeout=10).status_code == 401
+    assert httpx.get(console, auth=("operator", "wrong"), timeout=10).status_code == 401
+    secret = fleet.console_credential.read_text().strip()
+    page = httpx.get(console, auth=("operator", secret), timeout=10)
+    assert page.status_code == 200
+    assert 'id="counts-digits"' in page.text and 'id="counts-tiny"' in page.text
+    assert str(fleet.prometheus_url) in page.text and f"{fleet.consul}/ui" in page.text
+    nodes = httpx.get(f"{console}nodes", params={"tier": "edge", "site": "us"},
+                      auth=("operator", secret), timeout=10)
+    assert "edge-us-1" in nodes.text and "edge-eu-1" not in nodes.text
+    assert httpx.post(console, auth=("operator", secret), timeout=10).status_code == 405
+
+
 def digit_images(stack: Stack, rows: int) -> list[np.ndarray]:
     folder = Path(stack.notes["digits"]["folder"])
     lines = [json.loads(line) for line in (folder / "test.jsonl").read_text().splitlines()]
