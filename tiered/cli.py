@@ -1,5 +1,6 @@
 """The ``tiered`` command: ``up`` runs the whole stack locally, ``demo`` sends the demo's test
-split through it, ``status`` joins Consul's health with the registry's rollout state."""
+split through it, ``status`` joins Consul's health with the registry's rollout state, ``report``
+sums up the last 30 days from Prometheus (``tiered.report``)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from serving.fleet.discovery import SERVICES
 from tiered import demo as demo_run
 from tiered import netns, releases
 from tiered.commands import BIN, registry_cli
+from tiered.report.command import report_cmd
 from tiered.running import RunningFleet, load_state
 from tiered.settings import TieredSettings
 from tiered.sites import Sites
@@ -429,6 +431,9 @@ def consul_headers(state: dict[str, Any]) -> dict[str, str]:
     except OSError as exc:
         raise click.ClickException(f"cannot read the Consul token in {file}: {exc}") from exc
     return {"X-Consul-Token": token} if token else {}
+
+
+cli.add_command(report_cmd)
 
 
 def main() -> None:
