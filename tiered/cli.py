@@ -1,5 +1,6 @@
 """The ``tiered`` command: ``up`` runs the whole stack locally, ``demo`` sends the demo's test
-split through it, ``status`` joins Consul's health with the registry's rollout state."""
+split through it, ``status`` joins Consul's health with the registry's rollout state, ``report``
+sums up the last 30 days from Prometheus (``tiered.report``)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from tiered import netns, releases
 from tiered.commands import BIN, registry_cli
 from tiered.console.command import console_cmd
 from tiered.monitoring import prometheus
+from tiered.report.command import report_cmd
 from tiered.running import RunningFleet, load_state
 from tiered.settings import TieredSettings
 from tiered.sites import Sites
@@ -452,6 +454,7 @@ def consul_headers(state: dict[str, Any]) -> dict[str, str]:
 
 
 cli.add_command(console_cmd)
+cli.add_command(report_cmd)
 
 
 def main() -> None:
