@@ -5,9 +5,10 @@ input drift.
 Input-length drift is the population stability index (PSI) of the window's length histogram
 against everything this node saw for that version before it (0 = same shape; above 0.2 is
 usually read as a real shift). Input drift compares the rows' statistics with the release's
-calibration rows (``serving.inputs.drift``): ``input_shift`` is the largest standardised shift
-of a statistic's window mean, ``input_outliers`` the share of rows with a statistic beyond
-4 reference stds, over ``input_rows`` rows. ``low_confidence_share`` is the share of edge rows
+calibration rows (``serving.inputs.drift``) over a sliding window, the last report windows
+holding at least ``INPUT_ROWS`` measured rows: ``input_shift`` is the largest standardised shift
+of a statistic's mean there, ``input_outliers`` the share of its rows with a statistic beyond
+4 reference stds, ``input_rows`` how many rows that is. ``low_confidence_share`` is the share of edge rows
 whose confidence is below ``LOW_CONFIDENCE`` (most rows there: a data-quality problem).
 """
 
@@ -28,6 +29,7 @@ from serving.inputs.drift import InputSums
 
 TOKEN_BUCKETS = (8, 16, 32, 64, 128, 256, math.inf)
 CONFIDENCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, math.inf)
+INPUT_ROWS = 1_000  # input drift is measured over at least the last this many rows (the seed's)
 MAX_LATENCIES = 20_000  # per window; enough for a p99, bounded memory
 THROUGHPUT_S = 60.0  # a center's capacity is measured over its last minute of batches
 MIN_COMPUTE_S = 0.2  # ... once they took at least this much compute
@@ -134,6 +136,7 @@ class QualityWindow:
         self._lock = threading.Lock()
         self._windows: dict[tuple[str, int], _Window] = {}
         self._baselines: dict[tuple[str, int], np.ndarray] = {}
+        self._recent: dict[tuple[str, int], deque[_Sums]] = {}  # the last INPUT_ROWS measured
         self._started = time.monotonic()
         self.sources: list[Source] = []
         self.idle_sources: list[Source] = []
@@ -244,6 +247,22 @@ class QualityWindow:
                     w.add_inputs(np.asarray(e["input_shift"], np.float64),
                                  int(e["input_outliers"]), int(e["input_rows"]))
 
+    def _recent_inputs(self, key: tuple[str, int], w: _Window) -> _Sums | None:
+        """The input sums of the last windows holding at least ``INPUT_ROWS`` measured rows,
+        ``w``'s included: the seed's sliding window. A window measuring nothing (idle, or every
+        row answered from the cache) leaves the figure where the last rows put it."""
+        recent = self._recent.setdefault(key, deque())
+        if w.input_shift is not None and w.input_rows:
+            if recent and len(recent[-1][0]) != len(w.input_shift):
+                recent.clear()  # other statistics (another worker's code): start over
+            recent.append((w.input_shift.copy(), w.input_outliers, w.input_rows))
+        total = sum(r[2] for r in recent)
+        while len(recent) > 1 and total - recent[0][2] >= INPUT_ROWS:
+            total -= recent.popleft()[2]
+        if not recent:
+            return None
+        return (np.sum([r[0] for r in recent], axis=0), sum(r[1] for r in recent), total)
+
     def _report(self, model: str, version: int, w: _Window, span: float) -> dict[str, Any]:
         rows = sum(w.tiers.values())
         baseline = self._baselines.get((model, version))
@@ -260,20 +279,24 @@ class QualityWindow:
             "mean_tokens": w.token_sum / rows if rows else 0.0,
             "tokens": _buckets(w.tokens, TOKEN_BUCKETS),
             "length_drift": drift,
-            **_inputs(w),
+            **_inputs(w, self._recent_inputs((model, version), w)),
             "p50_ms": float(np.percentile(latencies, 50)),
             "p99_ms": float(np.percentile(latencies, 99)),
         }
 
 
-def _inputs(w: _Window) -> dict[str, Any]:
-    """The input drift and low-confidence fields (0 with no reference, rows or confidences)."""
-    rows, edge_rows = w.input_rows, int(w.confidence.sum())
-    shift = w.input_shift
+_Sums = tuple[np.ndarray, int, int]  # a window's input sums: z per statistic, outliers, rows
+
+
+def _inputs(w: _Window, recent: _Sums | None) -> dict[str, Any]:
+    """The input drift fields over ``recent`` (the last rows measured) and the window's
+    low-confidence share (0 with no reference, rows or confidences)."""
+    shift, outliers, rows = recent if recent is not None else (None, 0, 0)
+    edge_rows = int(w.confidence.sum())
     return {
         "input_shift": float(np.abs(shift).max() / rows)
         if shift is not None and len(shift) and rows else 0.0,
-        "input_outliers": w.input_outliers / rows if rows else 0.0,
+        "input_outliers": outliers / rows if rows else 0.0,
         "input_rows": rows,
         "low_confidence_share": w.low_confidence / edge_rows if edge_rows else 0.0,
     }

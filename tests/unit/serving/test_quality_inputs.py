@@ -46,8 +46,27 @@ def test_the_report_gives_the_largest_mean_shift_and_the_outlier_share() -> None
     assert report["input_rows"] == 30
     assert report["input_shift"] == pytest.approx(1.0)  # |-30| / 30 beats 20 / 30
     assert report["input_outliers"] == pytest.approx(0.1)
-    q.inputs("m", 1, measured([0.0, 0.0, 0.0], outliers=0, rows=4))
-    assert q.drain()[0]["input_shift"] == 0.0  # a new window forgets the old rows
+
+
+
+def test_drift_is_measured_over_the_last_thousand_rows_across_report_windows() -> None:
+    q = QualityWindow()
+    q.inputs("m", 1, measured([-30.0, 0.0], outliers=3, rows=30))
+    q.drain()
+    q.inputs("m", 1, measured([0.0, 0.0], outliers=0, rows=969))
+    (report,) = q.drain()  # 999 rows: the first 30 still in
+    assert report["input_rows"] == 999 and report["input_shift"] == pytest.approx(30 / 999)
+    q.inputs("m", 1, measured([0.0, 0.0], outliers=0, rows=1))
+    (report,) = q.drain()  # 1,000 rows, the first 30 still in: without them 970
+    assert report["input_rows"] == 1000 and report["input_shift"] == pytest.approx(0.03)
+    assert report["input_outliers"] == pytest.approx(3 / 1000)
+    q.rows("m", 1, [1], ["edge"])
+    (report,) = q.drain()  # nothing measured (idle, or all cached): the figure stays
+    assert report["input_rows"] == 1000 and report["input_shift"] == pytest.approx(0.03)
+    q.inputs("m", 1, measured([0.0, 0.0], outliers=0, rows=30))
+    (report,) = q.drain()  # 1,000 rows without the first 30: those are forgotten
+    assert report["input_rows"] == 1000 and report["input_shift"] == 0.0
+    assert report["input_outliers"] == 0.0
 
 
 @pytest.mark.parametrize(("value", "low"), [(0.29, 1.0), (0.2999, 1.0), (0.3, 0.0),
@@ -131,7 +150,10 @@ def test_the_edge_sets_its_gauges_at_each_drain() -> None:
     assert value("edge_input_outliers", labels) == pytest.approx(0.34)
     assert value("edge_low_confidence_share", labels) == pytest.approx(0.5)
     metrics.quality.rows("digits", 3, [1], ["edge"])
-    metrics.quality.drain()  # the next window, with no measured rows: back to 0
+    metrics.quality.drain()  # the next window, with no measured rows: the last rows' figure
+    assert value("edge_input_shift", labels) == pytest.approx(0.337)
+    metrics.quality.inputs("digits", 3, measured([0.0], outliers=0, rows=1000))
+    metrics.quality.drain()  # a thousand rows like the reference: back to 0
     assert value("edge_input_shift", labels) == 0.0
 
 
@@ -151,4 +173,5 @@ def test_the_edge_measures_the_rows_its_model_ran_not_the_cached_ones(tmp_path: 
     without = Resident(edge_model(), runtime=None, batcher=FixedBatcher(),  # type: ignore[arg-type]
                        codec=codec)
     asyncio.run(service.infer(without, parsed(UNSURE, UNSURE, UNSURE, UNSURE)))
-    assert quality.drain()[0]["input_rows"] == 0  # a release without reference: not measured
+    # a release without reference: its rows are not measured (the three above remain)
+    assert quality.drain()[0]["input_rows"] == 3
