@@ -1,6 +1,9 @@
 # The entry point: nginx (Debian's nginx-light) in front of the healthy edges, run as a child of
 # the upstream renderer `python -m nginx.render`, which writes nginx.conf from the template in
 # the `nginx` package, watches Consul, rewrites the upstream list and reloads nginx.
+# The same image runs Prometheus's target renderer (`python -m tiered.monitoring.targets`, the
+# prometheus-targets service): the same Consul watches, into file_sd files under
+# /var/lib/tiered/targets.
 #
 #   docker compose build nginx          (or: docker build -f docker/nginx.Dockerfile -t tiered/nginx .)
 #
@@ -25,12 +28,13 @@ COPY . /src
 RUN pip install --no-deps /src \
     && rm -rf /src \
     && python -c "import nginx.entry as e, nginx.side as s; assert e.TEMPLATE.is_file() and s.TEMPLATE.is_file()" \
-    && python -m nginx.render --help >/dev/null
+    && python -m nginx.render --help >/dev/null \
+    && python -m tiered.monitoring.targets --help >/dev/null
 
 # nginx runs unprivileged (-p PREFIX, temp paths under it); the two folders below are where it
 # looks before reading its configuration (error log, default temp paths).
 RUN useradd --system --create-home --uid 10001 tiered \
-    && mkdir -p /var/lib/tiered/nginx \
+    && mkdir -p /var/lib/tiered/nginx /var/lib/tiered/targets \
     && chown -R tiered /var/lib/tiered /var/log/nginx /var/lib/nginx
 USER tiered
 WORKDIR /home/tiered

@@ -39,7 +39,8 @@ STACK_NAME = "tiered"
 # (site, node), the manager first
 TOPOLOGY = [("center", "center-1"), ("center", "center-2"), ("eu", "eu-gw"), ("eu", "eu-1"),
             ("us", "us-1")]
-LABELS = {"center-1": {"site": "center", "consul": "true", "registry": "primary"},
+LABELS = {"center-1": {"site": "center", "consul": "true", "registry": "primary",
+                       "monitoring": "true"},
           "center-2": {"site": "center", "registry": "standby", "center": "true"},
           "eu-gw": {"site": "eu", "gateway": "true"},
           "eu-1": {"site": "eu", "edges": "true"},
@@ -47,7 +48,9 @@ LABELS = {"center-1": {"site": "center", "consul": "true", "registry": "primary"
 GATEWAYS = {"eu": "eu-gw", "us": "us-1"}
 EDGES = {"eu": ["edge-eu-1", "edge-eu-2"], "us": ["edge-us-1"]}
 CONSUL_IMAGE = "tiered/consul-debian:1.8.7"  # scripts/docker_here.sh's stand-in (Debian's)
-CENTER_IMAGES = ["tiered/registry:0.1.0", "tiered/center:0.1.0-cpu"]
+# the last two: Prometheus and Alertmanager, the target renderer (center-1: monitoring=true)
+CENTER_IMAGES = ["tiered/registry:0.1.0", "tiered/center:0.1.0-cpu", "tiered/monitoring:0.1.0",
+                 "tiered/nginx:0.1.0"]
 EDGE_IMAGES = ["tiered/edge:0.1.0", "tiered/nginx:0.1.0"]
 EDGE_NEXT = "tiered/edge:0.1.0-next"  # the rolling update's image (the same build, retagged)
 

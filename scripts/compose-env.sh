@@ -15,7 +15,7 @@ add() {
     grep -q "^$1=" "$file" || echo "$1=$2" >> "$file"
 }
 add REGISTRY_TOKEN "$(python3 -c 'import secrets; print(secrets.token_hex(32))')"
-for role in MANAGEMENT AGENT REGISTRY CENTER EDGE READER; do
+for role in MANAGEMENT AGENT REGISTRY CENTER EDGE READER PROMETHEUS; do
     add "CONSUL_${role}_TOKEN" "$(uuid)"
 done
 add CONSUL_ENCRYPT_KEY "$(python3 -c 'import base64, os; print(base64.b64encode(os.urandom(32)).decode())')"

@@ -304,6 +304,10 @@ def sites_summary(sites: Sites, s: TieredSettings, seconds: float) -> None:
                   f"{sites.host(n).address}:50051 ({role})"
                   for n, role in sites.registry_roles().items())),
               ("center (HTTPS)", sites.node_url("center-1")),
+              ("Prometheus", f"{sites.prometheus_url}/targets (the center site's monitoring "
+                             f"host; targets from its Consul agent)"),
+              ("Alertmanager", f"{sites.alertmanager_url} (receivers: "
+                               f"{sites.alertmanager_config})"),
               ("logs", str(sites.root / "logs"))]
     out.print(summary_view(seconds, pairs))
     first = sites.edge_sites[0]

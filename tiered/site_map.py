@@ -11,6 +11,8 @@ from registry.store.role import read_state
 from serving.fleet.discovery import SERVICES
 from tiered.children import Child
 from tiered.consul_cluster import CONSUL_HTTP
+from tiered.monitoring import prometheus
+from tiered.monitoring.prometheus import Monitor
 from tiered.netns import Host, Network
 from tiered.running import RunningFleet
 from tiered.views import registry_database
@@ -20,6 +22,8 @@ REGISTRY_PORT, REGISTRY_METRICS = 50051, 9300
 CENTER_PORT, CENTER_GRPC = 8100, 8101
 EDGE_PORT, EDGE_GRPC = 8200, 8201
 ENTRY_PORT, ENTRY_GRPC = 8080, 8081
+MONITOR = "monitoring"  # the center site's host of Prometheus, Alertmanager, the renderer
+PROMETHEUS_PORT, ALERTMANAGER_PORT = 9090, 9093
 
 
 @dataclass
@@ -38,6 +42,7 @@ class SiteMap(RunningFleet):
     standbys: int = field(default=1, kw_only=True)  # registries beside the primary, each on
     # a host of its own (registry-2, ...): every registry runs --ha, one is elected primary;
     # 0: one standalone
+    alertmanager_config: Path = prometheus.ALERTMANAGER_CONFIG  # the receivers (user-edited)
 
     def host(self, name: str) -> Host:
         return self.network.hosts[name]
@@ -61,6 +66,12 @@ class SiteMap(RunningFleet):
         if host.site == CORE:
             return f"127.0.0.1:{CONSUL_HTTP}"
         return f"{self.host(f'{host.site}-gw').address}:{CONSUL_HTTP}"
+
+    @property
+    def monitor(self) -> Monitor:
+        """Prometheus and Alertmanager on the ``monitoring`` host, data under the root."""
+        return Monitor(self.root, self.host(MONITOR).address, PROMETHEUS_PORT,
+                       ALERTMANAGER_PORT)
 
     def entry(self, site: str) -> str:
         return f"http://{self.host(f'{site}-gw').address}:{ENTRY_PORT}"

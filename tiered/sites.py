@@ -5,6 +5,8 @@ with its own address (``tiered.netns``), talking over a bridge that can be cut.
   host), two registry hosts (``registry`` and ``registry-2``: a primary and a standby elected
   through a Consul lock, ``registry serve`` with ``REGISTRY_HA``, one signing key provisioned
   beside their homes) and the center's host, each with a Consul client agent;
+  a ``monitoring`` host (Prometheus fed by the target renderer through its own Consul agent,
+  Alertmanager: they watch every site from outside the hosts the faults hit);
 - **edge sites** (``eu``, ``us``, …): a gateway host with the site's Consul client agent and
   its nginx entry (``--region`` = the site: its own edges first, then the nearest other
   site's), and one host per edge, registered with the gateway's agent.
@@ -27,8 +29,11 @@ import secrets
 import shutil
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from registry.trust import pki
 from tiered import consul_cluster
@@ -44,6 +49,7 @@ from tiered.site_map import (
     EDGE_PORT,
     ENTRY_GRPC,
     ENTRY_PORT,
+    MONITOR,
     REGISTRY_METRICS,
     REGISTRY_PORT,
     SiteMap,
@@ -67,6 +73,7 @@ class Sites(SiteMap):
         for name in self.registry_homes():
             self.network.add(CORE, name)
         self.network.add(CORE, "center")
+        self.network.add(CORE, MONITOR)
         for site in self.edge_sites:
             self.network.add(site, f"{site}-gw")
             for name in self.edges(site):
@@ -91,7 +98,8 @@ class Sites(SiteMap):
         self.children.wait(lambda: self.leader() is not None, 60,
                            "a Consul leader elected by the three servers")
         self.children.wait(lambda: self.acl.setup(self.consul), 30, "Consul's ACL system")
-        for name in (*self.registry_homes(), "center", *(f"{s}-gw" for s in self.edge_sites)):
+        for name in (*self.registry_homes(), "center", MONITOR,
+                     *(f"{s}-gw" for s in self.edge_sites)):
             self.start_agent(self.host(name), files)
         for name in self.registry_homes():
             self.start_registry(name)
@@ -100,6 +108,7 @@ class Sites(SiteMap):
             for name in self.edges(site):
                 self.start_node("edge", name)
             self.start_entry(site)
+        self.start_monitoring()
         self.save()
         self.wait_healthy(timeout)
         return time.monotonic() - started
@@ -176,6 +185,32 @@ class Sites(SiteMap):
                           *self.nginx_flags, grpc_listen=f"{host.address}:{ENTRY_GRPC}")
         return self.spawn(name, argv, ENTRY_PORT, "nginx")
 
+    def start_monitoring(self) -> None:
+        """Alertmanager, the target renderer (the monitoring host's own Consul agent, the
+        ``prometheus`` role's read-only token) and Prometheus on the ``monitoring`` host;
+        waits until both answer ready."""
+        host, monitor = self.host(MONITOR), self.monitor
+        for name in ("alertmanager", "targets", "prometheus"):
+            self.placement[name] = host
+        started = [self.spawn("alertmanager", monitor.alertmanager_argv(
+            self.alertmanager_config), monitor.alertmanager_port, "monitoring")]
+        self.spawn("targets", monitor.targets_argv(self.agent_of(host)), 0, "targets")
+        https = frozenset(r for r in ("edge", "center") if self.tls_serving(r))
+        started.append(self.spawn("prometheus", monitor.prometheus_argv(
+            https, self.tls / "ca.pem"), monitor.prometheus_port, "monitoring"))
+        for child in started:
+            self.children.wait(partial(ready, f"http://{host.address}:{child.port}/-/ready"),
+                               30, f"{child.name} ready", child)
+
+    @property
+    def prometheus_url(self) -> str | None:
+        return f"http://{self.monitor.prometheus}" if "prometheus" in self.children else None
+
+    @property
+    def alertmanager_url(self) -> str | None:
+        return (f"http://{self.monitor.alertmanager}" if "alertmanager" in self.children
+                else None)
+
     def on(self, host: Host) -> list[Child]:
         """The children running on ``host``, in the order they were started."""
         return [c for n, c in self.children.items() if self.placement.get(n) == host]
@@ -211,7 +246,10 @@ class Sites(SiteMap):
             "registries": {n: {"address": f"{self.host(n).address}:{REGISTRY_PORT}",
                                "home": str(home), "role": roles[n]}
                            for n, home in self.registry_homes().items()},
-            "center": self.node_url("center-1") if "center-1" in self.placement else None}
+            "center": self.node_url("center-1") if "center-1" in self.placement else None,
+            "prometheus": self.prometheus_url, "alertmanager": self.alertmanager_url}
+        # where `tiered up` puts them too (`tiered status`, `tiered report`)
+        state |= {"prometheus": self.prometheus_url, "alertmanager": self.alertmanager_url}
         return state
 
     def stop(self) -> None:
@@ -220,3 +258,7 @@ class Sites(SiteMap):
             super().stop()
         finally:
             self.network.close()
+
+
+def ready(url: str) -> bool:
+    return httpx.get(url, timeout=1).status_code == 200

@@ -46,7 +46,7 @@ IMAGE_UID = 10001  # the images' user `tiered`: it owns the registry's home
 NODES = {"center-1": ("center", "center"), "edge-eu-1": ("edge", "eu"),
          "edge-eu-2": ("edge", "eu"), "edge-us-1": ("edge", "us")}
 REGISTRY_NAMES = ("registry", "registry-standby")  # what the nodes dial; the certificate's SANs
-CONSUL_ROLES = ("management", "agent", "registry", "center", "edge", "reader")
+CONSUL_ROLES = ("management", "agent", "registry", "center", "edge", "reader", "prometheus")
 
 
 class SwarmError(RuntimeError):

@@ -31,16 +31,19 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 TOKEN = f"dummy-{secrets.token_hex(8)}"  # unique, so only interpolation can have put it there
+MONITORING = {"prometheus-targets", "prometheus", "alertmanager"}
 SERVICES = {"consul", "consul-acl", "signing-key", "registry", "registry-standby", "center",
-            "edge-eu", "edge-us", "nginx"}
+            "edge-eu", "edge-us", "nginx", *MONITORING}
 ONE_SHOT = {"consul-acl", "signing-key"}  # jobs that exit once their work is done
 CONSUL_SECRETS = {f"CONSUL_{r}_TOKEN": str(uuid.uuid4())
-                  for r in ("MANAGEMENT", "AGENT", "REGISTRY", "CENTER", "EDGE", "READER")}
+                  for r in ("MANAGEMENT", "AGENT", "REGISTRY", "CENTER", "EDGE", "READER",
+                            "PROMETHEUS")}
 CONSUL_SECRETS["CONSUL_ENCRYPT_KEY"] = base64.b64encode(secrets.token_bytes(32)).decode()
 CONSUL_TOKEN_OF = {"registry": "CONSUL_REGISTRY_TOKEN",
                    "registry-standby": "CONSUL_REGISTRY_TOKEN", "center": "CONSUL_CENTER_TOKEN",
                    "edge-eu": "CONSUL_EDGE_TOKEN", "edge-us": "CONSUL_EDGE_TOKEN",
-                   "nginx": "CONSUL_READER_TOKEN", "consul-acl": "CONSUL_MANAGEMENT_TOKEN"}
+                   "nginx": "CONSUL_READER_TOKEN", "consul-acl": "CONSUL_MANAGEMENT_TOKEN",
+                   "prometheus-targets": "CONSUL_PROMETHEUS_TOKEN"}
 NODE_TOKENS = {"center": ("center-eu-1", "TIERED_CENTER_EU_1_TOKEN"),
                "edge-eu": ("edge-eu-1", "TIERED_EDGE_EU_1_TOKEN"),
                "edge-us": ("edge-us-1", "TIERED_EDGE_US_1_TOKEN")}
@@ -195,6 +198,62 @@ def test_published_ports_follow_the_settings(compose: Any) -> None:
         == [(8500, "18500", "127.0.0.1")]
 
 
+def test_prometheus_and_alertmanager_answer_on_this_host_only(compose: Any) -> None:
+    """Neither asks for a login (Alertmanager's API silences alerts): published on 127.0.0.1,
+    on the ports the settings name."""
+    default, moved = _config(compose), _config(compose, TIERED_PROMETHEUS_PORT="19090",
+                                                TIERED_ALERTMANAGER_PORT="19093")
+    for name, target, port in (("prometheus", 9090, "19090"), ("alertmanager", 9093, "19093")):
+        assert [(p["host_ip"], p["target"], p["published"]) for p in default[name]["ports"]] \
+            == [("127.0.0.1", target, str(target))]
+        assert [(p["host_ip"], p["published"]) for p in moved[name]["ports"]] == [
+            ("127.0.0.1", port)]
+        assert f"--web.external-url=http://localhost:{port}/" in moved[name]["command"]
+    assert "ports" not in default["prometheus-targets"]
+
+
+def test_prometheus_reads_the_targets_the_renderer_writes_from_consul(
+        services: dict[str, Any]) -> None:
+    """The renderer (the nginx image, the read-only Consul token) writes the file_sd files into a
+    volume Prometheus mounts read-only, at the folder its configuration names; Prometheus's
+    configuration, rules and receivers are the repository's monitoring/ (built into the image)."""
+    import yaml
+
+    renderer, prometheus = services["prometheus-targets"], services["prometheus"]
+    assert renderer["image"] == services["nginx"]["image"]
+    command = renderer["command"]
+    assert command[:3] == ["python", "-m", "tiered.monitoring.targets"]
+    out = command[command.index("--out") + 1]
+    assert command[command.index("--consul") + 1] == renderer["environment"][
+        "CONSUL_HTTP_ADDR"] == "consul:8500"
+    written = {m["target"]: m for m in renderer["volumes"]}[out]
+    read = {m["target"]: m for m in prometheus["volumes"]}[out]
+    assert written["source"] == read["source"] and read["read_only"]
+    assert not written.get("read_only")
+    config_flag = next(a for a in prometheus["command"] if a.startswith("--config.file="))
+    local = ROOT / "monitoring" / Path(config_flag.split("=", 1)[1]).relative_to(
+        "/etc/tiered/monitoring")
+    config = yaml.safe_load(local.read_text())
+    files = [f for job in config["scrape_configs"] for sd in job.get("file_sd_configs", [])
+             for f in sd["files"]]
+    assert sorted(files) == sorted(f"{out}/{job}.json" for job in ("edge", "center", "registry"))
+    assert config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == [
+        "alertmanager:9093"]
+    assert "COPY monitoring /etc/tiered/monitoring" in (
+        ROOT / "docker/monitoring.Dockerfile").read_text()
+    assert prometheus["image"] == services["alertmanager"]["image"]
+    assert services["alertmanager"]["command"][0] == "prometheus-alertmanager"
+
+
+def test_no_secret_is_on_a_command_line(services: dict[str, Any]) -> None:
+    """``ps`` shows argv to everyone on the host: tokens go in the environment only."""
+    values = [TOKEN, *CONSUL_SECRETS.values(),
+              *(token_of(TOKEN, node) for node, _ in NODE_TOKENS.values())]
+    for name, service in services.items():
+        argv = " ".join([*(service.get("command") or []), *(service.get("entrypoint") or [])])
+        assert not [v for v in values if v in argv], name
+
+
 CPU_PROFILE = ROOT / "docker-compose.cpu.yml"
 HERE = ROOT / "docker/compose.here.yml"
 
@@ -249,7 +308,7 @@ def test_the_dockerfiles_build_from_official_images_without_stand_in_quirks() ->
     Hub is reachable; what only the stand-ins need (this host's CA bundle, the stand-in's venv,
     a loopback wheel server) lives in scripts/docker_here.sh and docker/compose.here.yml."""
     dockerfiles = sorted((ROOT / "docker").glob("*.Dockerfile"))
-    assert {p.stem for p in dockerfiles} == {"center", "edge", "nginx", "registry"}
+    assert {p.stem for p in dockerfiles} == {"center", "edge", "nginx", "registry", "monitoring"}
     for path in dockerfiles:
         text = path.read_text()
         assert re.findall(r"^FROM (\S+)", text, re.M) == ["python:3.11-slim-bookworm"], path
@@ -374,7 +433,7 @@ def test_health_checks_and_start_order(services: dict[str, Any]) -> None:
         if name in ONE_SHOT:  # the signing key: made before any registry starts
             continue
         assert service.get("healthcheck", {}).get("test"), f"{name} has no health check"
-        if name != "consul":
+        if name not in ("consul", "prometheus", "alertmanager"):  # those two never ask Consul
             assert service["depends_on"]["consul"]["condition"] == "service_healthy", name
             assert service["depends_on"]["consul-acl"]["condition"] == (
                 "service_completed_successfully"), name
@@ -454,7 +513,8 @@ IMAGES = {
     "edge": (("edge.cli", "serving.transport.rpc", "serving.telemetry.tracing",
               "sync.node.subscriber", "opentelemetry.exporter.otlp.proto.grpc.trace_exporter"),
              lambda: _requirements(ROOT / "docker/edge-requirements.txt")),
-    "nginx": (("nginx.render",), lambda: _requirements(ROOT / "docker/nginx-requirements.txt")),
+    "nginx": (("nginx.render", "tiered.monitoring.targets"),
+              lambda: _requirements(ROOT / "docker/nginx-requirements.txt")),
     "registry": (("registry.cli.main", "registry.server.app", "registry.server.service",
                   "registry.publish.pipeline"),
                  _project_requirements),
@@ -578,7 +638,7 @@ def test_each_role_gets_its_own_consul_token(services: dict[str, Any]) -> None:
     for target, source in (("/tiered/acl-setup.sh", ROOT / "consul/acl-setup.sh"),
                            ("/tiered/policies", ROOT / "consul/policies")):
         assert mounts[target]["read_only"] and Path(mounts[target]["source"]) == source
-    for role in ("agent", "registry", "center", "edge", "reader"):
+    for role in ("agent", "registry", "center", "edge", "reader", "prometheus"):
         assert (ROOT / "consul/policies" / f"{role}.hcl").is_file()
 
 

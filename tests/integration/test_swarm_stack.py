@@ -23,7 +23,8 @@ from tiered.swarm import NODES, STACK, stack_env
 pytestmark = pytest.mark.integration
 TIERED = Path(sys.executable).parent / "tiered"
 STATEFUL = {"consul-1", "consul-2", "consul-3", "consul-eu", "consul-us", "registry",
-            "registry-standby", "entry-eu", "entry-us"}  # stop-first: never two on one state
+            "registry-standby", "entry-eu", "entry-us", "prometheus",
+            "alertmanager"}  # stop-first: never two on one state
 TIERS = {"center-1", "edge-eu-1", "edge-eu-2", "edge-us-1"}
 
 
@@ -122,7 +123,7 @@ def test_every_secret_the_stack_mounts_is_a_provisioned_file(
 
 def test_placement_updates_restarts_and_health(stack: dict[str, Any]) -> None:
     services = stack["services"]
-    assert set(services) == STATEFUL | TIERS | {"consul-acl"}
+    assert set(services) == STATEFUL | TIERS | {"consul-acl", "prometheus-targets"}
     for name, service in services.items():
         deploy = service["deploy"]
         constraints = deploy["placement"]["constraints"]
@@ -141,6 +142,42 @@ def test_placement_updates_restarts_and_health(stack: dict[str, Any]) -> None:
                 "constraints"]
     assert "node.labels.registry == primary" in services["registry"]["deploy"]["placement"][
         "constraints"]
+
+
+def test_prometheus_reads_the_targets_its_renderer_writes_on_the_one_monitoring_node(
+        stack: dict[str, Any]) -> None:
+    """The renderer (the nginx image, the read-only prometheus Consul token as a Docker secret)
+    and Prometheus share a node-local volume, so both are pinned to the node labelled
+    monitoring=true; Prometheus checks the nodes' certificates against the fleet CA; no
+    monitoring service publishes a port (no login, and Swarm cannot bind one to loopback)."""
+    import yaml
+
+    services = stack["services"]
+    renderer, prometheus = services["prometheus-targets"], services["prometheus"]
+    on = "node.labels.monitoring == true"
+    for name in ("prometheus-targets", "prometheus", "alertmanager"):
+        assert on in services[name]["deploy"]["placement"]["constraints"], name
+        assert not services[name].get("ports"), name
+    command = renderer["command"]
+    assert command[:3] == ["python", "-m", "tiered.monitoring.targets"]
+    token = command[command.index("--consul-token-file") + 1]
+    assert [(s["source"], f"/run/secrets/{s['target']}") for s in renderer["secrets"]] == [
+        ("consul-prometheus-token", token)]
+    out = command[command.index("--out") + 1]
+    written = {m["target"]: m for m in renderer["volumes"]}[out]
+    read = {m["target"]: m for m in prometheus["volumes"]}[out]
+    assert written["source"] == read["source"] and read["read_only"]
+    flag = next(a for a in prometheus["command"] if a.startswith("--config.file="))
+    config = yaml.safe_load((STACK.parents[2] / "monitoring" / Path(
+        flag.split("=", 1)[1]).relative_to("/etc/tiered/monitoring")).read_text())
+    ca = {c["target"] for c in prometheus["configs"] if c["source"] == "fleet-ca"}
+    for job in config["scrape_configs"]:
+        if job["job_name"] in ("edge", "center"):
+            assert job["scheme"] == "https" and {job["tls_config"]["ca_file"]} == ca
+    acl = services["consul-acl"]
+    assert acl["environment"]["CONSUL_PROMETHEUS_TOKEN_FILE"] == (
+        "/run/secrets/consul-prometheus-token")
+    assert "consul-prometheus-token" in {s["source"] for s in acl["secrets"]}
 
 
 def test_networking_needs_no_routing_mesh(stack: dict[str, Any]) -> None:

@@ -14,12 +14,14 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
-from harness.sites import CHUNK, Event, Run, running, table
+from harness.sites import CHUNK, Event, Run, running, table, wait
 from tiered import netns
+from tiered.site_map import CORE
 
 pytestmark = [pytest.mark.sites, pytest.mark.integration, pytest.mark.slow]
 PREFIX = "10.78"  # not 10.77: `make sites` may be running beside the test
@@ -85,6 +87,40 @@ def test_every_link_between_sites_is_authenticated_and_secrets_stay_off_argv(run
         httpx.get(f"{sites.node_url('center-1')}/v2/health/ready", timeout=3)
     # every node synced over TLS: the registry registered itself for TLS only
     assert sites.registry_extra and (sites.tls / "registry.pem").is_file()
+
+
+def test_prometheus_on_the_center_site_scrapes_every_node_of_every_site(run: Run) -> None:
+    """Targets come from the monitoring host's Consul agent: every edge of every site, the
+    center and both registries, each up, under its own node and region."""
+    sites = run.sites
+    nodes = {n: ("edge", s) for s in sites.edge_sites for n in sites.edges(s)}
+    nodes["center-1"] = ("center", CORE)
+
+    def scraped() -> list[dict[str, Any]]:
+        return list(httpx.get(f"{sites.prometheus_url}/api/v1/targets", timeout=5)
+                    .json()["data"]["activeTargets"])
+
+    def all_up() -> bool:
+        found = scraped()
+        return (len(found) == len(nodes) + len(sites.registry_homes()) + 2
+                and all(t["health"] == "up" for t in found))
+
+    wait(all_up, 90, "every node of every site scraped, up")
+    found = {t["labels"].get("node", t["labels"]["job"]): t for t in scraped()}
+    for node, (job, site) in nodes.items():
+        labels = found[node]["labels"]
+        assert (labels["job"], labels["region"], labels["tier"]) == (job, site, job), labels
+        address = sites.placement[node].address  # scraped on its own host, over TLS
+        assert found[node]["scrapeUrl"].startswith(f"https://{address}:"), found[node]
+    registries = sorted(t["scrapeUrl"] for t in found.values()
+                        if t["labels"]["job"] == "registry")
+    assert registries == sorted(f"http://{sites.host(n).address}:9300/metrics"
+                                for n in sites.registry_homes())
+    assert {"prometheus", "alertmanager"} <= found.keys()
+    # outside every host the faults below hit: it sees them happen
+    assert sites.placement["prometheus"].name == "monitoring"
+    assert sites.placement["prometheus"].site == CORE
+    assert run.sites.state()["alertmanager"] == sites.alertmanager_url
 
 
 def test_start_traffic(run: Run) -> None:

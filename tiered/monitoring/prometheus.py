@@ -97,3 +97,41 @@ def targets_argv(out: Path, consul: str) -> list[str]:
     """The Consul-fed target renderer (its token: CONSUL_HTTP_TOKEN in its environment)."""
     return [sys.executable, "-m", "tiered.monitoring.targets", "--consul", consul,
             "--out", str(out)]
+
+
+@dataclass(frozen=True)
+class Monitor:
+    """One fleet's monitoring on one host: where Prometheus and Alertmanager listen, where
+    their files go (``<root>/prometheus``: configuration, ``targets/``, ``data/``;
+    ``<root>/alertmanager``: silences) and each command line, in start order (Alertmanager,
+    the renderer, Prometheus). ``tiered sites`` runs it on a host of the center site."""
+
+    root: Path
+    address: str  # both listen on it: loopback, or a private host address
+    prometheus_port: int
+    alertmanager_port: int
+
+    @property
+    def home(self) -> Path:
+        return self.root / "prometheus"
+
+    @property
+    def prometheus(self) -> str:
+        return f"{self.address}:{self.prometheus_port}"
+
+    @property
+    def alertmanager(self) -> str:
+        return f"{self.address}:{self.alertmanager_port}"
+
+    def alertmanager_argv(self, config: Path) -> list[str]:
+        return alertmanager_argv(config, self.root / "alertmanager", self.alertmanager)
+
+    def targets_argv(self, consul: str) -> list[str]:
+        return targets_argv(self.home / "targets", consul)
+
+    def prometheus_argv(self, https: frozenset[str], ca: Path | None) -> list[str]:
+        """Writes the configuration (``https``: jobs whose nodes serve HTTPS, checked against
+        ``ca``), then Prometheus's command line."""
+        scrape = Scrape(self.home / "targets", self.alertmanager, self.prometheus, https, ca)
+        config = scrape.write(self.home / "prometheus.yml")
+        return prometheus_argv(config, self.home / "data", self.prometheus)
