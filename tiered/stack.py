@@ -147,23 +147,18 @@ class Stack(RunningFleet):
         return f"http://127.0.0.1:{child.port}" if child else None
 
     def start_monitoring(self) -> None:
-        """Alertmanager, the Consul-fed target renderer and Prometheus, data under
-        ``<root>/prometheus`` and ``<root>/alertmanager``; waits until both answer ready."""
-        home = self.root / "prometheus"
-        am_port = self.alertmanager_port or free_port()
-        am = self.spawn("alertmanager", prometheus.alertmanager_argv(
-            self.alertmanager_config, self.root / "alertmanager", f"127.0.0.1:{am_port}"),
-            am_port, MONITORING)
-        self.spawn("targets", prometheus.targets_argv(home / "targets", self.consul), 0,
-                   "targets")
-        port = self.prometheus_port or free_port()
-        scrape = prometheus.Scrape(
-            home / "targets", f"127.0.0.1:{am_port}", f"127.0.0.1:{port}",
-            https=frozenset(r for r in ("edge", "center") if self.tls_serving(r)),
-            ca=self.tls / "ca.pem")
-        config = scrape.write(home / "prometheus.yml")
-        child = self.spawn("prometheus", prometheus.prometheus_argv(
-            config, home / "data", f"127.0.0.1:{port}"), port, MONITORING)
+        """Alertmanager, the Consul-fed target renderer and Prometheus (``prometheus.Monitor``:
+        data under ``<root>/prometheus`` and ``<root>/alertmanager``), then the console;
+        waits until each answers ready."""
+        monitor = prometheus.Monitor(self.root, "127.0.0.1",
+                                     self.prometheus_port or free_port(),
+                                     self.alertmanager_port or free_port())
+        am = self.spawn("alertmanager", monitor.alertmanager_argv(self.alertmanager_config),
+                        monitor.alertmanager_port, MONITORING)
+        self.spawn("targets", monitor.targets_argv(self.consul), 0, "targets")
+        child = self.spawn("prometheus", monitor.prometheus_argv(
+            frozenset(r for r in ("edge", "center") if self.tls_serving(r)),
+            self.tls / "ca.pem"), monitor.prometheus_port, MONITORING)
         for name, c in (("Alertmanager", am), ("Prometheus", child)):
             self.children.wait(partial(_ready, f"http://127.0.0.1:{c.port}/-/ready"), 30,
                                f"{name} ready", c)
