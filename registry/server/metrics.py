@@ -13,7 +13,13 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, ThreadingWSGIServer
 from prometheus_client.utils import floatToGoString
 
@@ -60,6 +66,7 @@ QUALITY = {  # report field -> (series, help, scale)
 class SyncMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = r = registry or CollectorRegistry()
+        ProcessCollector(registry=r)  # the process's CPU and memory (the resources panels)
         self.connected = Gauge("registry_sync_nodes_connected", "Nodes with an open Sync "
                                "stream", registry=r)
         self.connections = Counter("registry_sync_connections", "Sync streams opened (hellos "

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 
 from serving.telemetry.quality import QualityWindow, Throughput
 
@@ -41,6 +41,9 @@ class Metrics:
         self.throughput: dict[tuple[str, int], Throughput] = {}  # per model version
         self._answered: dict[tuple[str, int], tuple[Any, Any]] = {}
         r = self.registry
+        # process_cpu_seconds_total, process_resident_memory_bytes, ...: the dashboard's
+        # resources panels (a fresh registry has none of prometheus_client's default collectors)
+        ProcessCollector(registry=r)
         self.request_success = Counter(f"{prefix}_request_success", "Inference requests "
                                        "answered", MV, registry=r)
         self.request_failure = Counter(f"{prefix}_request_failure", "Inference requests "

@@ -8,8 +8,9 @@ usually read as a real shift). Input drift compares the rows' statistics with th
 calibration rows (``serving.inputs.drift``) over a sliding window, the last report windows
 holding at least ``INPUT_ROWS`` measured rows: ``input_shift`` is the largest standardised shift
 of a statistic's mean there, ``input_outliers`` the share of its rows with a statistic beyond
-4 reference stds, ``input_rows`` how many rows that is. ``low_confidence_share`` is the share of edge rows
-whose confidence is below ``LOW_CONFIDENCE`` (most rows there: a data-quality problem).
+4 reference stds, ``input_rows`` how many rows that is. ``low_confidence_share`` is the share
+of edge rows whose confidence is below ``LOW_CONFIDENCE`` (most rows there: a data-quality
+problem).
 """
 
 from __future__ import annotations
