@@ -219,7 +219,10 @@ def expressions(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
     return found
 
 
-def test_every_dashboard_panel_answers_non_empty(fleet: Stack) -> None:
+def test_every_dashboard_panel_answers_non_empty(fleet: Stack, tiny_release_b: Path) -> None:
+    # a wave rollout, for the rollout panels (its gate may hold it: two edges, little audit)
+    RegistryCli(fleet.registry_home)("publish", tiny_release_b, "--name", "tiny", "--waves",
+                                     "50%,100%", "--wave-bake-s", "5", timeout=300)
     with httpx.Client(base_url=fleet.url, timeout=20) as client:  # text traffic for the tiny
         for i in range(60):  # model (the digits model has had its share)
             client.post("/v2/models/tiny/infer", json={"inputs": [{
