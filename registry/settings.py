@@ -110,7 +110,7 @@ class RegistrySettings(ConsulSettings):
     """Export every node's last quality report as its own series (``registry_node_*``: about
     18 per node) on the registry's /metrics; the fleet's aggregates (``registry_fleet_*``,
     per model, version, tier and region) are exported either way. Turn it off for a large
-    fleet (docs/operations.md, "Registry metrics")."""
+    fleet (docs/registry.md, "Fleet aggregates")."""
 
     budget_split: Literal["traffic", "equal"] = "traffic"
     """How ``registry serve`` splits the centers' capacity over the edges when a model has no
