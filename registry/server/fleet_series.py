@@ -11,7 +11,6 @@ maximum again in a group whose largest value was replaced by a smaller one."""
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import OrderedDict
@@ -29,15 +28,14 @@ ACCURACY = list(MEANS).index("estimated_accuracy")
 MAX_LABEL = 64  # characters of a label value kept (model names may be 128)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Entry:
     """One node's last report of a model, as it counts in its group's gauges."""
 
     group: Group
     at: float
-    weights: tuple[float, ...]  # per MEANS field: the rows its value was computed over
-    weighted: tuple[float, ...]  # per MEANS field: weight x value
-    drifting: int
+    sums: tuple[float, ...]  # per MEANS field the rows its value is over, per field weight x
+    # value, then 1 if it flags a drift (what the group's sums add up)
     p99_s: float
     shift: float
 
@@ -47,22 +45,18 @@ class Gauges:
     """A group's running sums over its nodes' last reports."""
 
     members: dict[tuple[str, str], Entry] = field(default_factory=dict)
-    weights: list[float] = field(default_factory=lambda: [0.0] * len(MEANS))
-    weighted: list[float] = field(default_factory=lambda: [0.0] * len(MEANS))
-    drifting: int = 0
+    sums: list[float] = field(default_factory=lambda: [0.0] * (2 * len(MEANS) + 1))
     p99_s: float = 0.0
     shift: float = 0.0
     stale_max: bool = False  # the largest p99 or shift left: find them again at the scrape
 
     def add(self, key: tuple[str, str], e: Entry, sign: int) -> None:
-        for i in range(len(MEANS)):
-            self.weights[i] += sign * e.weights[i]
-            self.weighted[i] += sign * e.weighted[i]
-        self.drifting += sign * e.drifting
         if sign > 0:
+            self.sums = [a + b for a, b in zip(self.sums, e.sums, strict=True)]
             self.members[key] = e
             self.p99_s, self.shift = max(self.p99_s, e.p99_s), max(self.shift, e.shift)
         else:
+            self.sums = [a - b for a, b in zip(self.sums, e.sums, strict=True)]
             del self.members[key]
             self.stale_max |= e.p99_s >= self.p99_s or e.shift >= self.shift
 
@@ -107,10 +101,10 @@ class FleetSeries:
         values = [_number(report.get(f)) for f in MEANS]
         if values[ACCURACY] <= 0:  # 0: not enough audit rows for an estimate
             weights[ACCURACY] = 0.0
-        entry = Entry(group, self.clock(), tuple(weights),
-                      tuple(w * v for w, v in zip(weights, values, strict=True)),
-                      int(bool(report.get("drift")) or bool(report.get("confidence_drift"))),
-                      _number(report.get("p99_ms")) / 1000, _number(report.get("input_shift")))
+        drifting = float(bool(report.get("drift")) or bool(report.get("confidence_drift")))
+        entry = Entry(group, self.clock(), (*weights, *(w * v for w, v in zip(
+            weights, values, strict=True)), drifting), _number(report.get("p99_ms")) / 1000,
+                      _number(report.get("input_shift")))
         key = (node, model)
         with self._lock:
             self._forget(key)
@@ -140,7 +134,8 @@ class FleetSeries:
                 self._forget(next(iter(self._last)))
             text = Text(_labels)
             for group, g in sorted(self._gauges.items()):
-                text.gauges(group, len(g.members), g.weights, g.weighted, g.drifting,
+                n = len(MEANS)
+                text.gauges(group, len(g.members), g.sums[:n], g.sums[n:2 * n], g.sums[-1],
                             *g.maxima())
             for group, total in sorted(self._requests.items()):
                 text.add("requests_total", group, total)
@@ -153,9 +148,8 @@ class FleetSeries:
 
 def _number(value: Any) -> float:
     """A report's number, 0 where it is missing, not a number, negative or not finite."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return 0.0
-    return float(value) if math.isfinite(value) and value > 0 else 0.0
+    kind = type(value)  # not isinstance: a bool is no count
+    return float(value) if (kind is float or kind is int) and 0 < value < 1e300 else 0.0
 
 
 

@@ -88,7 +88,7 @@ class Text:
         self.lines[family].append(f"{PREFIX}{family}{suffix}{shown} {floatToGoString(value)}\n")
 
     def gauges(self, group: tuple[str, ...], nodes: int, weights: list[float],
-               weighted: list[float], drifting: int, p99_s: float, shift: float) -> None:
+               weighted: list[float], drifting: float, p99_s: float, shift: float) -> None:
         """A group's gauges; a mean no node measured (no rows) is left out, not shown as 0."""
         self.add("nodes", group, nodes)
         for name, weight, total in zip(MEANS, weights, weighted, strict=True):

@@ -226,3 +226,16 @@ def test_registry_node_series_false_in_the_environment_turns_the_setting_off(
     assert RegistrySettings().node_series is True
     monkeypatch.setenv("REGISTRY_NODE_SERIES", "false")
     assert RegistrySettings().node_series is False
+
+
+def test_numbers_a_report_cannot_mean_count_as_zero() -> None:
+    metrics, _ = metrics_with_clock(node_series=False)  # (the intake lets no NaN through)
+    metrics.report(edge("e1"), {"requests": math.nan, "rows": True, "escalation_rate": 0.5,
+                                "p99_ms": -5.0, "input_shift": math.inf, "input_rows": 10**400})
+    metrics.report(edge("e2"), {"requests": 3, "rows": 4, "escalation_rate": 2.0})  # capped
+    found = page(metrics)
+    assert at(found, "requests_total", **EU) == 3
+    assert at(found, "rows_total", **EU, answered_by="center") == 4
+    assert at(found, "rows_total", **EU, answered_by="edge") == 0
+    assert at(found, "p99_seconds", **EU) == 0 and at(found, "input_shift", **EU) is None
+    assert at(found, "nodes", **EU) == 2
