@@ -9,7 +9,8 @@ In-process (``--nodes``, default 10,000): ``SyncMetrics`` fed every node's repor
 the registry's event loop would be fed, served by its own /metrics server. Through a real
 ``registry serve`` (``--registry-nodes``, default 1,000; 0 skips): bench.fleet's simulated
 nodes, every edge reporting, one region. Prometheus is Debian's ``/usr/bin/prometheus``
-scraping every 5 s, read after 3 good scrapes. About 1-2 minutes per row on 2 cores.
+scraping every 5 s, read after 3 good scrapes. About 1-2 minutes per row on 2 cores (3-4
+for 10,000 nodes through registry serve).
 """
 
 from __future__ import annotations
@@ -46,14 +47,14 @@ def table(rows: list[Row]) -> Table:
     t = Table(title="The registry's /metrics, per-node series on and off")
     for column in ("fed by", "nodes", "per-node series", "page KiB", "samples (of them "
                    "fleet)", "make / fetch page, s", "report, µs", "Prometheus series",
-                   "TSDB head series", "scrape s (last / max)"):
+                   "TSDB head series", "scrape s (last / max)", "scrapes failed"):
         t.add_column(column, justify="left" if column == "fed by" else "right")
     for r in rows:
         t.add_row(r.how, f"{r.nodes:,}", "on" if r.node_series else "off",
                   f"{r.page_bytes / 1024:,.1f}", f"{r.samples:,} ({r.fleet_samples:,})",
                   f"{r.make_s:.3f}", "-" if math.isnan(r.report_us) else f"{r.report_us:.1f}",
                   f"{r.prometheus_series:,.0f}", f"{r.head_series:,}",
-                  f"{r.scrape_s:.3f} / {r.scrape_max_s:.3f}")
+                  f"{r.scrape_s:.3f} / {r.scrape_max_s:.3f}", f"{r.failed} of {r.scrapes}")
     return t
 
 
@@ -85,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     show(table(rows))
     show("Samples: as prometheus_client's parser reads the page. Prometheus series: "
          "count({job=\"registry\"}) after 3 scrapes 5 s apart, the page's samples and the 5 "
-         "series Prometheus adds per target (up, scrape_*); the TSDB head holds nothing else. "
+         "series Prometheus adds per target (up, scrape_*); the TSDB head holds nothing "
+         "else. A failed scrape: up 0, the 5 s scrape timeout passed. "
          "In-process: make = SyncMetrics.exposition() (median of 5); report = "
          "SyncMetrics.report per report of the second interval (replacing each node's "
          "first). Registry serve: fetch = one GET of /metrics.")

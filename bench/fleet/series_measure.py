@@ -42,6 +42,8 @@ class Row:
     head_series: int  # its TSDB head: the above + up and scrape_* series
     scrape_s: float  # scrape_duration_seconds, the last scrape
     scrape_max_s: float  # ... the slowest of them
+    failed: int  # scrapes that failed (up 0: a timeout) of those made
+    scrapes: int
 
 
 def page_counts(text: str) -> tuple[int, int]:
@@ -50,14 +52,17 @@ def page_counts(text: str) -> tuple[int, int]:
     return len(samples), sum(1 for n in samples if n.startswith("registry_fleet_"))
 
 
-def scraped(target: str, folder: Path) -> tuple[float, int, float, float]:
+def scraped(target: str, folder: Path) -> tuple[float, int, float, float, int, int]:
     with Prometheus(target, folder, SCRAPE_S) as prom:
         if not prom.scraped(SCRAPES, timeout_s=SCRAPE_S * (SCRAPES + 6) + 30):
             raise RuntimeError(f"prometheus did not scrape {target} {SCRAPES} times")
         return (prom.query(f'count({{job="{JOB}"}})') or 0.0, prom.head_series() or 0,
                 prom.query(f'scrape_duration_seconds{{job="{JOB}"}}') or 0.0,
                 prom.query(f'max_over_time(scrape_duration_seconds{{job="{JOB}"}}[10m])')
-                or 0.0)
+                or 0.0,
+                int(prom.query(f'count_over_time(up{{job="{JOB}"}}[10m]) - '
+                               f'sum_over_time(up{{job="{JOB}"}}[10m])') or 0),
+                int(prom.query(f'count_over_time(up{{job="{JOB}"}}[10m])') or 0))
 
 
 def fleet_reports(nodes: int, regions: int, canary: float) -> list[tuple[list[str],
@@ -112,14 +117,14 @@ def in_process(nodes: int, node_series: bool, folder: Path, regions: int = 4,
             text = metrics.exposition()
             times.append(time.perf_counter() - began)
         samples, fleet = page_counts(text.decode())
-        series, head, scrape, scrape_max = scraped(f"127.0.0.1:{server.server_port}", folder)
+        prom = scraped(f"127.0.0.1:{server.server_port}", folder)
     finally:
         stop.set()
         server.shutdown()
         server.server_close()
         feeder.join()
     return Row("in-process", nodes, node_series, len(text), samples, fleet,
-               statistics.median(times), report_us, series, head, scrape, scrape_max)
+               statistics.median(times), report_us, *prom)
 
 
 def through_registry(nodes: int, node_series: bool, template: Path, work: Path) -> Row:
@@ -141,11 +146,10 @@ def through_registry(nodes: int, node_series: bool, template: Path, work: Path) 
         text = httpx.get(registry.metrics_url, timeout=60).text
         fetch_s = time.perf_counter() - began
         samples, fleet = page_counts(text)
-        series, head, scrape, scrape_max = scraped(f"127.0.0.1:{registry.metrics_port}",
-                                                   root / "prometheus")
+        prom = scraped(f"127.0.0.1:{registry.metrics_port}", root / "prometheus")
     finally:
         if workers is not None:
             workers.stop()
         registry.stop()
     return Row("registry serve", nodes, node_series, len(text.encode()), samples, fleet,
-               fetch_s, float("nan"), series, head, scrape, scrape_max)
+               fetch_s, float("nan"), *prom)

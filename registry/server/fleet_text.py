@@ -92,8 +92,8 @@ class Text:
         """A group's gauges; a mean no node measured (no rows) is left out, not shown as 0."""
         self.add("nodes", group, nodes)
         for name, weight, total in zip(MEANS, weights, weighted, strict=True):
-            if weight > 0:
-                self.add(name, group, total / weight)
+            if weight > 0:  # (the running sums' rounding may leave a -1e-17)
+                self.add(name, group, max(total / weight, 0.0))
         self.add("input_shift_max", group, shift)
         self.add("p99_seconds", group, p99_s)
         self.add("drifting_nodes", group, drifting)
