@@ -47,6 +47,7 @@ bench: demo
 	$(BIN)/python -m bench.control --markdown docs/bench/control.md --plot docs/control.png
 	$(BIN)/python -m bench.rollout --markdown docs/bench/rollout.md
 	$(BIN)/python -m bench.fleet --markdown docs/bench/fleet.md
+	$(BIN)/python -m bench.fleet.series --markdown docs/bench/fleet_series.md
 	$(BIN)/python -m bench.delta --markdown docs/bench/delta.md
 	$(BIN)/python -m bench.tuf --markdown docs/bench/tuf.md
 	$(BIN)/python -m bench.chaos --markdown docs/bench/chaos.md

@@ -15,8 +15,8 @@ from bench.kit import machine_line
 DOCS = Path("docs")
 ORDER = ["tiers", "tiers_before_after", "tiers_digits", "profile", "quantization", "peers",
          "peers_digits", "protocols", "cascade", "cascade_digits", "control",
-         "rollout", "fleet", "delta", "tuf", "chaos", "fuzz", "swaps", "sites", "swarm",
-         "soak", "registry_backup", "registry_failover", "console", "gpu"]
+         "rollout", "fleet", "fleet_series", "delta", "tuf", "chaos", "fuzz", "swaps", "sites",
+         "swarm", "soak", "registry_backup", "registry_failover", "console", "gpu"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:

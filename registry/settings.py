@@ -106,6 +106,12 @@ class RegistrySettings(ConsulSettings):
     report_interval_s: float = Field(default=10.0, gt=0)
     """How often subscribers send quality reports (told to them on connect)."""
 
+    node_series: bool = True
+    """Export every node's last quality report as its own series (``registry_node_*``: about
+    18 per node) on the registry's /metrics; the fleet's aggregates (``registry_fleet_*``,
+    per model, version, tier and region) are exported either way. Turn it off for a large
+    fleet (docs/registry.md, "Fleet aggregates")."""
+
     budget_split: Literal["traffic", "equal"] = "traffic"
     """How ``registry serve`` splits the centers' capacity over the edges when a model has no
     policy of its own (``registry cascade MODEL --split``): by each edge's traffic, or

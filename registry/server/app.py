@@ -26,7 +26,9 @@ log = logging.getLogger(__name__)
 
 
 async def serve(settings: RegistrySettings) -> None:
-    metrics = SyncMetrics()
+    # a node that missed three reports is gone from the fleet's gauges (as from the budgets)
+    metrics = SyncMetrics(node_series=settings.node_series,
+                          stale_after_s=3 * settings.report_interval_s)
     http = None
     if settings.metrics_port is not None:
         http = serve_http(metrics, settings.host, settings.metrics_port)

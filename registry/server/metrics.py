@@ -1,9 +1,12 @@
-"""The registry's Prometheus series: sync traffic and every node's last quality report.
+"""The registry's Prometheus series: sync traffic, every node's last quality report, and the
+fleet's aggregates of them (``registry.server.fleet_series``).
 
 The per-node series (``registry_node_*``, one per report field and node) are rendered as text
 once per report, not at each scrape, and served after prometheus_client's own: at 5,000
 reporting nodes its labelled gauges held 67 MiB and a scrape formatted 90,000 samples again
-(1 s of CPU on the registry's process, 3-7 s while it served the nodes: bench.fleet)."""
+(1 s of CPU on the registry's process, 3-7 s while it served the nodes: bench.fleet). A large
+fleet turns them off (``REGISTRY_NODE_SERIES=false``) and keeps the aggregates, whose series
+are bounded by the releases and regions."""
 
 from __future__ import annotations
 
@@ -22,6 +25,8 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, ThreadingWSGIServer
 from prometheus_client.utils import floatToGoString
+
+from registry.server.fleet_series import FleetSeries
 
 NODE = ["node", "tier", "region", "model", "version"]
 DROPPED = {"ack": ("unknown-model", "malformed", "seq-not-pushed"),
@@ -64,7 +69,10 @@ QUALITY = {  # report field -> (series, help, scale)
 
 
 class SyncMetrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, node_series: bool = True,
+                 stale_after_s: float = 30.0) -> None:
+        """``node_series``: export the per-node series too; ``stale_after_s``: how long a
+        node's last report counts in the fleet's gauges."""
         self.registry = r = registry or CollectorRegistry()
         ProcessCollector(registry=r)  # the process's CPU and memory (the resources panels)
         self.connected = Gauge("registry_sync_nodes_connected", "Nodes with an open Sync "
@@ -93,7 +101,8 @@ class SyncMetrics:
             "registry's signed word of its chain's head) that the chain no longer holds: "
             "records were removed or rewritten (`registry audit --verify` names them)",
             registry=r)
-        self.nodes = NodeSeries()
+        self.nodes = NodeSeries() if node_series else None
+        self.fleet = FleetSeries(stale_after_s)
         self.dropped = Counter("registry_sync_dropped", "Acks and quality reports dropped: "
                                "for a model (version) not pushed to that node nor held by it, "
                                "or malformed", ["kind", "reason"], registry=r)
@@ -124,12 +133,17 @@ class SyncMetrics:
                 self.rollout_held.labels(model, reason).set(1.0 if reason == held else 0.0)
 
     def report(self, labels: list[str], report: dict[str, Any]) -> None:
-        """Export one node's report; the series of its previous version are dropped."""
-        self.nodes.report(labels, report)
+        """Export one node's report (``labels``: node, tier, region, model, version); the
+        series of its previous version are dropped."""
+        self.fleet.report(labels, report)
+        if self.nodes is not None:
+            self.nodes.report(labels, report)
 
     def exposition(self) -> bytes:
-        """The /metrics page: the text format (0.0.4), the per-node series last."""
-        return generate_latest(self.registry) + self.nodes.render().encode()
+        """The /metrics page: the text format (0.0.4), the fleet's then the per-node series
+        last."""
+        nodes = self.nodes.render() if self.nodes is not None else ""
+        return generate_latest(self.registry) + (self.fleet.render() + nodes).encode()
 
     def replication(self, roles: Any) -> None:
         """The replication series, read from ``roles`` (``registry.server.app.Roles``) and the
