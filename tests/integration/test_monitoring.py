@@ -78,7 +78,7 @@ def wait_for(condition: Any, timeout: float, what: str, poll: float = 0.5) -> fl
         try:
             if condition():
                 return time.monotonic() - started
-        except (httpx.HTTPError, KeyError):
+        except (httpx.HTTPError, KeyError, IndexError):  # no answer yet, or an empty one
             pass
         time.sleep(poll)
     raise AssertionError(f"{what}: not within {timeout} s")
