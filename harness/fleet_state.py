@@ -38,17 +38,18 @@ REFUSED = "edge-12"
 HALTING = waves.WavePolicy((0.15, 0.5, 1.0), bake_s=10, min_audit_rows=100)
 
 
-def manifest(seed: int) -> Manifest:
+def manifest(name: str = MODEL, seed: int = 0, publisher: str = "harness") -> Manifest:
+    """A small release's manifest (artifacts named by ``seed``), for the registry's own code."""
     def artifact(file: str, fmt: str) -> Artifact:
         return Artifact(file, f"{seed:02d}{fmt[:2]}".ljust(64, "0"), 10, fmt)  # type: ignore[arg-type]
 
-    return Manifest(name=MODEL, version=0, labels=["neg", "pos"],
+    return Manifest(name=name, version=0, labels=["neg", "pos"],
                     inputs=[TensorSpec("input_ids", "INT64", [-1, -1])],
                     outputs=[TensorSpec("logits", "FP32", [-1, 2])],
                     preprocessing=Preprocessing(None, 32), center=artifact("c.pt", "torchscript"),
                     edge=artifact("e.onnx", "onnx"), tokenizer=None,
                     calibration=Calibration("default", 0.7),
-                    fidelity=Fidelity(1.0, 1, 0.97, "generated"), publisher="harness",
+                    fidelity=Fidelity(1.0, 1, 0.97, "generated"), publisher=publisher,
                     published_at="now", source_sha256=str(seed))
 
 

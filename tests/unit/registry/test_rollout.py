@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import fleet_state
 from registry.fleet import nodes as node_writes
 from registry.fleet.nodes import Held, NodeBook
 from registry.releases.catalog import Catalog
@@ -14,12 +15,7 @@ from registry.releases.plan import RolloutNode
 from registry.store import chain
 from registry.store.db import connect
 from serving.release.manifest import (
-    Artifact,
-    Calibration,
-    Fidelity,
     Manifest,
-    Preprocessing,
-    TensorSpec,
 )
 
 EU_EDGE = RolloutNode("edge-1", "edge", "eu")
@@ -28,17 +24,7 @@ CENTER = RolloutNode("center-1", "center", "eu")
 
 
 def manifest(name: str = "m", seed: int = 0) -> Manifest:
-    def artifact(file: str, fmt: str) -> Artifact:
-        return Artifact(file, f"{seed:02d}{fmt[:2]}".ljust(64, "0"), 10, fmt)  # type: ignore[arg-type]
-
-    return Manifest(name=name, version=0, labels=["neg", "pos"],
-                    inputs=[TensorSpec("input_ids", "INT64", [-1, -1])],
-                    outputs=[TensorSpec("logits", "FP32", [-1, 2])],
-                    preprocessing=Preprocessing(None, 32), center=artifact("c.pt", "torchscript"),
-                    edge=artifact("e.onnx", "onnx"), tokenizer=None,
-                    calibration=Calibration("default", 0.7), fidelity=Fidelity(1.0, 1, 0.97,
-                                                                                "generated"),
-                    publisher="t", published_at="now", source_sha256=str(seed))
+    return fleet_state.manifest(name, seed, publisher="t")
 
 
 @pytest.fixture
