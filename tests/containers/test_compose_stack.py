@@ -47,10 +47,11 @@ REGISTRIES = ("registry", "registry-standby")  # compose services = the addresse
 # INT8 agreement of the tiny edge depends on the CPU (as in tests/conftest.py's TEST_FLOOR)
 PUBLISH = ("registry", "publish", "/release", "--name", "sentiment", "--min-fidelity", "0.9")
 PROJECT_LABEL = "com.docker.compose.project=tiered"  # docker-compose.yml's `name:`
-SERVICES = ("consul", *REGISTRIES, "center", "edge-eu", "edge-us", "nginx")
+SERVICES = ("consul", *REGISTRIES, "center", "edge-eu", "edge-us", "nginx", "prometheus-targets",
+            "prometheus", "alertmanager")
 NODES = {"center-eu-1", "edge-eu-1", "edge-us-1"}
 IMAGES = ("tiered/registry:0.1.0", "tiered/center:0.1.0-cpu", "tiered/edge:0.1.0",
-          "tiered/nginx:0.1.0")
+          "tiered/nginx:0.1.0", "tiered/monitoring:0.1.0")
 TEXTS = ["a wonderful, moving film", "dull and far too long", "it was fine, I guess",
          "the best thing I saw this year", "not my cup of tea", "an uneven but charming story"]
 
@@ -69,6 +70,7 @@ class Stack:
     consul: str
     secrets: dict[str, str]
     figures: dict[str, Any] = field(default_factory=dict)
+    prometheus: str = ""  # Prometheus's loopback port on the host
     primary: str = "registry"  # the registry service holding the lock (``wait_primary``)
 
     def compose(self, *args: str, timeout: float = 600) -> str:
@@ -178,9 +180,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         pytest.skip("a private dockerd needs root")
     folder = tmp_path_factory.mktemp("compose")
     http_port, grpc_port, consul_port = _free_port(), _free_port(), _free_port()
+    prometheus_port, alertmanager_port = _free_port(), _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DOCKER_", "COMPOSE_"))}
     env.update(TIERED_COMPOSE_ENV=str(folder / "compose.env"), TIERED_HTTP_PORT=str(http_port),
                TIERED_GRPC_PORT=str(grpc_port), TIERED_CONSUL_PORT=str(consul_port),
+               TIERED_PROMETHEUS_PORT=str(prometheus_port),
+               TIERED_ALERTMANAGER_PORT=str(alertmanager_port),
                TIERED_RELEASE=str(RELEASE))
     pidfile = STATE / "dockerd.pid"
     already = pidfile.is_file() and Path(f"/proc/{pidfile.read_text().strip()}").exists()
@@ -198,7 +203,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         secrets = dict(line.split("=", 1) for line in
                        (folder / "compose.env").read_text().splitlines() if "=" in line)
         stack = Stack(env, f"http://127.0.0.1:{http_port}", grpc_port,
-                      f"http://127.0.0.1:{consul_port}", secrets, figures)
+                      f"http://127.0.0.1:{consul_port}", secrets, figures,
+                      prometheus=f"http://127.0.0.1:{prometheus_port}")
         try:
             yield stack
         finally:
@@ -315,6 +321,18 @@ def test_the_compose_stack_end_to_end(stack: Stack) -> None:
     edge_checks = [c for c in checks if c["ServiceName"] == "tiered-edge"]
     assert len({c["ServiceID"] for c in edge_checks}) == 2
     assert {c["Type"] for c in edge_checks} >= {"http", "grpc"}
+
+    # Prometheus found every node through Consul (prometheus-targets) and scrapes it
+    def scraped() -> dict[str, str]:
+        found = httpx.get(f"{stack.prometheus}/api/v1/targets", timeout=10).json()
+        return {t["labels"].get("node", t["labels"]["job"]): t["health"]
+                for t in found["data"]["activeTargets"]}
+
+    deadline = time.monotonic() + 90
+    while not (set(scraped()) >= NODES and set(scraped().values()) == {"up"}):
+        assert time.monotonic() < deadline, scraped()
+        time.sleep(2)
+    figures["prometheus_targets"] = sorted(scraped())
 
     # JSON through nginx: confident rows at an edge, unsure ones answered by the center
     with httpx.Client() as client:
