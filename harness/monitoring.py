@@ -137,8 +137,8 @@ class Monitoring:
         return self
 
     def _spawn(self, argv: list[str], name: str) -> None:
-        log = (self.root / f"{name}.log").open("wb")
-        self.processes.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
+        with (self.root / f"{name}.log").open("wb") as log:  # the child holds its own copy
+            self.processes.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT))
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         return query(self.url, expr)
