@@ -154,12 +154,15 @@ class Printer:
 
 
 def ensure_tools() -> None:
-    if (BIN / "consul").exists() and (shutil.which("nginx") or Path("/usr/sbin/nginx").exists()):
+    if (BIN / "consul").exists() and (shutil.which("nginx") or Path("/usr/sbin/nginx").exists()) \
+            and prometheus.binary(prometheus.PROMETHEUS_BIN) \
+            and prometheus.binary(prometheus.ALERTMANAGER_BIN):
         return
     script = ROOT / "scripts" / "install_tools.sh"
     if not script.is_file():
-        raise click.ClickException("consul or nginx is missing and scripts/install_tools.sh "
-                                   "is not here to install them")
+        raise click.ClickException("consul, nginx, prometheus or prometheus-alertmanager is "
+                                   "missing and scripts/install_tools.sh is not here to "
+                                   "install them")
     subprocess.run(["bash", str(script)], check=True)
 
 
