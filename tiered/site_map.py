@@ -11,10 +11,9 @@ from registry.store.role import read_state
 from serving.fleet.discovery import SERVICES
 from tiered.children import Child
 from tiered.consul_cluster import CONSUL_HTTP
-from tiered.monitoring import prometheus
 from tiered.monitoring.prometheus import Monitor
+from tiered.monitoring.watched import Watched
 from tiered.netns import Host, Network
-from tiered.running import RunningFleet
 from tiered.views import registry_database
 
 CORE = "core"
@@ -27,7 +26,7 @@ PROMETHEUS_PORT, ALERTMANAGER_PORT = 9090, 9093
 
 
 @dataclass
-class SiteMap(RunningFleet):
+class SiteMap(Watched):
     """The sites' topology and each child's place on it: a child runs inside its host's
     namespace and registers with its site's Consul agent. Which registry is primary is read
     from each registry's own database."""
@@ -42,7 +41,6 @@ class SiteMap(RunningFleet):
     standbys: int = field(default=1, kw_only=True)  # registries beside the primary, each on
     # a host of its own (registry-2, ...): every registry runs --ha, one is elected primary;
     # 0: one standalone
-    alertmanager_config: Path = prometheus.ALERTMANAGER_CONFIG  # the receivers (user-edited)
 
     def host(self, name: str) -> Host:
         return self.network.hosts[name]

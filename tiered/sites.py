@@ -29,11 +29,8 @@ import secrets
 import shutil
 import time
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
-
-import httpx
 
 from registry.trust import pki
 from tiered import consul_cluster
@@ -185,31 +182,12 @@ class Sites(SiteMap):
                           *self.nginx_flags, grpc_listen=f"{host.address}:{ENTRY_GRPC}")
         return self.spawn(name, argv, ENTRY_PORT, "nginx")
 
-    def start_monitoring(self) -> None:
-        """Alertmanager, the target renderer (the monitoring host's own Consul agent, the
-        ``prometheus`` role's read-only token) and Prometheus on the ``monitoring`` host;
-        waits until both answer ready."""
-        host, monitor = self.host(MONITOR), self.monitor
-        for name in ("alertmanager", "targets", "prometheus"):
-            self.placement[name] = host
-        started = [self.spawn("alertmanager", monitor.alertmanager_argv(
-            self.alertmanager_config), monitor.alertmanager_port, "monitoring")]
-        self.spawn("targets", monitor.targets_argv(self.agent_of(host)), 0, "targets")
-        https = frozenset(r for r in ("edge", "center") if self.tls_serving(r))
-        started.append(self.spawn("prometheus", monitor.prometheus_argv(
-            https, self.tls / "ca.pem"), monitor.prometheus_port, "monitoring"))
-        for child in started:
-            self.children.wait(partial(ready, f"http://{host.address}:{child.port}/-/ready"),
-                               30, f"{child.name} ready", child)
+    def monitor_consul(self) -> str:
+        """The renderer follows the monitoring host's own Consul agent."""
+        return self.agent_of(self.host(MONITOR))
 
-    @property
-    def prometheus_url(self) -> str | None:
-        return f"http://{self.monitor.prometheus}" if "prometheus" in self.children else None
-
-    @property
-    def alertmanager_url(self) -> str | None:
-        return (f"http://{self.monitor.alertmanager}" if "alertmanager" in self.children
-                else None)
+    def placed(self, name: str) -> None:
+        self.placement[name] = self.host(MONITOR)
 
     def on(self, host: Host) -> list[Child]:
         """The children running on ``host``, in the order they were started."""
@@ -248,8 +226,6 @@ class Sites(SiteMap):
                            for n, home in self.registry_homes().items()},
             "center": self.node_url("center-1") if "center-1" in self.placement else None,
             "prometheus": self.prometheus_url, "alertmanager": self.alertmanager_url}
-        # where `tiered up` puts them too (`tiered status`, `tiered report`)
-        state |= {"prometheus": self.prometheus_url, "alertmanager": self.alertmanager_url}
         return state
 
     def stop(self) -> None:
@@ -259,6 +235,3 @@ class Sites(SiteMap):
         finally:
             self.network.close()
 
-
-def ready(url: str) -> bool:
-    return httpx.get(url, timeout=1).status_code == 200

@@ -6,30 +6,25 @@ going, the health waits, ``stack.json`` and stopping are ``tiered.running``'s.
 
 from __future__ import annotations
 
-import secrets
 import time
-from dataclasses import dataclass
-from functools import partial
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from registry.trust import pki
-from serving.config.tokens import write_secret
 from serving.fleet.discovery import SERVICES
 from tiered.children import Child
-from tiered.commands import BIN, console_argv, nginx_argv, registry_argv, tier_argv
+from tiered.commands import BIN, nginx_argv, registry_argv, tier_argv
 from tiered.monitoring import prometheus
+from tiered.monitoring.watched import Watched
 from tiered.processes import free_port
-from tiered.running import RunningFleet
 
-MONITORING = "monitoring"  # the role of Prometheus, Alertmanager and the target renderer
 CONSUL_CONFIG = Path(__file__).resolve().parent.parent / "consul" / "dev.hcl"
 
 
 @dataclass
-class Stack(RunningFleet):
+class Stack(Watched):
     """One local fleet on 127.0.0.1: every child on a free port, each started the way
     ``tiered up`` starts it (the start steps are the seams the stack tests use one by one)."""
 
@@ -43,7 +38,7 @@ class Stack(RunningFleet):
     # fleet: `tiered up` runs them; the stack tests that do not look at them start without
     prometheus_port: int = 0  # 0: a free port
     alertmanager_port: int = 0
-    alertmanager_config: Path = prometheus.ALERTMANAGER_CONFIG  # the receivers (user-edited)
+    _monitor: prometheus.Monitor | None = field(default=None, init=False, repr=False)
 
     @property
     def consul(self) -> str:
@@ -85,6 +80,7 @@ class Stack(RunningFleet):
             self.start_edge(f"edge-{region}-1", region)
         if self.monitoring:  # before nginx: the entry passes /console/ to the console
             self.start_monitoring()
+            self.start_console()
         self.start_nginx()
         self.save()
         self.wait_healthy(timeout)
@@ -137,59 +133,14 @@ class Stack(RunningFleet):
         return self.spawn(name, argv, port, tier)
 
     @property
-    def prometheus_url(self) -> str | None:
-        child = self.children.get("prometheus")
-        return f"http://127.0.0.1:{child.port}" if child else None
-
-    @property
-    def alertmanager_url(self) -> str | None:
-        child = self.children.get("alertmanager")
-        return f"http://127.0.0.1:{child.port}" if child else None
-
-    def start_monitoring(self) -> None:
-        """Alertmanager, the Consul-fed target renderer and Prometheus (``prometheus.Monitor``:
-        data under ``<root>/prometheus`` and ``<root>/alertmanager``), then the console;
-        waits until each answers ready."""
-        monitor = prometheus.Monitor(self.root, "127.0.0.1",
-                                     self.prometheus_port or free_port(),
-                                     self.alertmanager_port or free_port())
-        am = self.spawn("alertmanager", monitor.alertmanager_argv(self.alertmanager_config),
-                        monitor.alertmanager_port, MONITORING)
-        self.spawn("targets", monitor.targets_argv(self.consul), 0, "targets")
-        child = self.spawn("prometheus", monitor.prometheus_argv(
-            frozenset(r for r in ("edge", "center") if self.tls_serving(r)),
-            self.tls / "ca.pem"), monitor.prometheus_port, MONITORING)
-        for name, c in (("Alertmanager", am), ("Prometheus", child)):
-            self.children.wait(partial(_ready, f"http://127.0.0.1:{c.port}/-/ready"), 30,
-                               f"{name} ready", c)
-        self.start_console()
-
-    @property
-    def console_credential(self) -> Path:
-        """The operator's secret for the fleet console (0600; user ``operator``)."""
-        return self.root / "console" / "operator.secret"
-
-    def start_console(self) -> Child:
-        """The read-only fleet console on loopback, reached through the entry at /console/,
-        never anonymous: its secret is made here (once per stack root) for the summary."""
-        if not self.console_credential.is_file():
-            self.console_credential.parent.mkdir(parents=True, exist_ok=True)
-            self.console_credential.parent.chmod(0o700)
-            write_secret(self.console_credential,
-                         f"{secrets.token_urlsafe(24)}\n".encode())
-        port = free_port()
-        links = ["--prometheus", str(self.prometheus_url), "--alertmanager",
-                 str(self.alertmanager_url), "--consul-ui", f"http://{self.consul}/ui"]
-        child = self.spawn("console", console_argv(self.registry_home, port,
-                                                   self.console_credential, *links),
-                           port, "console")
-        self.children.wait(partial(_ready, f"http://127.0.0.1:{port}/console/healthz"), 30,
-                           "the console ready", child)
-        return child
-
-    def state(self) -> dict[str, Any]:
-        return super().state() | {"prometheus": self.prometheus_url,
-                                  "alertmanager": self.alertmanager_url}
+    def monitor(self) -> prometheus.Monitor:
+        """Prometheus and Alertmanager on loopback, data under the root; a port of 0 is a free
+        one, chosen once."""
+        if self._monitor is None:
+            self._monitor = prometheus.Monitor(self.root, "127.0.0.1",
+                                               self.prometheus_port or free_port(),
+                                               self.alertmanager_port or free_port())
+        return self._monitor
 
     def start_nginx(self) -> Child:
         grpc = f"127.0.0.1:{self.grpc_port}" if self.grpc_port else None
@@ -203,6 +154,3 @@ class Stack(RunningFleet):
                           *self.nginx_flags, grpc_listen=grpc)
         return self.spawn("nginx", argv, self.http_port, "nginx")
 
-
-def _ready(url: str) -> bool:
-    return httpx.get(url, timeout=1).status_code == 200

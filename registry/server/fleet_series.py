@@ -29,7 +29,7 @@ MAX_LABEL = 64  # characters of a label value kept (model names may be 128)
 
 
 @dataclass(frozen=True, slots=True)
-class Entry:
+class NodeLast:
     """One node's last report of a model, as it counts in its group's gauges."""
 
     group: Group
@@ -44,13 +44,13 @@ class Entry:
 class Gauges:
     """A group's running sums over its nodes' last reports."""
 
-    members: dict[tuple[str, str], Entry] = field(default_factory=dict)
+    members: dict[tuple[str, str], NodeLast] = field(default_factory=dict)
     sums: list[float] = field(default_factory=lambda: [0.0] * (2 * len(MEANS) + 1))
     p99_s: float = 0.0
     shift: float = 0.0
     stale_max: bool = False  # the largest p99 or shift left: find them again at the scrape
 
-    def add(self, key: tuple[str, str], e: Entry, sign: int) -> None:
+    def add(self, key: tuple[str, str], e: NodeLast, sign: int) -> None:
         if sign > 0:
             self.sums = [a + b for a, b in zip(self.sums, e.sums, strict=True)]
             self.members[key] = e
@@ -77,7 +77,7 @@ class FleetSeries:
                  confidence_bounds: Iterable[float] = (*LOW_BOUNDS, *CONFIDENCE_BUCKETS)) -> None:
         self.stale_after_s, self.clock = stale_after_s, clock
         self.accepted = frozenset(float(b) for b in confidence_bounds)
-        self._last: OrderedDict[tuple[str, str], Entry] = OrderedDict()  # oldest report first
+        self._last: OrderedDict[tuple[str, str], NodeLast] = OrderedDict()  # oldest report first
         self._gauges: dict[Group, Gauges] = {}
         self._requests: dict[Group, float] = {}
         self._rows: dict[tuple[Group, str], float] = {}
@@ -102,7 +102,7 @@ class FleetSeries:
         if values[ACCURACY] <= 0:  # 0: not enough audit rows for an estimate
             weights[ACCURACY] = 0.0
         drifting = float(bool(report.get("drift")) or bool(report.get("confidence_drift")))
-        entry = Entry(group, self.clock(), (*weights, *(w * v for w, v in zip(
+        entry = NodeLast(group, self.clock(), (*weights, *(w * v for w, v in zip(
             weights, values, strict=True)), drifting), _number(report.get("p99_ms")) / 1000,
                       _number(report.get("input_shift")))
         key = (node, model)

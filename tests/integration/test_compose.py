@@ -567,7 +567,8 @@ def test_the_edge_image_drops_only_packages_the_edge_never_imports() -> None:
 OPTIONAL = {"psutil",  # opentelemetry.sdk.resources (process attributes)
             "brotli",  # httpx / aiohttp (brotli content encoding)
             "grpcio-tools",  # grpc.protos (runtime .proto loading, unused)
-            "setuptools"}  # _distutils_hack, a .pth hook in every venv
+            "setuptools",  # _distutils_hack, a .pth hook in every venv
+            "pysocks"}  # urllib3's SOCKS proxies (selenium, a test tool, pulls it in)
 
 
 def _closure(requirements: list[str]) -> set[str]:

@@ -67,7 +67,7 @@ class Release:
 
 
 @dataclass(frozen=True)
-class Node:
+class NodeUptime:
     tier: str
     node: str
     availability: float
@@ -81,7 +81,7 @@ class Report:
     tiers: list[Tier]
     releases: list[Release]
     rows: Rows  # every edge's rows
-    nodes: list[Node] = field(default_factory=list)  # the least available, below 100%
+    nodes: list[NodeUptime] = field(default_factory=list)  # the least available, below 100%
 
 
 def by(prom: Prometheus, query: str, labels: Key, at: float,
@@ -159,8 +159,9 @@ def release_order(key: Key) -> tuple[str, int, str]:
     return model, int(version) if version.isdigit() else -1, version
 
 
-def least_available(nodes: dict[Key, tuple[float, float]], w: Window, worst: int) -> list[Node]:
+def least_available(nodes: dict[Key, tuple[float, float]], w: Window,
+                    worst: int) -> list[NodeUptime]:
     """The ``worst`` nodes with a scrape down, least available first."""
-    down = [Node(job, node, up / n, (n - up) * w.covered / n)
+    down = [NodeUptime(job, node, up / n, (n - up) * w.covered / n)
             for (job, node), (up, n) in nodes.items() if n and up < n]
     return sorted(down, key=lambda d: (d.availability, d.tier, d.node))[:worst]
