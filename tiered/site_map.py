@@ -68,8 +68,10 @@ class SiteMap(Watched):
     @property
     def monitor(self) -> Monitor:
         """Prometheus and Alertmanager on the ``monitoring`` host, data under the root."""
+        # scraped every 15 s, as in compose and Swarm: less load beside a dozen nodes (the
+        # loopback stack's 5 s is for alerts within seconds on one machine)
         return Monitor(self.root, self.host(MONITOR).address, PROMETHEUS_PORT,
-                       ALERTMANAGER_PORT)
+                       ALERTMANAGER_PORT, interval_s=15)
 
     def entry(self, site: str) -> str:
         return f"http://{self.host(f'{site}-gw').address}:{ENTRY_PORT}"

@@ -110,6 +110,7 @@ class Monitor:
     address: str  # both listen on it: loopback, or a private host address
     prometheus_port: int
     alertmanager_port: int
+    interval_s: int = SCRAPE_S  # scrape and rule evaluation interval
 
     @property
     def home(self) -> Path:
@@ -132,6 +133,7 @@ class Monitor:
     def prometheus_argv(self, https: frozenset[str], ca: Path | None) -> list[str]:
         """Writes the configuration (``https``: jobs whose nodes serve HTTPS, checked against
         ``ca``), then Prometheus's command line."""
-        scrape = Scrape(self.home / "targets", self.alertmanager, self.prometheus, https, ca)
+        scrape = Scrape(self.home / "targets", self.alertmanager, self.prometheus, https, ca,
+                        self.interval_s)
         config = scrape.write(self.home / "prometheus.yml")
         return prometheus_argv(config, self.home / "data", self.prometheus)
