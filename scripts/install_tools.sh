@@ -59,11 +59,10 @@ if [ "$(uname -m)" = x86_64 ] && ! command -v qemu-x86_64 >/dev/null 2>&1; then
     sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
         --no-install-recommends qemu-user >/dev/null
 fi
-# Where an init system runs (systemd, or their /etc/init.d scripts), Debian's postinst enables
-# and starts prometheus and prometheus-alertmanager as services on their default ports (9090,
-# 9093) with Debian's own configuration; Tiered never uses those (`tiered up` starts its own,
-# data under the stack's root). Stop them if unwanted:
-#   systemctl disable --now prometheus prometheus-alertmanager
+# Where systemd runs, Debian's postinst enables and starts prometheus and
+# prometheus-alertmanager as services on 9090 and 9093 with Debian's own configuration: the
+# ports `tiered up` uses for its own. Tiered never uses those services, so the ones installed
+# here are stopped and disabled right after (a Prometheus already installed is left alone).
 # In a container (no init, or a policy-rc.d that forbids starts) nothing is started.
 missing=()
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
@@ -76,5 +75,13 @@ if [ ${#missing[@]} -gt 0 ]; then
     sudo_if_needed apt-get update -qq
     sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
         --no-install-recommends "${missing[@]}" >/dev/null
+    if [ -d /run/systemd/system ]; then
+        for unit in prometheus prometheus-alertmanager; do
+            case " ${missing[*]} " in
+                *" $unit "*) sudo_if_needed systemctl disable --now "$unit" >/dev/null 2>&1 \
+                    && echo "install_tools: stopped Debian's $unit service (tiered up runs its own)" >&2 ;;
+            esac
+        done
+    fi
 fi
 "$BIN/consul" version | sed -n 1p >&2  # sed reads it all: no SIGPIPE (exit 141) under pipefail
