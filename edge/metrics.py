@@ -61,11 +61,11 @@ class EdgeMetrics:
                                       MV, registry=r)
         self.input_shift = Gauge("edge_input_shift", "Largest standardised shift of an input "
                                  "statistic's mean from the release's calibration rows, over "
-                                 "the last report window (0: no reference, no rows)", MV,
-                                 registry=r)
-        self.input_outliers = Gauge("edge_input_outliers", "Share of the last report window's "
-                                    "rows with an input statistic beyond 4 calibration stds",
-                                    MV, registry=r)
+                                 "the last 1,000 rows the model ran (0: no reference, no "
+                                 "rows)", MV, registry=r)
+        self.input_outliers = Gauge("edge_input_outliers", "Share of the last 1,000 rows the "
+                                    "model ran with an input statistic beyond 4 calibration "
+                                    "stds", MV, registry=r)
         self.low_confidence = Gauge("edge_low_confidence_share", "Share of the last report "
                                     "window's rows with edge confidence below 0.3", MV,
                                     registry=r)

@@ -18,11 +18,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from registry.server.fleet_text import MEANS, Text, bounds, confidence, render
+from registry.server.fleet_text import MEANS, Text, bounds, confidence, label_set, render
 from serving.telemetry.quality import CONFIDENCE_BUCKETS
 
 ANSWERED_BY = ("edge", "center", "edge-degraded", "edge-shed")
-LOW_BOUNDS = (0.1, 0.2, 0.3, 0.4)  # the confidence bounds the drift reports add below 0.5
 Group = tuple[str, str, str, str]  # model, version, tier, region
 ACCURACY = list(MEANS).index("estimated_accuracy")
 MAX_LABEL = 64  # characters of a label value kept (model names may be 128)
@@ -74,7 +73,7 @@ class FleetSeries:
     text at each scrape (``render``); ``clock`` is monotonic seconds (tests pass their own)."""
 
     def __init__(self, stale_after_s: float, clock: Callable[[], float] = time.monotonic,
-                 confidence_bounds: Iterable[float] = (*LOW_BOUNDS, *CONFIDENCE_BUCKETS)) -> None:
+                 confidence_bounds: Iterable[float] = CONFIDENCE_BUCKETS) -> None:
         self.stale_after_s, self.clock = stale_after_s, clock
         self.accepted = frozenset(float(b) for b in confidence_bounds)
         self._last: OrderedDict[tuple[str, str], NodeLast] = OrderedDict()  # oldest report first
@@ -154,7 +153,4 @@ def _number(value: Any) -> float:
 
 
 def _labels(names: Iterable[str], values: Iterable[str]) -> str:
-    shown = (v[:MAX_LABEL].replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-             for v in values)
-    return "{" + ",".join(f'{k}="{v}"' for k, v in zip(names, shown, strict=True)) + "}"
-
+    return label_set(names, values, MAX_LABEL)

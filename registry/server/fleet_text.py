@@ -105,6 +105,14 @@ class Text:
         self.add("confidence", key, counts.get(math.inf, 0.0), "_count", names)
 
 
+def label_set(names: Iterable[str], values: Iterable[str], cut: int | None = None) -> str:
+    """``{name="value",...}`` in the text format, each value escaped (and cut to ``cut``
+    characters): the nodes' and the fleet's series alike."""
+    shown = (v[:cut].replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+             for v in values)
+    return "{" + ",".join(f'{k}="{v}"' for k, v in zip(names, shown, strict=True)) + "}"
+
+
 def render(text: Text) -> str:
     out = []
     for name, (kind, help_text) in FAMILIES.items():

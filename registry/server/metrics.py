@@ -27,6 +27,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, ThreadingWSGI
 from prometheus_client.utils import floatToGoString
 
 from registry.server.fleet_series import FleetSeries
+from registry.server.fleet_text import label_set
 
 NODE = ["node", "tier", "region", "model", "version"]
 DROPPED = {"ack": ("unknown-model", "malformed", "seq-not-pushed"),
@@ -57,10 +58,11 @@ QUALITY = {  # report field -> (series, help, scale)
                          1.0),
     "estimated_accuracy": ("estimated_accuracy", "Live cascade accuracy estimated from the "
                            "audit", 1.0),
-    "input_shift": ("input_shift", "Largest standardised shift of an input statistic's "
-                    "window mean from the release's calibration rows (0: no reference)", 1.0),
-    "input_outliers": ("input_outliers", "Share of rows with an input statistic beyond 4 "
-                       "calibration stds", 1.0),
+    "input_shift": ("input_shift", "Largest standardised shift of an input statistic's mean "
+                    "over the node's last 1,000 measured rows from the release's calibration "
+                    "rows (0: no reference)", 1.0),
+    "input_outliers": ("input_outliers", "Share of the node's last 1,000 measured rows with "
+                       "an input statistic beyond 4 calibration stds", 1.0),
     "low_confidence_share": ("low_confidence_share", "Share of an edge's rows with confidence "
                              "below 0.3", 1.0),
     "fidelity": ("fidelity", "Top-1 agreement with the fp32 reference on the release probe, "
@@ -195,8 +197,7 @@ class _Replication:
 
 
 def _labels(labels: Iterable[str]) -> str:
-    values = (v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"') for v in labels)
-    return "{" + ",".join(f'{k}="{v}"' for k, v in zip(NODE, values, strict=True)) + "}"
+    return label_set(NODE, labels)
 
 
 class NodeSeries:
