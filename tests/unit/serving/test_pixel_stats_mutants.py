@@ -66,3 +66,22 @@ def test_a_statistic_exactly_four_reference_stds_out_is_not_an_outlier_just_over
     measured = drift.measure([np.asarray([at]), np.asarray([over]), np.asarray([1.0])])
     assert measured.outliers == 1 and measured.rows == 3
     assert measured.shift.tolist() == pytest.approx([2 * OUTLIER_STD + 2e-6])
+
+
+def test_a_colour_images_layout_is_the_channels_average_and_each_row_is_its_own() -> None:
+    rng = np.random.default_rng(3)
+    images = rng.random((2, 3, 5, 7)).astype(np.float32)  # two rows, channels unlike each other
+    images[:, 1] *= 0.2
+    images[1, :, 0, 0] = 0.0
+    images[1, 2, 4, 6] = 3.0  # the second row's largest value, above the first row's
+    stats = PixelStats(ImageInput(height=5, width=7, channels=3))
+    rows = stats(list(images))
+    for k in range(2):
+        found = dict(zip(stats.names, rows[k].tolist(), strict=True))
+        expected = by_definition(images[k].astype(float).mean(0))
+        expected["max"] = float(images[k].max())  # over every channel, not the average
+        for name, value in expected.items():
+            assert found[name] == pytest.approx(value, rel=1e-4, abs=1e-5), (k, name)
+        for c in range(3):
+            assert found[f"mean_c{c}"] == pytest.approx(images[k, c].mean(), rel=1e-5)
+    assert rows[0, stats.names.index("max")] < 3.0 == rows[1, stats.names.index("max")]
