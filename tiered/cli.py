@@ -378,7 +378,7 @@ def demo_cmd(url: str | None, rows: int, concurrency: int, region: str | None,
     if data is not None:
         requests, what = user_rows(target, model, data, batch, headers), "rows"
     elif model not in (s.model, s.image_model):
-        raise Refused(f"{model!r} has no built-in demo data (the demos are {s.model!r} and "
+        raise UserMistake(f"{model!r} has no built-in demo data (the demos are {s.model!r} and "
                       f"{s.image_model!r}): pass --data FILE, JSON Lines or .npz")
     elif model == s.image_model and model != s.model:
         if not (s.image_release / "test.jsonl").is_file():
@@ -412,7 +412,7 @@ def demo_cmd(url: str | None, rows: int, concurrency: int, region: str | None,
 TIERS = ("edge", "center", "edge-shed", "degraded")  # what the `tier` output says answered
 
 
-class Refused(click.ClickException):
+class UserMistake(click.ClickException):
     """A mistake in what the user asked: one line on stderr, exit 2 (click's usage errors
     print the usage too)."""
 
@@ -429,7 +429,7 @@ def user_rows(url: str, model: str, path: Path, batch: int,
         metadata = model_metadata(url, model, headers)
         return read_rows(path, metadata).requests(batch)
     except DataError as exc:
-        raise Refused(str(exc)) from exc
+        raise UserMistake(str(exc)) from exc
     except httpx.HTTPError as exc:
         raise click.ClickException(f"{url} is not answering for model {model!r}: "
                                    f"{exc}") from exc
@@ -471,7 +471,7 @@ def status_cmd(as_json: bool, of_sites: bool, only: tuple[str, ...]) -> None:
     wanted = fleet_models.names(only)
     unknown = fleet.unknown(wanted)
     if unknown:
-        raise Refused(f"{', '.join(map(repr, unknown))}: no such model in the registry at "
+        raise UserMistake(f"{', '.join(map(repr, unknown))}: no such model in the registry at "
                       f"{home} (it has: {', '.join(fleet.known) or 'none'})")
     health: dict[str, list[dict[str, Any]]] = {}
     for service in (SERVICES["registry"], SERVICES["registry-standby"], SERVICES["center"],

@@ -31,7 +31,7 @@ class DataError(ValueError):
 
 
 @dataclass(frozen=True)
-class Rows:
+class LabelledRows:
     """Labelled rows for one request input: texts, encoded images or feature arrays."""
 
     kind: str  # "text" | "image" | "tensor"
@@ -63,7 +63,7 @@ class Rows:
         return DemoRequest(json.dumps({"inputs": [tensor], "outputs": OUTPUTS}).encode(), labels)
 
 
-def read_rows(path: Path, metadata: dict[str, Any]) -> Rows:
+def read_rows(path: Path, metadata: dict[str, Any]) -> LabelledRows:
     """``path``'s labelled rows for the model ``metadata`` describes (its V2 metadata)."""
     if not path.is_file():
         raise DataError(f"{path}: no such file")
@@ -86,7 +86,7 @@ def _label(value: object, names: list[str], where: str) -> str:
                     f"{', '.join(names)}, or their index)")
 
 
-def _arrays(path: Path, spec: dict[str, Any], names: list[str]) -> Rows:
+def _arrays(path: Path, spec: dict[str, Any], names: list[str]) -> LabelledRows:
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {key: data[key] for key in data.files}
@@ -110,10 +110,10 @@ def _arrays(path: Path, spec: dict[str, Any], names: list[str]) -> Rows:
         typed = rows.astype(NUMPY[datatype])
     except (TypeError, ValueError) as exc:
         raise DataError(f"{path}: {name!r} is not {datatype} ({exc})") from exc
-    return Rows("tensor", name, datatype, list(typed), labels)
+    return LabelledRows("tensor", name, datatype, list(typed), labels)
 
 
-def _lines(path: Path, inputs: list[dict[str, Any]], names: list[str], root: Path) -> Rows:
+def _lines(path: Path, inputs: list[dict[str, Any]], names: list[str], root: Path) -> LabelledRows:
     first = inputs[0]
     text = next((i["name"] for i in inputs if i["datatype"] == "BYTES"), None)
     items: list[Any] = []
@@ -144,7 +144,7 @@ def _lines(path: Path, inputs: list[dict[str, Any]], names: list[str], root: Pat
             raise DataError(f"{path}: more than {MAX_ROWS} rows")
     if not items:
         raise DataError(f"{path}: no labelled rows")
-    return Rows(kind, text if kind == "text" and text else first["name"],
+    return LabelledRows(kind, text if kind == "text" and text else first["name"],
                 first["datatype"] if kind == "tensor" else "BYTES", items, labels)
 
 
