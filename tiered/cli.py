@@ -378,8 +378,8 @@ def demo_cmd(url: str | None, rows: int, concurrency: int, region: str | None,
     if data is not None:
         requests, what = user_rows(target, model, data, batch, headers), "rows"
     elif model not in (s.model, s.image_model):
-        raise UserMistake(f"{model!r} has no built-in demo data (the demos are {s.model!r} and "
-                      f"{s.image_model!r}): pass --data FILE, JSON Lines or .npz")
+        raise UserMistake(f"{model!r} has no built-in demo data (the demos are {s.model!r} "
+                          f"and {s.image_model!r}): pass --data FILE, JSON Lines or .npz")
     elif model == s.image_model and model != s.model:
         if not (s.image_release / "test.jsonl").is_file():
             raise click.ClickException(f"the image demo is not built in {s.image_release}: "
@@ -418,6 +418,9 @@ class UserMistake(click.ClickException):
 
     exit_code = 2
 
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))  # a reason quoted from a library may
+        # carry newlines
 
 def user_rows(url: str, model: str, path: Path, batch: int,
               headers: dict[str, str]) -> list[demo_run.DemoRequest]:
@@ -471,8 +474,8 @@ def status_cmd(as_json: bool, of_sites: bool, only: tuple[str, ...]) -> None:
     wanted = fleet_models.names(only)
     unknown = fleet.unknown(wanted)
     if unknown:
-        raise UserMistake(f"{', '.join(map(repr, unknown))}: no such model in the registry at "
-                      f"{home} (it has: {', '.join(fleet.known) or 'none'})")
+        raise UserMistake(f"{', '.join(map(repr, unknown))}: no such model in the registry "
+                          f"at {home} (it has: {', '.join(fleet.known) or 'none'})")
     health: dict[str, list[dict[str, Any]]] = {}
     for service in (SERVICES["registry"], SERVICES["registry-standby"], SERVICES["center"],
                     SERVICES["edge"]):
