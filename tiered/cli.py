@@ -353,47 +353,89 @@ def swarm_provision_cmd(home: Path, folder: Path) -> None:
 @cli.command("demo")
 @click.option("--url", default=None, help="nginx entry (default: the running stack's).")
 @click.option("--rows", type=click.IntRange(1, 2000), default=2000, show_default=True,
-              help="Reviews of the test split to send.")
+              help="Reviews (or digit images) of a demo's test split to send.")
 @click.option("--concurrency", type=click.IntRange(1, 256), default=8, show_default=True)
 @click.option("--region", default=None, help="X-Tiered-Region hint (nearest edge first).")
-@click.option("--model", default=None, help="The model to send its demo's test split to: the "
-              "text model (reviews, the default) or the image model (digit PNGs).")
+@click.option("--model", default=None, help="The model to send rows to: any served model with "
+              "--data; without it, the text demo (reviews, the default) or the image demo "
+              "(digit PNGs).")
+@click.option("--data", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Your labelled rows: JSON Lines {\"text\"|\"image\"|<input>: ..., "
+                   "\"label\": ...} or an .npz of the input's array and 'labels' (as "
+                   "publish's --calibration).")
+@click.option("--batch", type=click.IntRange(1, 1024), default=1, show_default=True,
+              help="Rows of --data per request.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def demo_cmd(url: str | None, rows: int, concurrency: int, region: str | None,
-             model: str | None, as_json: bool) -> None:
-    """Send a demo's test split through nginx; print the tier split, accuracy, p50/p99 and
-    which edge answered."""
+             model: str | None, data: Path | None, batch: int, as_json: bool) -> None:
+    """Send a demo's test split (or your own labelled rows) through nginx; print the
+    accuracy, the tier split, p50/p99 per request and which edge answered."""
     s = settings_from()
     state = load_state(s.root) or {}
     target = url or state.get("url") or f"http://127.0.0.1:{s.http_port}"
     model = model or s.model
-    if model not in (s.model, s.image_model):
-        raise click.BadParameter(f"{model!r}: the demos are {s.model!r} (text) and "
-                                 f"{s.image_model!r} (images)", param_hint="--model")
-    requests = None
-    if model == s.image_model and model != s.model:
+    headers = {"X-Tiered-Region": region} if region else {}
+    if data is not None:
+        requests, what = user_rows(target, model, data, batch, headers), "rows"
+    elif model not in (s.model, s.image_model):
+        raise UserMistake(f"{model!r} has no built-in demo data (the demos are {s.model!r} "
+                          f"and {s.image_model!r}): pass --data FILE, JSON Lines or .npz")
+    elif model == s.image_model and model != s.model:
         if not (s.image_release / "test.jsonl").is_file():
             raise click.ClickException(f"the image demo is not built in {s.image_release}: "
                                        f"tiered up builds it")
-        requests = demo_run.image_requests(s.image_release, rows)
+        requests, what = demo_run.image_requests(s.image_release, rows), "images"
+    else:
+        requests, what = demo_run.text_requests(rows), "reviews"
     outcome = asyncio.run(demo_run.run(target, model, rows, concurrency, region, requests))
     home = Path(state.get("registry_home", s.registry_home))
-    data = {"url": target, "sent": outcome.sent, "failed": outcome.failed,
-            "model": model, "what": "reviews" if model == s.model else "images",
-            "accuracy": outcome.accuracy,
-            "by_version": by_version(outcome, s, home) if model == s.model else {
-                v: {"rows": n, "accuracy": outcome.correct_by_version[v] / n, "release": None}
-                for v, n in sorted(outcome.by_version.items())},
-            "rows_by_tier": dict(outcome.rows_by_tier),
-            "by_node": dict(outcome.by_node), "by_region": dict(outcome.by_region),
-            "p50_ms": outcome.percentile(50), "p99_ms": outcome.percentile(99),
-            "seconds": outcome.seconds, "errors": dict(outcome.errors)}
+    result = {"url": target, "sent": outcome.sent, "failed": outcome.failed,
+              "requests": outcome.requests, "batch": batch if data is not None else 1,
+              "model": model, "what": what, "accuracy": outcome.accuracy,
+              "by_version": by_version(outcome, s, home) if model == s.model else {
+                  v: {"rows": n, "accuracy": outcome.correct_by_version[v] / n,
+                      "release": None} for v, n in sorted(outcome.by_version.items())},
+              "rows_by_tier": dict(outcome.rows_by_tier),
+              "tier_split": {t: outcome.rows_by_tier.get(t, 0) for t in TIERS}
+              | dict(outcome.rows_by_tier),
+              "by_node": dict(outcome.by_node), "by_region": dict(outcome.by_region),
+              "p50_ms": outcome.percentile(50), "p99_ms": outcome.percentile(99),
+              "seconds": outcome.seconds, "errors": dict(outcome.errors)}
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        click.echo(json.dumps(result, indent=2))
     else:
-        out.print(demo_view(data))
+        out.print(demo_view(result))
     if outcome.failed:
         raise SystemExit(1)
+
+
+TIERS = ("edge", "center", "edge-shed", "degraded")  # what the `tier` output says answered
+
+
+class UserMistake(click.ClickException):
+    """A mistake in what the user asked: one line on stderr, exit 2 (click's usage errors
+    print the usage too)."""
+
+    exit_code = 2
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))  # a reason quoted from a library may
+        # carry newlines
+
+def user_rows(url: str, model: str, path: Path, batch: int,
+              headers: dict[str, str]) -> list[demo_run.DemoRequest]:
+    """``--data``'s rows as requests for ``model``, as its V2 metadata (through ``url``)
+    describes what it takes."""
+    from tiered.demo_data import DataError, model_metadata, read_rows
+
+    try:
+        metadata = model_metadata(url, model, headers)
+        return read_rows(path, metadata).requests(batch)
+    except DataError as exc:
+        raise UserMistake(str(exc)) from exc
+    except httpx.HTTPError as exc:
+        raise click.ClickException(f"{url} is not answering for model {model!r}: "
+                                   f"{exc}") from exc
 
 
 def by_version(outcome: demo_run.Outcome, s: TieredSettings,
@@ -412,12 +454,14 @@ def by_version(outcome: demo_run.Outcome, s: TieredSettings,
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--sites", "of_sites", is_flag=True,
               help="The fleet `tiered sites` runs (its state under <root>/sites).")
-def status_cmd(as_json: bool, of_sites: bool) -> None:
-    """Consul's health of every Tiered service joined with `registry status`, with the site
-    of each instance."""
-    from registry.fleet.nodes import NodeBook
-    from registry.releases.catalog import Catalog
-    from registry.store.db import connect
+@click.option("--model", "only", multiple=True, metavar="NAME[,NAME...]",
+              help="Only these models (repeatable, or comma-separated), each on every edge "
+                   "and center: 'missing' where a node does not run it.")
+def status_cmd(as_json: bool, of_sites: bool, only: tuple[str, ...]) -> None:
+    """Consul's health of every Tiered service joined with `registry status`: every model on
+    every edge and center (its version, the version wanted, its state), with the site of
+    each instance."""
+    from tiered import fleet_models
 
     s = settings_from()
     state = load_state(s.root / "sites" if of_sites else s.root) or {}
@@ -426,8 +470,12 @@ def status_cmd(as_json: bool, of_sites: bool) -> None:
     consul = state.get("consul", f"127.0.0.1:{s.consul_port}")
     headers = consul_headers(state)
     home = Path(state.get("registry_home", s.registry_home))
-    catalog = Catalog(connect(registry_database(home)), "tiered")
-    rollout = {(r["node"], r["model"]): r for r in NodeBook(catalog.db).status(catalog)}
+    fleet = fleet_models.read(home)
+    wanted = fleet_models.names(only)
+    unknown = fleet.unknown(wanted)
+    if unknown:
+        raise UserMistake(f"{', '.join(map(repr, unknown))}: no such model in the registry "
+                          f"at {home} (it has: {', '.join(fleet.known) or 'none'})")
     health: dict[str, list[dict[str, Any]]] = {}
     for service in (SERVICES["registry"], SERVICES["registry-standby"], SERVICES["center"],
                     SERVICES["edge"]):
@@ -440,7 +488,7 @@ def status_cmd(as_json: bool, of_sites: bool) -> None:
             raise click.ClickException(f"Consul at {consul} refused the health query "
                                        f"({answer.status_code}: {answer.text[:200]})")
         health[service] = answer.json()
-    rows = status_rows(health, rollout, [m for m in (s.model, s.image_model) if m])
+    rows = status_rows(health, fleet.rollout, fleet.desired, wanted)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -478,3 +526,7 @@ def main() -> None:
     except (TimeoutError, RuntimeError) as exc:
         err.print(f"[red]error:[/] {exc}")
         sys.exit(1)
+
+
+if __name__ == "__main__":  # `python -m tiered.cli` (the tests run the checkout's code so)
+    main()

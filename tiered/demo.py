@@ -1,6 +1,7 @@
 """``tiered demo``: a demo's test split through nginx, one review (or one digit image, as PNG
-bytes in the binary tensor extension) per V2 request, a few at a time; what answered (edge or
-center, which edge), how accurately, how fast."""
+bytes in the binary tensor extension) per V2 request, or a user's own labelled rows
+(``tiered.demo_data``) in requests of a few rows, a few requests at a time; what answered (edge
+or center, which edge), how accurately, how fast."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -19,8 +21,12 @@ from examples.sentiment import data
 
 @dataclass
 class Outcome:
+    """Counts in rows (``sent``, ``failed``: the rows of failed requests), latencies per
+    request."""
+
     sent: int = 0
     failed: int = 0
+    requests: int = 0
     correct: int = 0
     rows_by_tier: Counter[str] = field(default_factory=Counter)
     by_node: Counter[str] = field(default_factory=Counter)
@@ -45,10 +51,11 @@ class Outcome:
 
 @dataclass(frozen=True)
 class DemoRequest:
-    """One demo request: its body (and the binary extension's header length), its label."""
+    """One demo request: its body (and the binary extension's header length), the label of
+    each of its rows."""
 
     content: bytes
-    label: str
+    labels: list[str]
     header_length: int | None = None
 
 
@@ -64,7 +71,7 @@ def test_split(rows: int) -> list[tuple[str, str]]:
 def text_requests(rows: int) -> list[DemoRequest]:
     return [DemoRequest(json.dumps({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
                                             "data": [text]}], "outputs": OUTPUTS}).encode(),
-                    label) for text, label in test_split(rows)]
+                        [label]) for text, label in test_split(rows)]
 
 
 def image_requests(release: Path, rows: int) -> list[DemoRequest]:
@@ -77,7 +84,8 @@ def image_requests(release: Path, rows: int) -> list[DemoRequest]:
         head = json.dumps({"inputs": [{"name": "image", "shape": [1], "datatype": "BYTES",
                                        "parameters": {"binary_data_size": len(png) + 4}}],
                            "outputs": OUTPUTS}).encode()
-        out.append(DemoRequest(head + len(png).to_bytes(4, "little") + png, label, len(head)))
+        out.append(DemoRequest(head + len(png).to_bytes(4, "little") + png, [label],
+                               len(head)))
     return out
 
 
@@ -102,32 +110,39 @@ async def _worker(client: httpx.AsyncClient, model: str, queue: asyncio.Queue[De
                   outcome: Outcome) -> None:
     while not queue.empty():
         request = queue.get_nowait()
-        label = request.label
         headers = ({"Inference-Header-Content-Length": str(request.header_length)}
                    if request.header_length is not None else
                    {"content-type": "application/json"})
-        outcome.sent += 1
+        rows = len(request.labels)
+        outcome.sent += rows
+        outcome.requests += 1
         began = time.perf_counter()
         try:
             response = await client.post(f"/v2/models/{model}/infer",
                                          content=request.content, headers=headers)
         except httpx.HTTPError as exc:
-            outcome.failed += 1
+            outcome.failed += rows
             outcome.errors[type(exc).__name__] += 1
             continue
         outcome.latencies_ms.append((time.perf_counter() - began) * 1000)
         if response.status_code != 200:
-            outcome.failed += 1
+            outcome.failed += rows
             outcome.errors[f"HTTP {response.status_code}"] += 1
             continue
-        answer = response.json()
-        outputs = {o["name"]: o["data"] for o in answer["outputs"]}
-        correct = outputs["label"][0] == label
-        version = str(answer.get("model_version", "?"))
+        _count(response.json(), request.labels, outcome)
+
+
+def _count(answer: dict[str, Any], labels: list[str], outcome: Outcome) -> None:
+    """One answered request's rows: right or wrong against ``labels``, which tier, version,
+    node and region answered."""
+    outputs = {o["name"]: o["data"] for o in answer["outputs"]}
+    version = str(answer.get("model_version", "?"))
+    parameters = answer.get("parameters", {})
+    for label, served, tier in zip(labels, outputs["label"], outputs["tier"], strict=True):
+        correct = served == label
         outcome.correct += correct
         outcome.by_version[version] += 1
         outcome.correct_by_version[version] += correct
-        outcome.rows_by_tier[outputs["tier"][0]] += 1
-        parameters = answer.get("parameters", {})
+        outcome.rows_by_tier[tier] += 1
         outcome.by_node[str(parameters.get("node_id", "?"))] += 1
         outcome.by_region[str(parameters.get("region", "?"))] += 1

@@ -6,7 +6,7 @@ node when its table does not fit the width."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +17,14 @@ from rich.text import Text
 from registry.cli.tables import table_or_blocks
 from registry.settings import RegistrySettings
 from serving.config.settings import REGION
+from serving.fleet.discovery import SERVICES
 from serving.protocol.visible import visible
 
 STATUS_COLUMNS = ("service", "node", "address", "site", "region", "health", "model", "version",
                   "desired", "sync", "escalation", "p99")
 SHOWN = 256  # characters of a catalog value shown at most (a node id is at most 63)
+MISSING = "missing"  # the state of a model a node should run (or was asked about) but does
+# not report: never published to it, still on its way, or taken off it
 
 
 def registry_database(home: Path) -> Path:
@@ -32,19 +35,39 @@ def registry_database(home: Path) -> Path:
 
 def status_rows(health: Mapping[str, Sequence[Mapping[str, Any]]],
                 rollout: Mapping[tuple[str, str], Mapping[str, Any]],
-                models: Sequence[str]) -> list[dict[str, Any]]:
-    """One row per service instance and model it serves (``models``: the stack's; one row for
-    an instance serving none of them): Consul's ``/v1/health/service/<name>`` answers (by
-    service name) joined with ``registry status`` rows (by node id and model)."""
+                desired: Callable[[str, str, str], Mapping[str, int]] | None = None,
+                only: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """One row per service instance and model (one row for an instance with none): Consul's
+    ``/v1/health/service/<name>`` answers (by service name) joined with ``registry status``
+    rows (by node id and model). An edge's or a center's models are those it reports and
+    those the registry wants it to run (``desired(node id, tier, region)``: model ->
+    version); one it should run but does not report is ``missing``. ``only``: these models,
+    each on every edge and center (``missing`` where the node does not report it)."""
     rows = []
     for service, entries in health.items():
         for entry in entries:
             sid = entry["Service"]["ID"]
-            served: list[str | None] = [m for m in models if (sid, m) in rollout] or [None]
-            for model in served:
-                sync = rollout.get((sid, model), {}) if model is not None else {}
+            reported = {m for n, m in rollout if n == sid}
+            serving = service in (SERVICES["edge"], SERVICES["center"])
+            wanted = dict(_wanted(desired, entry)) if serving else {}
+            models: Sequence[str | None] = sorted(reported | set(wanted))
+            if only:
+                models = list(only) if serving else [m for m in only if m in reported]
+            for model in models or [None]:
+                sync = dict(rollout.get((sid, model), {})) if model is not None else {}
+                if model is not None and not sync:
+                    sync = {"version": None, "desired": wanted.get(model), "state": MISSING}
                 rows.append(_status_row(service, entry, sync, model))
     return rows
+
+
+def _wanted(desired: Callable[[str, str, str], Mapping[str, int]] | None,
+            entry: Mapping[str, Any]) -> Mapping[str, int]:
+    if desired is None:
+        return {}
+    meta = entry["Service"].get("Meta") or {}
+    return desired(str(entry["Service"]["ID"]), str(meta.get("tier", "")),
+                   str(meta.get("region", "")))
 
 
 def _status_row(service: str, entry: Mapping[str, Any], sync: Mapping[str, Any],
@@ -117,17 +140,23 @@ def summary_view(seconds: float, pairs: Sequence[tuple[str, str]]) -> Table:
 
 
 def demo_view(d: Mapping[str, Any]) -> Table:
-    """``tiered demo``'s result (the same data ``--json`` prints)."""
+    """``tiered demo``'s result (the same data ``--json`` prints): rows answered, accuracy
+    (overall and per release), the tier split, latency per request, which edge answered."""
     answered = d["sent"] - d["failed"]
+    requests = d.get("requests", d["sent"])
     pairs = [("answered", f"{answered} ({d['failed']} failed {d['errors'] or ''})"),
              ("accuracy", f"{d['accuracy'] * 100:.2f}%")]
     pairs += [(f"release v{v}" + (f" ({r['release']})" if r.get("release") else ""),
                f"{r['rows']} answered, accuracy {r['accuracy'] * 100:.2f}%")
               for v, r in d.get("by_version", {}).items()]
+    split = d.get("tier_split") or dict(sorted(d["rows_by_tier"].items()))
     pairs += [(f"answered by {tier}", f"{n} ({n / max(answered, 1) * 100:.1f}%)")
-              for tier, n in sorted(d["rows_by_tier"].items())]
-    pairs.append(("latency", f"p50 {d['p50_ms']:.1f} ms, p99 {d['p99_ms']:.1f} ms "
-                             f"({d['sent'] / max(d['seconds'], 1e-9):.0f} req/s)"))
+              for tier, n in split.items()]
+    per = f", {d['batch']} rows each" if d.get("batch", 1) > 1 else ""
+    pairs.append(("latency", f"p50 {d['p50_ms']:.1f} ms, p99 {d['p99_ms']:.1f} ms per request "
+                             f"({requests} requests{per}, "
+                             f"{requests / max(d['seconds'], 1e-9):.0f} req/s)"))
     pairs += [(f"edge {node}", str(n)) for node, n in sorted(d["by_node"].items())]
     what = d.get("what", "reviews")
-    return pairs_view(f"{d['sent']} {what} through {d['url']} in {d['seconds']:.1f} s", pairs)
+    return pairs_view(f"{d['sent']} {what} of {d.get('model', 'the demo')} through {d['url']} "
+                      f"in {d['seconds']:.1f} s", pairs)

@@ -55,7 +55,7 @@ def render(renderable: Any, width: int = 80) -> str:
 
 @pytest.mark.parametrize("width", [60, 80, 100])
 def test_status_at_narrow_widths_shows_every_value_in_full(width: int) -> None:
-    rows = status_rows(health(), rollout(), [MODEL])
+    rows = status_rows(health(), rollout())
     text = render(status_view(rows, "127.0.0.1:8500", width), width)
     assert "…" not in text
     assert max(len(line) for line in text.splitlines()) <= width
@@ -66,14 +66,14 @@ def test_status_at_narrow_widths_shows_every_value_in_full(width: int) -> None:
 
 
 def test_status_is_a_table_when_wide_enough() -> None:
-    rows = status_rows(health(), rollout(), [MODEL])
+    rows = status_rows(health(), rollout())
     text = render(status_view(rows, "127.0.0.1:8500", 240), 240)
     assert "┃ service" in text and "…" not in text and MODEL in text
     assert all(n in text for n in NODES)
 
 
 def test_status_rows_join_consul_and_the_registry() -> None:
-    rows = status_rows(health(), rollout(), [MODEL])
+    rows = status_rows(health(), rollout())
     edge = next(r for r in rows if r["node"] == NODES[3])
     assert edge == {"service": SERVICES["edge"], "node": NODES[3],
                     "address": "10.200.100.123:8203", "site": "-", "region": "eu-west-1",
@@ -91,7 +91,7 @@ def test_status_names_each_instances_site_from_its_agents_node_meta() -> None:
     sites = ["eu", "eu-west-1\x1b[31m", ["us"]]
     for e, site in zip(found[SERVICES["edge"]], sites, strict=False):
         e["Node"] = {"Node": "eu-gw", "Meta": {"tiered_site": site}}
-    rows = {r["node"]: r for r in status_rows(found, rollout(), [MODEL])}
+    rows = {r["node"]: r for r in status_rows(found, rollout())}
     assert [rows[n]["site"] for n in NODES[:4]] == ["eu", "?", "?", "-"]
     text = render(status_view(list(rows.values()), "127.0.0.1:8500", 240), 240)
     assert "┃ site" in text and "\x1b" not in text
@@ -130,7 +130,7 @@ def test_status_command_json_and_text_hold_the_same_rows(tmp_path: Path,
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output)
     assert sorted(asked) == sorted(SERVICES.values())
-    assert rows == status_rows(answers, {}, [MODEL])  # an empty registry: no rollout yet
+    assert rows == status_rows(answers, {})  # an empty registry: no rollout yet
     assert registry_database(tmp_path / "registry").is_file()  # where the registry keeps it
 
     result = CliRunner().invoke(cli.cli, ["status"])
@@ -168,7 +168,7 @@ def test_escape_sequences_in_the_catalog_never_reach_the_terminal() -> None:
         "Service": {"ID": f"edge-{clear}", "Address": f"10.0.0.1{title}", "Port": 8200,
                     "Meta": {"region": f"eu{clear}"}},
         "Checks": [{"ServiceID": "x", "Status": f"passing{title}"}]}]
-    rows = status_rows(found, {}, [MODEL])
+    rows = status_rows(found, {})
     console = Console(width=200, file=None, force_terminal=True, color_system=None,
                       record=True, highlight=False)
     with console.capture() as captured:
@@ -182,7 +182,7 @@ def test_escape_sequences_in_the_catalog_never_reach_the_terminal() -> None:
 
 def test_a_catalog_value_is_cut_to_a_bound() -> None:
     found = {SERVICES["edge"]: [entry("e" * 5000, 8200, "r" * 5000)]}
-    (row,) = status_rows(found, {}, [MODEL])
+    (row,) = status_rows(found, {})
     assert len(row["node"]) == SHOWN and len(row["region"]) == SHOWN
     found = {SERVICES["edge"]: [entry("e" * SHOWN, 8200, "eu")]}
-    assert status_rows(found, {}, [MODEL])[0]["node"] == "e" * SHOWN  # just inside: whole
+    assert status_rows(found, {})[0]["node"] == "e" * SHOWN  # just inside: whole
