@@ -162,7 +162,8 @@ class TextCodec:
         if not self.types:
             return ids
         # a pair release's rows have a second segment from some point on; others one segment
-        starts = [int(rng.integers(1, len(r) + 1)) if self.spec.pair else len(r) for r in ids]
+        starts = [int(rng.integers(1, max(len(r), 2))) if self.spec.pair else len(r)
+                  for r in ids]
         return [np.stack([r, (np.arange(len(r)) >= s).astype(np.int64)])
                 for r, s in zip(ids, starts, strict=True)]
 
