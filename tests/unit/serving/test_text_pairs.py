@@ -118,16 +118,16 @@ def test_token_tensors_carry_type_ids_checked_and_forwarded() -> None:
     assert not c.collate(two)[TYPES].any()
     ones = sent[TYPES].copy()
     ones[:] = 1  # just inside: every token in segment B
-    assert c.decode(tensors[:2] + [v2.binary(TYPES, "INT64", ones)], {}).rows
+    assert c.decode([*tensors[:2], v2.binary(TYPES, "INT64", ones)], {}).rows
     for bad in (2, -1):  # just outside on each side
         wrong = sent[TYPES].copy()
         wrong[0, 0] = bad
-        assert refused(c, tensors[:2] + [v2.binary(TYPES, "INT64", wrong)]) == \
+        assert refused(c, [*tensors[:2], v2.binary(TYPES, "INT64", wrong)]) == \
             "'token_type_ids' must hold only 0 and 1 (segment A, segment B)"
     assert "must have datatype INT64, got INT32" in refused(
-        c, tensors[:2] + [v2.binary(TYPES, "INT32", sent[TYPES].astype(np.int32))])
+        c, [*tensors[:2], v2.binary(TYPES, "INT32", sent[TYPES].astype(np.int32))])
     assert "differs from 'token_type_ids' shape" in refused(
-        c, tensors[:2] + [v2.binary(TYPES, "INT64", sent[TYPES][:, :3])])
+        c, [*tensors[:2], v2.binary(TYPES, "INT64", sent[TYPES][:, :3])])
     assert refused(c, [tensors[2]]) == "token input needs both 'input_ids' and 'attention_mask'"
     two_inputs = codec(pair=None, inputs=THREE[:2])
     assert "unknown input 'token_type_ids'" in refused(two_inputs, tensors)
