@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -229,3 +230,19 @@ def test_what_is_not_a_pair_gets_a_400_naming_what_the_model_takes(
         fleet: dict[str, Any], tier: str, inputs: list[dict[str, Any]], message: str) -> None:
     response = infer(fleet[tier], inputs)
     assert response.status_code == 400 and message in response.json()["error"], response.text
+
+
+def test_calibration_rows_must_all_be_pairs_or_none(tmp_path: Path) -> None:
+    from examples.sentiment.encoder import tokenizer_path
+
+    path = torchscript_file(PairMatch().eval(), tmp_path / "pairs.pt")
+    rows = [{"text": a, "text_pair": b, "label": label} for a, b, label in pairs(12, seed=2)]
+    rows[5].pop("text_pair")  # one row of twelve without its second text
+    calibration = tmp_path / "mixed.jsonl"
+    calibration.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cli = RegistryCli(tmp_path / "registry")
+    result = cli("publish", path, "--name", "pairs", "--tokenizer", tokenizer_path(),
+                 "--calibration", calibration, "--labels", "differ,same", check=False)
+    assert result.code == 2 and result.stderr.strip().splitlines() == [
+        "error: the release takes sentence pairs: every calibration row needs 'text_pair' "
+        "(row 6 has none)"], result.stderr
