@@ -20,7 +20,7 @@ from registry.settings import RegistrySettings
 from registry.store.blobs import BlobStore
 from serving.config.flags import options as settings_options
 from serving.protocol.v2 import NUMERIC
-from serving.release.manifest import TensorSpec
+from serving.release.manifest import RequestInput, TensorSpec, TextInput
 from serving.release.store import ModelStore
 
 WAVE_FLAGS = ("wave_pace", "wave_growth", "wave_bake_s", "wave_install_timeout_s",
@@ -66,13 +66,16 @@ def wave_policy(settings: RegistrySettings, shares: str, given: dict[str, Any]) 
               "JPEG/PNG or pixels; OPTIONS like scale=255,mean=0.1307,std=0.3081 (per "
               "channel: 0.485/0.456/0.406), resize=N (shorter side, then a centre crop), "
               "layout=NCHW|NHWC, max_pixels=N. Use --image '' for the defaults.")
+@click.option("--pair", is_flag=True, help="Single TorchScript file only: a text model "
+              "taking sentence pairs; clients send text and text_pair, encoded as the "
+              "tokenizer encodes pairs (implied by calibration rows with text_pair).")
 @json_flag
 @pass_ctx
 def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | None,
                 min_fidelity: float | None, tolerance: float | None, confidence: float | None,
                 force: bool, skip_existing: bool, tokenizer: Path | None, labels: str | None,
                 calibration: Path | None, max_length: int, declared: tuple[str, ...],
-                image: str | None, as_json: bool, **wave_flags: Any) -> None:
+                image: str | None, pair: bool, as_json: bool, **wave_flags: Any) -> None:
     """Build a release from PATH and record it as the next version of NAME.
 
     PATH is a release folder with a tiered.json (center TorchScript, edge TorchScript or fp32
@@ -82,7 +85,7 @@ def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | N
     token_type_ids])) needs no more; any other declares its inputs with --input (and --image).
     """
     from registry.publish.signature import image_input
-    from registry.publish.source import load_source
+    from registry.publish.source import PAIR, load_source
 
     check_name(name)
     settings = ctx.settings
@@ -95,8 +98,12 @@ def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | N
     inputs = [parse_input(text) for text in declared] or None
     if image is not None and (inputs is None or len(inputs) != 1):
         raise click.UsageError("--image describes the one --input of an image model")
-    request = image_input(inputs[0], image_options(image)) if inputs and image is not None \
-        else None
+    request: RequestInput | None = (image_input(inputs[0], image_options(image))
+                                    if inputs and image is not None else None)
+    if pair:
+        if request is not None:
+            raise click.UsageError("--pair is for text models; --image declares an image")
+        request = TextInput(max_length=max_length, pair=PAIR)
     source = load_source(path, tokenizer=tokenizer,
                          labels=labels.split(",") if labels else None,
                          calibration=calibration, max_length=max_length, inputs=inputs,

@@ -107,8 +107,9 @@ def _inputs(m: Manifest) -> str:
             kinds.append(f"image: JPEG/PNG, UINT8 or FP32 -> {spec.channels}x{spec.height}x"
                          f"{spec.width} {spec.layout}")
         elif isinstance(spec, TextInput):
-            kinds.append(f"text: tokenized, max {spec.max_length} tokens" if spec.tokenizer
-                         else "text: token tensors only")
+            what = f"text + {spec.pair} (sentence pairs)" if spec.pair else "text"
+            kinds.append(f"{what}: tokenized, max {spec.max_length} tokens" if spec.tokenizer
+                         else f"{what}: token tensors only")
         else:
             kinds.append(f"tensor {spec.name}")
     return f"{'; '.join(kinds)} ({model}; schema {m.schema})"

@@ -48,6 +48,7 @@ from registry.trust import keys, tuf
 from serving.inputs import drift
 from serving.release import hardware, probe
 from serving.release.manifest import (
+    KINDS_SCHEMA,
     SCHEMA,
     Artifact,
     Calibration,
@@ -260,7 +261,8 @@ def _manifest(name: str, source: ReleaseSource, labels: list[str],
               artifacts: dict[str, Artifact], calibration: Calibration, fidelity: Fidelity,
               publisher: str, built: _Built) -> Manifest:
     """A schema-1 manifest for a text model with ids and mask and dynamic INT8 (every node
-    serves it, those that predate input kinds too), schema 2 for anything else."""
+    serves it, those that predate input kinds too), schema 3 for sentence pairs (nodes that
+    predate them refuse it by name), schema 2 for anything else."""
     signature, quantization = built.signature, built.quantization
     text = signature.request if isinstance(signature.request, TextInput) else None
     legacy = signature.legacy and quantization.method == "dynamic"
@@ -273,5 +275,6 @@ def _manifest(name: str, source: ReleaseSource, labels: list[str],
         center=artifacts["center"], edge=artifacts["edge"], tokenizer=artifacts.get("tokenizer"),
         calibration=calibration, fidelity=fidelity, publisher=publisher, published_at=now(),
         source_sha256=source.digest, probe=artifacts["probe"], quantization=quantization,
-        schema=1 if legacy else SCHEMA, request=[] if legacy else [signature.request],
+        schema=1 if legacy else SCHEMA if text and text.pair else KINDS_SCHEMA,
+        request=[] if legacy else [signature.request],
         input_reference=built.reference)

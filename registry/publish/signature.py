@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 
 from registry.errors import InvalidRelease
-from registry.publish.source import TEXT_INPUTS, ReleaseSource
+from registry.publish.source import PAIR, TEXT_INPUTS, ReleaseSource
 from serving import inputs
 from serving.inputs.base import Bounds, Codec
 from serving.release.manifest import ImageInput, RequestInput, TensorInput, TensorSpec, TextInput
@@ -31,7 +31,8 @@ class Signature:
     @property
     def legacy(self) -> bool:
         """A text model with ids and mask: a schema-1 release, served by every node."""
-        return isinstance(self.request, TextInput) and [i.name for i in self.inputs] == LEGACY
+        return (isinstance(self.request, TextInput) and self.request.pair is None
+                and [i.name for i in self.inputs] == LEGACY)
 
 
 def resolve(source: ReleaseSource, names: list[str], role: str) -> Signature:
@@ -51,7 +52,7 @@ def resolve(source: ReleaseSource, names: list[str], role: str) -> Signature:
         raise InvalidRelease(f"{source.center}: the {role} model takes forward("
                              f"{', '.join(names)}), the release declares inputs "
                              f"{[i.name for i in declared]}")
-    request = source.request or _derived(source, declared)
+    request = _paired(source, source.request or _derived(source, declared))
     if isinstance(request, TextInput):  # the tokenizer is stored under one name
         request = msgspec.structs.replace(
             request, tokenizer=TOKENIZER_FILE if source.tokenizer else None)
@@ -63,6 +64,25 @@ def resolve(source: ReleaseSource, names: list[str], role: str) -> Signature:
         raise InvalidRelease(f"the release's request input does not fit its model: "
                              f"{exc}") from exc
     return Signature(declared, request, codec)
+
+
+def _paired(source: ReleaseSource, request: RequestInput) -> RequestInput:
+    """A text release takes sentence pairs when it says so (``"pair"`` in tiered.json's
+    request, ``--pair``) or when its calibration rows carry ``text_pair``; then every row
+    must."""
+    if not isinstance(request, TextInput) or source.calibration is None:
+        return request
+    pairs = [isinstance(item, tuple) for item in source.calibration.items]
+    if any(pairs) and request.pair is None:
+        if source.request is not None:
+            raise InvalidRelease(f"calibration rows carry {PAIR!r} but the release's text "
+                                 f"input takes single texts: declare \"pair\": \"{PAIR}\" in "
+                                 f"its request")
+        request = msgspec.structs.replace(request, pair=PAIR)
+    if request.pair is not None and not all(pairs):
+        raise InvalidRelease(f"the release takes sentence pairs: every calibration row needs "
+                             f"{PAIR!r} (row {pairs.index(False) + 1} has none)")
+    return request
 
 
 def _derived(source: ReleaseSource, declared: list[TensorSpec]) -> RequestInput:

@@ -18,7 +18,8 @@ variable dimension) and what clients send for them (``request``: one input of ki
 
 ``edge`` may be TorchScript (``.pt``, exported to ONNX here) or an fp32 ONNX file (``.onnx``).
 ``calibration`` is the labelled split the confidence threshold is calibrated on, by kind: JSON
-Lines ``{"text": ..., "label": ...}`` for text, ``{"image": "relative/path.png", "label": ...}``
+Lines ``{"text": ..., "label": ...}`` for text (``{"text": ..., "text_pair": ..., "label":
+...}`` for sentence pairs), ``{"image": "relative/path.png", "label": ...}``
 for images, an ``.npz`` holding the input's array (named as the input) and ``labels`` for
 tensors; a label is a name or an index. A single TorchScript file is its own center and,
 quantized, its own edge; ``--input``/``--image`` declare what its signature does not say.
@@ -45,6 +46,7 @@ MIN_ROWS = 10
 MAX_CALIBRATION_ROWS = 100_000
 MAX_NPZ_BYTES = 1 << 30
 TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+PAIR = "text_pair"  # a calibration row's second text (sentence pairs)
 
 
 class SourceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -199,7 +201,7 @@ def _labelled(path: Path, kind: str, labels: list[str] | None,
             row = json.loads(line)
             ids.append(_label_index(row["label"], labels))
             if kind == "text":
-                items.append(str(row["text"]))
+                items.append(_text(row))
             else:
                 files.append(_inside(root, str(row["image"])))
                 items.append(files[-1].read_bytes())
@@ -212,6 +214,11 @@ def _labelled(path: Path, kind: str, labels: list[str] | None,
         raise InvalidRelease(f"{path}: a calibration split needs at least {MIN_ROWS} labelled "
                              f"rows")
     return Labelled(items, ids), files
+
+
+def _text(row: dict[str, Any]) -> str | tuple[str, str]:
+    """A calibration text, or a sentence pair where the row carries ``text_pair``."""
+    return (str(row["text"]), str(row[PAIR])) if PAIR in row else str(row["text"])
 
 
 def _arrays(path: Path, labels: list[str] | None) -> Labelled:

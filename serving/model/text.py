@@ -9,14 +9,22 @@ import msgspec
 import numpy as np
 from tokenizers import Tokenizer
 
+Texts = list[str] | list[tuple[str, str]]
+"""Single texts, or sentence pairs (``text``, ``text_pair``) encoded as the tokenizer's
+post-processor joins them (BERT: ``[CLS] a [SEP] b [SEP]``, segment ids 0 then 1)."""
+
 
 @dataclass(frozen=True)
 class Encoded:
     input_ids: np.ndarray  # int64 [batch, seq]
     attention_mask: np.ndarray  # int64 [batch, seq]
+    token_type_ids: np.ndarray | None = None  # int64 [batch, seq], where rows carry them
 
     def feeds(self) -> dict[str, np.ndarray]:
-        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        feeds = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        if self.token_type_ids is not None:
+            feeds["token_type_ids"] = self.token_type_ids
+        return feeds
 
 
 def load_tokenizer(path: Path, max_length: int) -> Tokenizer:
@@ -75,20 +83,35 @@ def unpadded(tokenizer: Tokenizer) -> Tokenizer:
     return copy
 
 
-def token_rows(tokenizer: Tokenizer, texts: list[str]) -> tuple[list[np.ndarray], list[bool]]:
-    """Token ids per text (truncated to the tokenizer's limit) and whether each was truncated."""
+def token_rows(tokenizer: Tokenizer, texts: Texts,
+               types: bool = False) -> tuple[list[np.ndarray], list[bool]]:
+    """Token ids per text or pair (truncated to the tokenizer's limit, pairs longest first)
+    and whether each was truncated. With ``types`` a row is ``[2, n]``: its ids over the
+    tokenizer's segment (token type) ids."""
     # one text (most requests): encode, without encode_batch's set-up for a parallel batch
-    batch = [tokenizer.encode(texts[0])] if len(texts) == 1 else tokenizer.encode_batch(texts)
-    return ([np.asarray(e.ids, dtype=np.int64) for e in batch],
-            [bool(e.overflowing) for e in batch])
+    if len(texts) == 1:
+        first = texts[0]
+        batch = [tokenizer.encode(first) if isinstance(first, str)
+                 else tokenizer.encode(first[0], first[1])]
+    else:
+        batch = tokenizer.encode_batch(list(texts))
+    rows = ([np.asarray([e.ids, e.type_ids], dtype=np.int64).reshape(2, -1) for e in batch]
+            if types else [np.asarray(e.ids, dtype=np.int64) for e in batch])
+    return rows, [bool(e.overflowing) for e in batch]
 
 
 def pad(rows: list[np.ndarray], pad_id: int = 0) -> Encoded:
-    """Right-pad rows to the longest one, with the matching attention mask."""
-    longest = max(len(r) for r in rows)
+    """Right-pad rows to the longest one, with the matching attention mask; rows of shape
+    ``[2, n]`` (ids over segment ids) pad their segment ids with 0 too."""
+    longest = max(r.shape[-1] for r in rows)
     ids = np.full((len(rows), longest), pad_id, dtype=np.int64)
     mask = np.zeros((len(rows), longest), dtype=np.int64)
+    types = np.zeros((len(rows), longest), dtype=np.int64) if rows[0].ndim == 2 else None
     for i, row in enumerate(rows):
-        ids[i, :len(row)] = row
-        mask[i, :len(row)] = 1
-    return Encoded(ids, mask)
+        n = row.shape[-1]
+        mask[i, :n] = 1
+        if types is None:
+            ids[i, :n] = row
+        else:
+            ids[i, :n], types[i, :n] = row[0], row[1]
+    return Encoded(ids, mask, types)

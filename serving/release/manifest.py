@@ -112,12 +112,15 @@ class Preprocessing(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class TextInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="text",
                 tag_field="kind"):
     """Strings (``BYTES``) tokenized with the release's tokenizer, or token tensors
-    (``input_ids`` + ``attention_mask``, ``INT64``); feeds the model's ``input_ids``,
-    ``attention_mask`` and, where it takes one, ``token_type_ids``."""
+    (``input_ids`` + ``attention_mask`` [+ ``token_type_ids``], ``INT64``); feeds the model's
+    ``input_ids``, ``attention_mask`` and, where it takes one, ``token_type_ids``. With
+    ``pair``, each row is a sentence pair: ``name`` and the ``BYTES`` input ``pair`` names,
+    encoded as the tokenizer encodes pairs (its segment ids feed ``token_type_ids``)."""
 
     name: str = "text"
     tokenizer: str | None = "tokenizer.json"  # file in the version folder; None: tokens only
     max_length: int = 128
+    pair: str | None = None  # the second text's input (sentence pairs); None: single texts
 
 
 class ImageInput(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag="image",
@@ -165,10 +168,12 @@ class InputReference(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     std: list[float]  # floored (``serving.inputs.drift.STD_FLOOR``): never 0
     rows: int
     outliers: float  # share of the calibration rows with a statistic beyond 4 std of its mean
-SCHEMA = 2
+SCHEMA = 3
 """The newest manifest schema this code reads: 1, a text model with ``input_ids`` and
 ``attention_mask``; 2, ``request`` declares the inputs' kinds (text, image, tensor) and the
-edge may be statically quantized. A node refuses a release of a newer schema by name."""
+edge may be statically quantized; 3, a text input may take sentence pairs (``pair``). A node
+refuses a release of a newer schema by name."""
+KINDS_SCHEMA = 2  # what a release needs unless it takes sentence pairs
 
 
 class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -230,10 +235,14 @@ class NewerSchema(ValueError):
 def encode(manifest: Manifest) -> bytes:
     """The manifest's JSON; a schema-1 release leaves ``request`` out, so nodes that predate it
     keep reading the releases they can serve, and a release without an input reference leaves
-    ``input_reference`` out (its bytes, and so its signature, stay what they were)."""
+    ``input_reference`` out (its bytes, and so its signature, stay what they were), and so does
+    a single-text input its ``pair``."""
     data = msgspec.to_builtins(manifest)
     if not data["request"]:
         del data["request"]
+    for request in data.get("request", []):  # single texts: as written before pairs existed
+        if request.get("kind") == "text" and request.get("pair") is None:
+            del request["pair"]
     if data["input_reference"] is None:
         del data["input_reference"]
     return msgspec.json.format(msgspec.json.encode(data), indent=2) + b"\n"
