@@ -14,12 +14,18 @@ threshold on its own, per request, with two parts (docs/cascade.md):
   stays within ``floor_tolerance`` of center-only (the accuracy it will not trade away); 1 is
   center-only, reached when spare capacity allows.
 - **Token bucket.** Escalations take tokens refilled at the budget's rate (a burst of
-  ``burst_s`` seconds' worth); rows beyond them are answered by the edge and marked
-  ``edge-shed``, least confident rows escalated first. So the center never sees more than its
-  budget, however fast traffic moves, and nothing queues at the center.
+  ``burst_s`` seconds' worth), least confident rows first. Rows below the floor are the ones
+  the accuracy promise needs at the center: those beyond the tokens are answered by the edge and
+  marked ``edge-shed``. Rows between the floor and the threshold only spend spare capacity: they
+  escalate while the bucket holds more than its reserve (``RESERVE``, kept for the next
+  requests' rows below the floor) and are otherwise answered by the edge as any confident row,
+  never shed. So a center with spare capacity never causes a shed row, however large a request
+  (up to the burst's worth of rows below the floor), the center never sees more than its budget
+  (every escalation takes a token), and nothing queues at the center.
 
 A request's ``parameters.threshold`` replaces the threshold for that request but not the
-bucket: its unsure rows take tokens like any others, so no client escalates beyond the budget.
+bucket: every row below it is needed (the client asked for it) and takes tokens like the rows
+below the floor, the rest ``edge-shed``, so no client escalates beyond the budget.
 The edge's ``threshold`` setting (or ``controller`` off) bypasses both (the precedence is
 ``edge.threshold``'s).
 Without a budget (no registry, no center capacity known yet, or the model's policy is
@@ -42,6 +48,9 @@ from serving.release.manifest import Calibration
 Clock = Callable[[], float]
 RECOMPUTE_S = 0.1  # the quantile is re-taken at most this often
 MIN_ROWS = 50  # rows seen before the quantile is trusted; until then the calibrated threshold
+RESERVE = 0.5
+"""Share of the bucket that rows above the floor leave to the rows below it: a request whose
+spare-capacity rows drain the bucket would otherwise shed the needed rows of the next one."""
 
 
 def floor_threshold(calibration: Calibration, tolerance: float) -> float:
@@ -100,15 +109,20 @@ class TokenBucket:
                                self._tokens + (now - self._refilled) * self.budget.rows_per_s)
         self._refilled = now
 
-    def admit(self, rows: int) -> int:
-        """How many of ``rows`` may go now (taken); all of them without a budget."""
+    def admit(self, needed: int, spare: int = 0) -> tuple[int, int]:
+        """How many of ``needed`` rows, then of ``spare`` rows, may go now (taken): needed
+        rows from every token, spare ones only from the tokens above the reserve; all of them
+        without a budget."""
         with self._lock:
             if not self.budget.controlled:
-                return rows
+                return needed, spare
             self._refill()
-            granted = min(rows, int(self._tokens))
-            self._tokens -= granted
-            return granted
+            first = min(needed, int(self._tokens))
+            self._tokens -= first
+            above = int(self._tokens - math.floor(RESERVE * self._burst()))
+            second = min(spare, max(above, 0))
+            self._tokens -= second
+            return first, second
 
     def take(self, rows: int) -> bool:
         """Take ``rows`` tokens if they are all there (never part of them, never waits)."""
@@ -196,10 +210,20 @@ class Controller:
                 self._computed = now
             return self._threshold
 
-    def admit(self, rows: int) -> int:
-        """How many of ``rows`` unsure rows may escalate now (the rest are shed); all of them
-        when there is no budget."""
-        return self.bucket.admit(rows)
+    def admit(self, confidence: np.ndarray, unsure: list[int],
+              promised: float) -> tuple[list[int], list[int]]:
+        """Of the ``unsure`` rows (indices into ``confidence``), those that escalate now and
+        those shed, each in request order. Rows below ``promised`` (the floor, or a request's
+        own threshold) are needed: they take tokens first, least confident first, and those
+        left without are shed. The others spend spare capacity: they escalate while the bucket
+        holds more than its reserve, least confident first, and are otherwise the edge's
+        answer (in neither list). Without a budget every unsure row escalates."""
+        needed = int(np.count_nonzero(confidence[unsure] < promised)) if unsure else 0
+        got, spare = self.bucket.admit(needed, len(unsure) - needed)
+        if got == needed and spare == len(unsure) - needed:
+            return unsure, []
+        ordered = sorted(unsure, key=confidence.__getitem__)  # the needed rows are a prefix
+        return sorted(ordered[:got] + ordered[needed:needed + spare]), ordered[got:needed]
 
     def take(self, rows: int) -> bool:
         """Spend budget on ``rows`` audit rows if it is there (never sheds, never waits)."""

@@ -11,11 +11,10 @@ from edge import gate
 from edge.audit import Audit
 from edge.cache import Answers, ResponseCache
 from edge.centers import CenterURL
-from edge.controller import Controller
 from edge.escalation import Centers, CenterUnavailable
 from edge.metrics import EdgeMetrics
 from edge.settings import EdgeSettings
-from edge.threshold import ThresholdPolicy
+from edge.threshold import Decision, ThresholdPolicy
 from serving.fleet.discovery import SERVICES, Instance, OnChange
 from serving.protocol import v2
 from serving.runtime import classify
@@ -46,14 +45,14 @@ class EdgeService:
         m = resident.manifest
         rows = parsed.inputs.rows
         decision = self.policy.decide(m, parsed.parameters)
-        threshold, controller = decision.threshold, decision.controller
+        threshold = decision.threshold
         if not self.cache.enabled:  # no keys to hash, nothing to look up
             answers = await self._cascade(resident, parsed, rows, list(range(len(rows))),
-                                          threshold, controller)
+                                          decision)
             return self._respond(resident, parsed, rows, answers, threshold, cached=0)
         keys = [self.cache.key(m.name, resident.version, decision.cache_key, r) for r in rows]
         hits, misses = self.cache.lookup(keys)
-        fresh = await self._cascade(resident, parsed, rows, misses, threshold, controller)
+        fresh = await self._cascade(resident, parsed, rows, misses, decision)
         for k, i in enumerate(misses):
             self.cache.put(keys[i], fresh.row(k))
         return self._respond(resident, parsed, rows, Answers.merged(hits, misses, fresh),
@@ -90,11 +89,11 @@ class EdgeService:
         return classify.response(resident, parsed, answers.probabilities, tiers, parameters)
 
     async def _cascade(self, resident: Resident, parsed: v2.Parsed, rows: list[np.ndarray],
-                       indices: list[int], threshold: float,
-                       controller: Controller | None = None) -> Answers:
+                       indices: list[int], decision: Decision) -> Answers:
         """Answers for ``rows[i]``, i in ``indices``, in that order: the edge model's, the
         unsure ones replaced by the center's (or marked degraded when no center answers, shed
-        when the controller's budget is spent)."""
+        when the controller's budget has no room for a row below ``decision.promised``)."""
+        threshold, controller = decision.threshold, decision.controller
         if not indices:
             return Answers.empty(len(resident.manifest.labels))
         ran = [rows[i] for i in indices]
@@ -108,13 +107,10 @@ class EdgeService:
             controller.observe(confidence)
         with tracing.span("gate", **{"tiered.threshold": threshold}) as decided:
             unsure = gate.unsure(confidence, threshold)
-            if controller is not None and unsure:
-                granted = controller.admit(len(unsure))
-                if granted < len(unsure):  # over budget: the least confident rows go first
-                    unsure.sort(key=confidence.__getitem__)
-                    for j in unsure[granted:]:
-                        answers.tiers[j] = "edge-shed"
-                    unsure = sorted(unsure[:granted])
+            if controller is not None and unsure:  # the least confident rows go first
+                unsure, shed = controller.admit(confidence, unsure, decision.promised)
+                for j in shed:
+                    answers.tiers[j] = "edge-shed"
             if decided is not None:
                 decided.set_attributes({"tiered.rows": len(indices),
                                         "tiered.escalated": len(unsure),

@@ -4,9 +4,10 @@ Precedence: the request's ``parameters.threshold`` > the edge's ``threshold`` se
 model's budget controller (``edge.controller``) > the release's calibrated threshold. The
 edge's setting is a fixed threshold: no budget holds it and nothing is shed. A request's
 threshold picks which rows that request wants escalated, never how many: while the edge runs
-a controller, the budget's bucket holds those rows as it holds the controller's own, the rest
-come back ``edge-shed`` (anyone reaching ``/v2/`` may send it, so it must not spend more of the
-centers than the registry gave this edge). The controller itself answers the calibrated
+a controller, the budget's bucket holds those rows as it holds the rows below the controller's
+floor, the rest come back ``edge-shed`` (anyone reaching ``/v2/`` may send it, so it must not
+spend more of the centers than the registry gave this edge). The controller's own rows above
+its floor are never shed (``Decision.promised``). The controller itself answers the calibrated
 threshold while the registry has given no budget.
 
 The repository tells the policy when a version becomes the default (``activated``): its
@@ -40,6 +41,15 @@ class Decision:
         moving = (not self.requested and self.controller is not None
                   and self.controller.controlled)
         return -1.0 if moving else self.threshold
+
+    @property
+    def promised(self) -> float:
+        """Rows below it that find no budget are shed: a request's own threshold (it asked for
+        them), else the controller's floor (the accuracy it will not trade away). Rows between
+        it and ``threshold`` only spend spare capacity: without budget they are the edge's."""
+        if self.requested or self.controller is None:
+            return self.threshold
+        return min(self.threshold, self.controller.floor)
 
 
 def requested(value: Any) -> float:

@@ -1,7 +1,8 @@
 """The cascade controller end to end: a real ``registry serve``, a center that reports its
 capacity and two edges, all syncing the tiny release over loopback. Budgets reach the edges
 over the sync stream, follow the capacity the registry is told, and rows over budget come back
-``edge-shed``. The tests share one fleet and run in file order."""
+``edge-shed``, while batched requests against a center with spare capacity shed none. The tests
+share one fleet and run in file order."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import numpy as np
 import pytest
 import tritonclient.grpc as triton_grpc
 
-from harness.processes import RegistryProcess, free_port, start_registry
+from edge.controller import floor_threshold
+from harness.processes import RegistryProcess, code_path, free_port, start_registry
 from tests.conftest import RegistryCli
 from tests.integration.test_sync import metric, wait_for
 from tests.servers import Server, start
@@ -104,7 +106,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Itera
     servers: list[Server] = []
     try:
         center = start("center", root / "center", root, "--registry", registry.target, *SYNC,
-                       "--capacity-rows-s", str(CAPACITY), registry_secret=TOKEN)
+                       "--capacity-rows-s", str(CAPACITY), registry_secret=TOKEN,
+                       env=code_path())  # the nodes run the code under test
         servers.append(center)
         fleet = Fleet(cli, registry, center, grpc_port=free_port())
         for region, grpc_port in (("eu", fleet.grpc_port), ("us", 0)):
@@ -114,7 +117,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Itera
                 "edge", root / f"edge-{region}", root, "--registry", registry.target, *SYNC,
                 "--region", region, "--center-url", center.url, "--cache-size", "0",
                 "--floor-tolerance", "0", "--audit-share", "1", "--grpc-port",
-                str(grpc_port), registry_secret=TOKEN))
+                str(grpc_port), registry_secret=TOKEN, env=code_path()))
             servers.append(fleet.edges[-1])
         wait_for(lambda: all(_serves(s) for s in servers), 60, "the fleet to install tiny")
         yield fleet
@@ -247,3 +250,75 @@ def test_the_live_audit_reaches_metrics_and_status(fleet: Fleet) -> None:
              "the audit in registry status")
     row = {r["node"]: r for r in fleet.cli("status", "--json").json()}[f"edge-{edge.port}"]
     assert 0 <= row["audit_agreement"] <= 1 and row["audit_expected"] > 0
+
+
+@dataclass
+class Batch:
+    """A batched request of texts whose edge confidence is known: ``needed`` rows below the
+    accuracy floor, the rest above it by a margin."""
+
+    texts: list[str]
+    needed: set[int]
+
+
+def batch(fleet: Fleet, release: Path, needed: int, spare: int) -> Batch:
+    """From the release's calibration texts, as the first edge scores them (``threshold: 0``:
+    no row escalates), ``needed`` rows under the floor and ``spare`` rows over it, mixed."""
+    floor = floor_threshold(fleet.cli.catalog().resolve("tiny").manifest.calibration, 0.0)
+    pool = [json.loads(line)["text"] for line in
+            (release / "calibration.jsonl").read_text().splitlines()]
+    answer = infer(fleet.edges[0], pool, threshold=0)
+    confidence = answer["outputs"][[o["name"] for o in answer["outputs"]].index("confidence")]
+    low = [t for t, c in zip(pool, confidence["data"], strict=True) if c < floor - 0.02]
+    high = [t for t, c in zip(pool, confidence["data"], strict=True) if c > floor + 0.02]
+    assert low and high, (floor, sorted(confidence["data"]))
+    texts = [high[i % len(high)] for i in range(spare)]  # repeats: the edges cache nothing
+    places = range(0, needed * (spare // needed + 1), spare // needed + 1)
+    for k, at in enumerate(places):
+        texts.insert(at, low[k % len(low)])
+    return Batch(texts, set(places))
+
+
+def tiers_of(answer: dict[str, Any]) -> list[str]:
+    return list(answer["outputs"][[o["name"] for o in answer["outputs"]].index("tier")]["data"])
+
+
+def test_batched_requests_against_a_center_with_spare_capacity_shed_no_row(
+        fleet: Fleet, tiny_release: Path) -> None:
+    """The issue's case: light traffic puts the edge at center-only (spare capacity), then
+    200-row requests arrive, more rows than the edge's budget holds. The rows below the floor
+    escalate, the others escalate while the budget has room and are the edge's answer beyond
+    it; none is shed. The center's 40 rows/s are no more than 40 rows/s: it is not overrun."""
+    edge = fleet.edges[0]
+    request = batch(fleet, tiny_release, needed=10, spare=190)
+    with traffic([edge], [4]):
+        wait_for(lambda: budgets(fleet)[0] >= 30 and metric(
+            f"{edge.url}/metrics", "edge_cascade_threshold", model="tiny") == 1.0, 30,
+            "the busy edge at center-only, with most of the 40 rows/s")
+        assert budgets(fleet)[0] < 200  # the bucket holds less than one request
+        before = metric(f"{edge.url}/metrics", "edge_rows_total", tier="edge-shed")
+        answers = [infer(edge, request.texts) for _ in range(2)]  # back to back
+    for answer in answers:
+        tiers = tiers_of(answer)
+        assert answer["parameters"]["shed"] == 0 and "edge-shed" not in tiers
+        assert all(tiers[i] == "center" for i in request.needed)
+        assert 10 <= tiers.count("center") < 200 and tiers.count("edge") > 0
+    assert answers[0]["parameters"]["threshold"] == 1.0  # every row was wanted at the center
+    assert metric(f"{edge.url}/metrics", "edge_rows_total", tier="edge-shed") == before
+
+
+def test_a_center_at_its_capacity_sheds_only_rows_below_the_floor(
+        fleet: Fleet, tiny_release: Path) -> None:
+    edge = fleet.edges[0]
+    request = batch(fleet, tiny_release, needed=20, spare=180)
+    fleet.cli("cascade", "tiny", "--capacity", "2")
+    try:
+        wait_for(lambda: 0 < sum(budgets(fleet)) <= 2.2, 30, "a budget of 2 rows/s")
+        answer = infer(edge, request.texts)
+    finally:
+        fleet.cli("cascade", "tiny", "--measured")
+    tiers = tiers_of(answer)
+    shed = {i for i, tier in enumerate(tiers) if tier == "edge-shed"}
+    assert tiers.count("center") <= 2  # never more than the bucket holds
+    assert len(shed) >= 18 and shed <= request.needed  # the spare rows are the edge's
+    assert answer["parameters"]["shed"] == len(shed)

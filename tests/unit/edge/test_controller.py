@@ -41,10 +41,10 @@ def run(c: Controller, clock: Clock, seconds: float, rows_per_s: float,
         confidence = 0.5 + 0.5 * rng.beta(2.0, 1.2, per_request)  # most rows fairly sure
         c.observe(confidence)
         threshold = c.threshold()
-        unsure = int((confidence < threshold).sum())
-        granted = c.admit(unsure)
-        escalated += granted
-        shed += unsure - granted
+        went, dropped = c.admit(confidence, np.flatnonzero(confidence < threshold).tolist(),
+                                min(threshold, c.floor))
+        escalated += len(went)
+        shed += len(dropped)
         rows += per_request
         clock.now += step
     return {"escalated_per_s": escalated / seconds, "shed": shed / rows,
