@@ -70,7 +70,8 @@ class EdgeSettings(ServingSettings):
 
     controller: Literal["auto", "off"] = "auto"
     """The cascade controller (docs/cascade.md): ``auto`` holds escalations to the budget the
-    registry pushes (threshold between the accuracy floor and 1, surplus rows ``edge-shed``);
+    registry pushes (threshold between the accuracy floor and 1: spare capacity takes the
+    unsure rows above the floor; rows below it beyond the budget come back ``edge-shed``);
     ``off`` always uses the release's calibrated threshold (or ``threshold``)."""
 
     floor_tolerance: float = Field(default=0.01, ge=0.0, le=1.0)
