@@ -6,6 +6,7 @@ photos (china, flower); the data files are read as scikit-learn ships them."""
 from __future__ import annotations
 
 import importlib.metadata
+import itertools
 import json
 from pathlib import Path
 
@@ -19,13 +20,16 @@ from tests.kinds import torchscript_file
 class Mlp(nn.Module):
     """Raw features in (standardised inside), ``hidden`` wide layers (none: logistic)."""
 
+    mean: Tensor
+    std: Tensor
+
     def __init__(self, mean: Tensor, std: Tensor, hidden: list[int], classes: int) -> None:
         super().__init__()
         self.register_buffer("mean", mean)
         self.register_buffer("std", std)
         widths = [mean.shape[0], *hidden]
         layers: list[nn.Module] = []
-        for a, b in zip(widths, widths[1:], strict=False):
+        for a, b in itertools.pairwise(widths):
             layers += [nn.Linear(a, b), nn.ReLU()]
         self.net = nn.Sequential(*layers, nn.Linear(widths[-1], classes))
 

@@ -98,9 +98,6 @@ def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | N
     if waves is not None and canary:
         raise click.UsageError("--canary and --waves exclude each other")
     rollout = None if waves is None else wave_policy(settings, waves, given)
-    if edge is not None and path.is_dir():
-        raise click.UsageError("--edge goes with a single center file; a release folder "
-                               "names its edge in tiered.json")
     inputs = [parse_input(text) for text in declared] or None
     if image is not None and (inputs is None or len(inputs) != 1):
         raise click.UsageError("--image describes the one --input of an image model")

@@ -109,9 +109,9 @@ class Fidelity(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class Cost(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """What a row costs each tier on the publisher's CPU, in process: the center's TorchScript
-    fp32 and the edge's INT8 ONNX, milliseconds per row at ``batch`` rows a call (the median over
-    ``repeats`` passes of the batches of ``rows`` calibration rows). A figure of the publisher's machine: a GPU
-    center, or another CPU, costs otherwise."""
+    fp32 and the edge's INT8 ONNX, milliseconds per row at ``batch`` rows a call (the median
+    over ``repeats`` passes of the batches of ``rows`` calibration rows). A figure of the
+    publisher's machine: a GPU center, or another CPU, costs otherwise."""
 
     center_ms: float
     edge_ms: float
