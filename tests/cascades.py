@@ -88,7 +88,7 @@ class Patches(nn.Module):
         return self.head(self.features(image))
 
 
-def photo_patches(out: Path, rows: int = 160) -> tuple[Path, Path]:
+def photo_patches(out: Path, rows: int = 256) -> tuple[Path, Path]:
     """``patches.pt`` (input ``image:FP32:-1,3,32,32``, labels ``china,flower``: which sample
     photo a patch is from) and the ``calibration.jsonl`` of its PNG patches."""
     from PIL import Image

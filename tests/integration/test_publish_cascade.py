@@ -6,6 +6,7 @@ checks it."""
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,10 @@ def test_a_conv_model_records_both_candidates_and_a_probe_no_larger_than_its_edg
     assert all(0 <= v <= 1 for v in candidates.values())
     assert candidates[m["quantization"]["method"]] == max(candidates.values())
     assert 0 < m["probe"]["size"] <= m["edge"]["size"]
+    # 256 rows of fp32 pixels would not fit: they are kept as codes (fewer rows only if need be)
+    with zipfile.ZipFile(cli.home / "blobs" / "sha256" / m["probe"]["sha256"][:2]
+                         / m["probe"]["sha256"]) as archive:
+        assert "image.scale.npy" in archive.namelist()
     shown = " ".join(cli("show", "patches@1").stdout.split())
     assert f"dynamic {tables.pct(candidates['dynamic'])}" in shown
     assert f"static {tables.pct(candidates['static'])}" in shown
