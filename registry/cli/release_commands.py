@@ -48,6 +48,10 @@ def wave_policy(settings: RegistrySettings, shares: str, given: dict[str, Any]) 
 @click.option("--force", is_flag=True, help="Publish even when fidelity is below the floor.")
 @click.option("--skip-existing", is_flag=True,
               help="Do nothing if the latest version was built from identical source files.")
+@click.option("--edge", "edge", type=click.Path(path_type=Path), default=None,
+              help="Single TorchScript file only: a smaller edge model (TorchScript .pt or "
+              "fp32 .onnx, the same inputs and labels) for a cascade; without it the edge is "
+              "the center quantized to INT8, which rarely escalates.")
 @click.option("--tokenizer", type=click.Path(path_type=Path), default=None,
               help="Single TorchScript file only: tokenizer.json to ship with it.")
 @click.option("--labels", default=None, help="Single TorchScript file only: comma-separated "
@@ -73,16 +77,18 @@ def wave_policy(settings: RegistrySettings, shares: str, given: dict[str, Any]) 
 @pass_ctx
 def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | None,
                 min_fidelity: float | None, tolerance: float | None, confidence: float | None,
-                force: bool, skip_existing: bool, tokenizer: Path | None, labels: str | None,
-                calibration: Path | None, max_length: int, declared: tuple[str, ...],
-                image: str | None, pair: bool, as_json: bool, **wave_flags: Any) -> None:
+                force: bool, skip_existing: bool, edge: Path | None, tokenizer: Path | None,
+                labels: str | None, calibration: Path | None, max_length: int,
+                declared: tuple[str, ...], image: str | None, pair: bool, as_json: bool,
+                **wave_flags: Any) -> None:
     """Build a release from PATH and record it as the next version of NAME.
 
     PATH is a release folder with a tiered.json (center TorchScript, edge TorchScript or fp32
     ONNX, labels, labelled calibration split; a tokenizer for text, the inputs and their kind
     for images and tensors) or a single TorchScript file, which is then both the center and,
-    quantized to INT8, the edge. A text model (forward(input_ids, attention_mask[,
-    token_type_ids])) needs no more; any other declares its inputs with --input (and --image).
+    quantized to INT8, the edge (or --edge names a smaller edge: a cascade). A text model
+    (forward(input_ids, attention_mask[, token_type_ids])) needs no more; any other declares
+    its inputs with --input (and --image).
     """
     from registry.publish.signature import image_input
     from registry.publish.source import PAIR, load_source
@@ -107,7 +113,7 @@ def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | N
     source = load_source(path, tokenizer=tokenizer,
                          labels=labels.split(",") if labels else None,
                          calibration=calibration, max_length=max_length, inputs=inputs,
-                         request=request)
+                         request=request, edge=edge)
     # torch and onnxruntime load here only: list/show/audit, and a refused PATH, stay fast
     from registry.publish.pipeline import PublishOptions, publish
 
@@ -119,7 +125,8 @@ def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | N
         canary=[n for n in canary.split(",") if n], rollout=rollout)
     result = publish(settings, ctx.catalog, source, options, step=_step)
     emit(as_json, {"created": result.created, "manifest": msgspec.to_builtins(result.manifest),
-                   "edge_fp32_size": result.edge_fp32_size, "seconds": result.seconds},
+                   "edge_fp32_size": result.edge_fp32_size, "seconds": result.seconds,
+                   "cascade": result.cascade},
          lambda: tables.publish_summary(out, result))
 
 

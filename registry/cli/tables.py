@@ -38,6 +38,22 @@ def mib(size: int) -> str:
     return f"{size / 2**20:.1f} MiB"
 
 
+def threshold(value: float, neighbours: Sequence[float] = ()) -> str:
+    """A confidence threshold with 4 decimals, or as many more (up to 12) as it takes to tell
+    it apart from 0, from 1 and from ``neighbours``: 0.99996 is not "1.0000"."""
+    others = [o for o in (0.0, 1.0, *neighbours) if o != value]
+    for decimals in range(4, 13):
+        text = f"{value:.{decimals}f}"
+        if all(f"{o:.{decimals}f}" != text for o in others):
+            return text
+    return f"{value:.4f}"  # 1 + 1e-16 (escalate every row) is not told from 1 in 12 decimals
+
+
+def ms(value: float) -> str:
+    """Milliseconds with three significant digits (0.0123 ms, 1.23 ms, 123 ms)."""
+    return f"{value:.3g} ms"
+
+
 def version_dict(row: VersionRow, full: bool = False) -> dict[str, Any]:
     m = row.manifest
     data: dict[str, Any] = {
@@ -64,6 +80,25 @@ def publish_summary(console: Console, result: PublishResult) -> None:
     total = sum(result.seconds.values())
     console.print(f"took {total:.1f}s: " + ", ".join(f"{k} {v:.1f}s"
                                                       for k, v in result.seconds.items()))
+    if not result.cascade:
+        console.print(one_model_note(m))
+
+
+def one_model_note(m: Manifest) -> str:
+    """What a release from one model file is: an INT8 copy of the center at the edge, which
+    rarely disagrees with it, so the calibrated cascade sends (almost) nothing to the center."""
+    c = m.calibration
+    if c.source == "labelled":
+        figures = (f"the INT8 copy agrees with it on {pct(m.fidelity.top1_agreement)} of the "
+                   f"calibration rows, so the calibrated threshold is {threshold(c.threshold)} "
+                   f"and {pct(c.escalation_rate)} of rows escalate: the center stays nearly "
+                   f"idle.")
+    else:
+        figures = (f"without --calibration the threshold is the default "
+                   f"{threshold(c.threshold)}, not measured against the center.")
+    return (f"One model file: the edge is an INT8 copy of the center; {figures} For a "
+            f"cascade, publish a smaller edge model beside it: registry publish CENTER.pt "
+            f"--edge EDGE.pt (TorchScript or fp32 ONNX) with the same options.")
 
 
 def _manifest_table(m: Manifest, title: str, edge_fp32_size: int = 0) -> Table:
@@ -84,13 +119,15 @@ def _manifest_table(m: Manifest, title: str, edge_fp32_size: int = 0) -> Table:
         ("measured on", f"{f.platform.describe()}, {f.platform.runtime}" if f.platform
          else "- (published before the CPU was recorded)"),
         ("quantization", _quantization(m)),
+        ("INT8 candidates", _candidates(m)),
         ("probe", f"{m.probe.size / 1024:.0f} KiB, every node checks it (publisher: "
                   f"{pct(f.probe_agreement)})" if m.probe else "none: nodes do not check"),
-        ("threshold", f"{c.threshold:.4f} ({c.source})"),
+        ("threshold", f"{threshold(c.threshold)} ({c.source})"),
         ("escalation rate", pct(c.escalation_rate)),
         ("center accuracy", pct(c.center_accuracy)),
         ("edge INT8 accuracy", pct(c.edge_accuracy)),
         ("cascade accuracy", pct(c.cascade_accuracy)),
+        ("cost per row", _cost(m)),
         ("publisher", f"{m.publisher} at {m.published_at}"),
     ]
     for key, value in rows:
@@ -115,6 +152,32 @@ def _inputs(m: Manifest) -> str:
     return f"{'; '.join(kinds)} ({model}; schema {m.schema})"
 
 
+def _candidates(m: Manifest) -> str:
+    """Each INT8 method tried, with its agreement; the kept one marked."""
+    found = m.fidelity.candidates
+    if not found:
+        return "- (published before they were recorded)"
+    kept = m.quantization.method if m.quantization else ""
+    return ", ".join(f"{method} {pct(value)}" + (" (kept)" if method == kept else "")
+                     for method, value in found.items())
+
+
+def _cost(m: Manifest) -> str:
+    """Each tier's cost per row, measured at publish, and how many times cheaper the edge is."""
+    cost = m.cost
+    if cost is None:
+        return "- (not measured)"
+    where = cost.platform.cpu if cost.platform and cost.platform.cpu else "the publisher's CPU"
+    return (f"center TorchScript fp32 {ms(cost.center_ms)}, edge INT8 ONNX {ms(cost.edge_ms)}: "
+            f"the edge {_times(cost.ratio)} (batch {cost.batch}, median of {cost.repeats}"
+            f" passes over {cost.rows} rows, on {where})")
+
+
+def _times(ratio: float) -> str:
+    """How a row on the edge compares with one on the center: 12.3x cheaper, 1.5x dearer."""
+    return f"{ratio:.1f}x cheaper" if ratio >= 1 else f"{1 / ratio:.1f}x dearer"
+
+
 def _quantization(m: Manifest) -> str:
     q = m.quantization
     if q is None:
@@ -134,8 +197,10 @@ def version_detail(console: Console, row: VersionRow) -> None:
         table = Table(title="calibration curve (edge confidence < threshold -> center)")
         for col in ("threshold", "escalated", "cascade accuracy"):
             table.add_column(col, justify="right", overflow="fold")
-        for point in curve[:: max(1, len(curve) // 12)]:
-            table.add_row(f"{point.threshold:.4f}", pct(point.escalation_rate),
+        points = curve[:: max(1, len(curve) // 12)]
+        for i, point in enumerate(points):
+            near = [p.threshold for p in points[max(0, i - 1):i + 2]]
+            table.add_row(threshold(point.threshold, near), pct(point.escalation_rate),
                           pct(point.cascade_accuracy))
         console.print(table)
 
@@ -160,7 +225,7 @@ def versions_table(console: Console, name: str, rows: list[VersionRow]) -> None:
         table.add_column(col, overflow="fold")
     for r in rows:
         c = r.manifest.calibration
-        table.add_row(str(r.version), ", ".join(r.aliases) or "-", f"{c.threshold:.4f}",
+        table.add_row(str(r.version), ", ".join(r.aliases) or "-", threshold(c.threshold),
                       pct(c.escalation_rate), pct(c.cascade_accuracy),
                       pct(r.manifest.fidelity.top1_agreement), r.created_at, r.publisher)
     console.print(table)
@@ -277,7 +342,7 @@ def _cascade_cells(r: dict[str, Any]) -> list[str]:
     accuracy = (f"{pct(r['estimated_accuracy'])} ± {pct(r['accuracy_interval'])}"
                 if audited and r.get("estimated_accuracy") else "-")
     return [shown(r["node"]), shown(r["tier"]), _rate(r.get("capacity_rows_s")),
-            f"{r['threshold']:.4f}" if edge and r.get("threshold") is not None else "-",
+            threshold(r["threshold"]) if edge and r.get("threshold") is not None else "-",
             (_rate(r.get("budget_rows_s")) if r.get("budget_rows_s") else "none") if edge
             else "-",
             pct(r["escalation_rate"]) if edge else "-",

@@ -17,6 +17,7 @@ import numpy as np
 import onnxruntime as ort
 
 from registry.errors import FidelityTooLow, InvalidRelease
+from registry.publish import cost
 from registry.publish.calibrate import agreement, calibrate, default_calibration
 from registry.publish.export import (
     QUANTIZATION,
@@ -46,12 +47,13 @@ from registry.store.chunkstore import ChunkStore
 from registry.store.clock import now
 from registry.trust import keys, tuf
 from serving.inputs import drift
-from serving.release import hardware, probe
+from serving.release import compact, hardware, probe
 from serving.release.manifest import (
     KINDS_SCHEMA,
     SCHEMA,
     Artifact,
     Calibration,
+    Cost,
     Fidelity,
     InputReference,
     Manifest,
@@ -90,12 +92,15 @@ class PublishResult:
     created: bool  # False when skip_existing found this source already published
     edge_fp32_size: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
+    cascade: bool = True  # False: the edge is the center quantized (one file, no --edge)
 
 
 @dataclass
 class _Built:
     signature: Signature
     quantization: Quantization
+    candidates: dict[str, float]  # each INT8 method tried: its agreement with the fp32 edge
+    cost: Cost
     inputs: Inputs
     center_logits: np.ndarray
     edge_fp32_logits: np.ndarray
@@ -146,7 +151,7 @@ def publish(settings: RegistrySettings, catalog: Catalog, source: ReleaseSource,
             version = catalog.create_version(manifest, canary=options.canary or None,
                                              signer=signer, rollout=options.rollout)
     return PublishResult(catalog.resolve(options.name, str(version)).manifest, True,
-                         built.edge_fp32_size, timings)
+                         built.edge_fp32_size, timings, source.cascade)
 
 
 def _same_source(catalog: Catalog, name: str, digest: str) -> Manifest | None:
@@ -180,42 +185,49 @@ def _build(source: ReleaseSource, work: Path, timed: Step) -> _Built:
             example = signature.codec.collate(signature.codec.sample(2, seed=1))
             export_onnx(edge_module, edge_fp32, signature.inputs, example)
     with timed("quantize edge to INT8"):
-        quantization, edge_int8, int8_session, edge_int8_logits = _quantize(
+        quantization, edge_int8, int8_session, edge_int8_logits, candidates = _quantize(
             edge_fp32, work, inputs, edge_fp32_logits, names)
+    with timed("measure cost per row"):
+        costs = cost.measure(center_module, int8_session, inputs)
     with timed("build probe"):
         probe_rows = (rows or signature.codec.sample(probe.ROWS))[:probe.ROWS]
-        feeds = signature.codec.collate(probe_rows)
+        stored, feeds = compact.fit(signature.codec.collate(probe_rows),
+                                    edge_int8.stat().st_size, center_logits.shape[1],
+                                    probe.MIN_ROWS)
         fp32_session = onnx_session(edge_fp32, "edge", names)
         edge_ref = probe.run(lambda b: run_onnx(fp32_session, _one(b), "edge"), feeds)
         center_ref = probe.run(lambda b: run_torchscript(center_module, _one(b), "center"),
                                feeds)
         int8_probe = probe.run(lambda b: run_onnx(int8_session, _one(b), "edge INT8"), feeds)
-        probe.save(work / PROBE_FILE, feeds, edge_ref, center_ref)
-    return _Built(signature, quantization, inputs, center_logits, edge_fp32_logits,
-                  edge_int8_logits, edge_fp32.stat().st_size, edge_int8, work / PROBE_FILE,
-                  agreement(int8_probe, edge_ref), len(edge_ref),
+        probe.save(work / PROBE_FILE, stored, edge_ref, center_ref)
+    return _Built(signature, quantization, candidates, costs, inputs, center_logits,
+                  edge_fp32_logits, edge_int8_logits, edge_fp32.stat().st_size, edge_int8,
+                  work / PROBE_FILE, agreement(int8_probe, edge_ref), len(edge_ref),
                   drift.reference(signature.codec, rows) if rows else None)
 
 
 def _quantize(edge_fp32: Path, work: Path, inputs: Inputs, reference: np.ndarray,
-              names: list[str]) -> tuple[Quantization, Path, ort.InferenceSession, np.ndarray]:
+              names: list[str]) -> tuple[Quantization, Path, ort.InferenceSession, np.ndarray,
+                                          dict[str, float]]:
     """Dynamic INT8 and, for a convolutional model, static INT8 calibrated on ``inputs``: the
-    one that agrees best with the fp32 edge (dynamic on a tie: it needs no calibration)."""
-    candidates = [QUANTIZATION] + ([STATIC] if convolutional(edge_fp32) else [])
+    one that agrees best with the fp32 edge (dynamic on a tie: it needs no calibration), and
+    each one's agreement."""
+    methods = [QUANTIZATION] + ([STATIC] if convolutional(edge_fp32) else [])
+    scores: dict[str, float] = {}
     best: tuple[float, Quantization, Path, ort.InferenceSession, np.ndarray] | None = None
-    for q in candidates:
+    for q in methods:
         path = work / f"edge-int8-{q.method}.onnx"
         quantize_int8(edge_fp32, path, q, inputs.batches)
         session = onnx_session(path, "edge INT8", names)
         logits = run_onnx(session, inputs, "edge INT8")
-        score = agreement(logits, reference)
+        score = scores[q.method] = agreement(logits, reference)
         if best is None or score > best[0]:
             best = (score, q, path, session, logits)
     assert best is not None
     _, q, path, session, logits = best
     final = work / EDGE_FILE
     path.replace(final)
-    return q, final, session, logits
+    return q, final, session, logits, scores
 
 
 def _one(batch: probe.Feeds) -> Inputs:
@@ -237,7 +249,7 @@ def _fidelity(built: _Built, options: PublishOptions) -> Fidelity:
     return Fidelity(top1_agreement=value, rows=built.inputs.rows, minimum=floor,
                     inputs=built.inputs.kind, forced=below,
                     platform=hardware.here(f"onnxruntime {ort.__version__} CPU"),
-                    probe_agreement=built.probe_agreement)
+                    probe_agreement=built.probe_agreement, candidates=built.candidates)
 
 
 def _store(blobs: BlobStore, source: ReleaseSource, built: _Built,
@@ -277,4 +289,4 @@ def _manifest(name: str, source: ReleaseSource, labels: list[str],
         source_sha256=source.digest, probe=artifacts["probe"], quantization=quantization,
         schema=1 if legacy else SCHEMA if text and text.pair else KINDS_SCHEMA,
         request=[] if legacy else [signature.request],
-        input_reference=built.reference)
+        input_reference=built.reference, cost=built.cost)

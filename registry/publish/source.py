@@ -22,7 +22,8 @@ Lines ``{"text": ..., "label": ...}`` for text (``{"text": ..., "text_pair": ...
 ...}`` for sentence pairs), ``{"image": "relative/path.png", "label": ...}``
 for images, an ``.npz`` holding the input's array (named as the input) and ``labels`` for
 tensors; a label is a name or an index. A single TorchScript file is its own center and,
-quantized, its own edge; ``--input``/``--image`` declare what its signature does not say.
+quantized, its own edge, unless ``--edge`` names a smaller edge model beside it;
+``--input``/``--image`` declare what its signature does not say.
 """
 
 from __future__ import annotations
@@ -80,6 +81,11 @@ class ReleaseSource:
     request: RequestInput | None = None  # declared request input (None: derived)
 
     @property
+    def cascade(self) -> bool:
+        """Whether the edge is a model of its own (else it is the center, quantized)."""
+        return self.edge != self.center
+
+    @property
     def kind(self) -> str:
         """The request input's kind: declared, else text unless non-text inputs are
         declared."""
@@ -97,27 +103,35 @@ def kind_of(request: RequestInput) -> str:
 def load_source(path: Path, *, tokenizer: Path | None = None, labels: list[str] | None = None,
                 calibration: Path | None = None, max_length: int = 128,
                 inputs: list[TensorSpec] | None = None,
-                request: RequestInput | None = None) -> ReleaseSource:
-    """Read and check PATH; the keyword options only apply to a single TorchScript file."""
+                request: RequestInput | None = None, edge: Path | None = None) -> ReleaseSource:
+    """Read and check PATH; the keyword options only apply to a single TorchScript file (and
+    to ``edge``, a smaller edge model beside it: TorchScript or fp32 ONNX)."""
     if not path.exists():
         raise InvalidRelease(f"{path}: no such file or folder")
     if path.is_dir():
+        if edge is not None:
+            raise InvalidRelease(f"{path}: --edge goes with a single center file; a release "
+                                 f"folder names its edge in {SPEC_FILE}")
         return _folder(path)
     if not path.is_file():
         raise InvalidRelease(f"{path}: not a regular file or a release folder")
-    for extra in (tokenizer, calibration):
+    for extra in (tokenizer, calibration, edge):
         if extra is not None and not extra.is_file():
             raise InvalidRelease(f"{extra}: no such file")
-    source = ReleaseSource(center=path, edge=path, edge_format="torchscript",
+    edge_file = path if edge is None else edge
+    edge_format: Literal["torchscript", "onnx"] = ("onnx" if edge_file.suffix == ".onnx"
+                                                   else "torchscript")
+    source = ReleaseSource(center=path, edge=edge_file, edge_format=edge_format,
                            tokenizer=tokenizer, max_length=max_length, labels=labels,
                            calibration=None, digest="", inputs=inputs, request=request)
     if calibration is not None and source.kind == "text" and tokenizer is None:
         raise InvalidRelease("--calibration needs --tokenizer to turn its texts into inputs")
     labelled, files = (_labelled(calibration, source.kind, labels, calibration.parent)
                        if calibration else (None, []))
-    digest = _digest([p for p in (path, tokenizer, calibration) if p is not None] + files,
+    digest = _digest([p for p in (path, edge, tokenizer, calibration) if p is not None] + files,
                      _declared(inputs, request))
-    return ReleaseSource(center=path, edge=path, edge_format="torchscript", tokenizer=tokenizer,
+    return ReleaseSource(center=path, edge=edge_file, edge_format=edge_format,
+                         tokenizer=tokenizer,
                          max_length=max_length, labels=labels, calibration=labelled,
                          digest=digest, inputs=inputs, request=request)
 

@@ -102,6 +102,28 @@ class Fidelity(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     forced: bool = False
     platform: Platform | None = None  # where top1_agreement was measured
     probe_agreement: float | None = None  # on the probe the nodes re-run, same CPU
+    # each INT8 candidate's top1_agreement by method (dynamic, and static for a convolutional
+    # model): the kept one is ``Quantization.method`` (None: published before it was recorded)
+    candidates: dict[str, float] | None = None
+
+
+class Cost(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What a row costs each tier on the publisher's CPU, in process: the center's TorchScript
+    fp32 and the edge's INT8 ONNX, milliseconds per row at ``batch`` rows a call (the median
+    over ``repeats`` passes of the batches of ``rows`` calibration rows). A figure of the
+    publisher's machine: a GPU center, or another CPU, costs otherwise."""
+
+    center_ms: float
+    edge_ms: float
+    batch: int
+    rows: int
+    repeats: int
+    platform: Platform | None = None
+
+    @property
+    def ratio(self) -> float:
+        """How many times cheaper a row is on the edge."""
+        return self.center_ms / self.edge_ms if self.edge_ms > 0 else float("inf")
 
 
 class Preprocessing(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -200,6 +222,7 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # the calibration rows' input statistics (None: published without calibration rows, or
     # before they were recorded: no input drift is measured)
     input_reference: InputReference | None = None
+    cost: Cost | None = None  # each tier's cost per row at publish (None: not measured)
 
     def request_inputs(self) -> list[RequestInput]:
         """The request inputs, schema 1's derived from its preprocessing."""
@@ -235,8 +258,9 @@ class NewerSchema(ValueError):
 def encode(manifest: Manifest) -> bytes:
     """The manifest's JSON; a schema-1 release leaves ``request`` out, so nodes that predate it
     keep reading the releases they can serve, and a release without an input reference leaves
-    ``input_reference`` out (its bytes, and so its signature, stay what they were), and so does
-    a single-text input its ``pair``."""
+    ``input_reference`` out (its bytes, and so its signature, stay what they were); so do a
+    single-text input its ``pair``, a release without a measured cost (``cost``) and one
+    without INT8 candidates (``fidelity.candidates``)."""
     data = msgspec.to_builtins(manifest)
     if not data["request"]:
         del data["request"]
@@ -245,6 +269,10 @@ def encode(manifest: Manifest) -> bytes:
             del request["pair"]
     if data["input_reference"] is None:
         del data["input_reference"]
+    if data["cost"] is None:
+        del data["cost"]
+    if data["fidelity"]["candidates"] is None:
+        del data["fidelity"]["candidates"]
     return msgspec.json.format(msgspec.json.encode(data), indent=2) + b"\n"
 
 

@@ -4,10 +4,11 @@ INT8 kernels differ by CPU (x86 without VNNI saturates where a VNNI or ARM CPU d
 GPU center may run in fp16/bf16, so the agreement the publisher measured on its own machine
 says little about a node. A release carries ``probe.npz``: a few hundred calibration rows as
 the model's inputs (one array per model input, e.g. token ids and mask padded to the longest,
-or images) with the fp32 edge's and the fp32 center's logits on exactly those rows, in batches
-of ``batch`` rows. At load, after warm-up, a node runs its model on the
-same batches and computes top-1 agreement with its tier's reference; below the floor (the
-release's, or the node's own setting) the version is refused and the previous one keeps serving.
+or images; stored compactly, ``serving.release.compact``) with the fp32 edge's and the fp32
+center's logits on exactly those rows, in batches of ``batch`` rows. At load, after warm-up, a
+node runs its model on the same batches and computes top-1 agreement with its tier's reference;
+below the floor (the release's, or the node's own setting) the version is refused and the
+previous one keeps serving.
 
 The file is an artifact like the models (sha256 in the signed manifest, verified before load);
 it is still read as untrusted: no pickles, known keys, dtypes and shapes, bounded sizes.
@@ -25,6 +26,7 @@ import numpy as np
 
 from serving.errors import ProbeError
 from serving.model.datatypes import native
+from serving.release import compact
 from serving.release.manifest import TensorSpec
 
 if TYPE_CHECKING:
@@ -32,7 +34,11 @@ if TYPE_CHECKING:
 
 FILE = "probe.npz"
 ROWS = 256
-"""Rows a publish puts in the probe (fewer when the calibration split is smaller)."""
+"""Rows a publish puts in the probe (fewer when the calibration split is smaller, or when the
+rows would make the probe larger than the edge model: ``serving.release.compact``)."""
+MIN_ROWS = 64
+"""Rows a probe keeps even when they make it larger than the edge model: on fewer, one
+disagreement moves the agreement by more than the floor leaves room for."""
 BATCH = 32
 MAX_ROWS, MAX_CLASSES, MAX_INPUTS = 4096, 4096, 16
 MAX_BYTES = 64 << 20  # uncompressed, all members together
@@ -78,7 +84,8 @@ def save(path: Path, feeds: Feeds, edge: np.ndarray, center: np.ndarray,
 
 def load(path: Path, model: list[TensorSpec]) -> Probe:
     """Read and check a probe file (bounded before anything is decompressed): its arrays are
-    the ``model``'s inputs and the references, nothing else."""
+    the ``model``'s inputs (a float input possibly as codes, ``serving.release.compact``) and
+    the references, nothing else."""
     inputs = {i.name: native(i.datatype) for i in model}
     expected = {**{k: np.dtype(v) for k, v in KEYS.items()}, **inputs}
     try:
@@ -86,6 +93,10 @@ def load(path: Path, model: list[TensorSpec]) -> Probe:
             members = archive.infolist()
             if sum(m.file_size for m in members) > MAX_BYTES:
                 raise ProbeError(f"{path.name}: larger than {MAX_BYTES >> 20} MiB unpacked")
+            packed = _packed({m.filename for m in members}, inputs)
+            expected |= {k + suffix: np.dtype(np.float32) for k in packed
+                         for suffix in (compact.SCALE, compact.OFFSET)}
+            expected |= {k: np.dtype(np.uint8) for k in packed}
             if sorted(m.filename for m in members) != sorted(f"{k}.npy" for k in expected):
                 raise ProbeError(f"{path.name}: expected the arrays {sorted(expected)}")
         with np.load(path, allow_pickle=False) as data:
@@ -97,7 +108,26 @@ def load(path: Path, model: list[TensorSpec]) -> Probe:
     for key, dtype in expected.items():
         if arrays[key].dtype != dtype:
             raise ProbeError(f"{path.name}: {key} is {arrays[key].dtype}, expected {dtype}")
+    for key in packed:
+        arrays[key] = _unpacked(arrays, key, inputs[key], path.name)
     return _checked(arrays, list(inputs), path.name)
+
+
+def _packed(members: set[str], inputs: dict[str, Any]) -> list[str]:
+    """The float inputs stored as codes (a scale member beside them)."""
+    return [k for k, dtype in inputs.items() if np.dtype(dtype).kind == "f"
+            and f"{k}{compact.SCALE}.npy" in members]
+
+
+def _unpacked(arrays: dict[str, np.ndarray], key: str, dtype: Any, name: str) -> np.ndarray:
+    codes, scale = arrays[key], arrays[key + compact.SCALE]
+    offset = arrays[key + compact.OFFSET]
+    channels = codes.shape[1] if codes.ndim >= 2 else 1
+    if scale.shape != (channels,) or offset.shape != (channels,) or not (
+            np.isfinite(scale).all() and np.isfinite(offset).all()):
+        raise ProbeError(f"{name}: {key} codes of shape {list(codes.shape)} with a scale of "
+                         f"shape {list(scale.shape)} and an offset of {list(offset.shape)}")
+    return compact.unpack(codes, scale, offset, np.dtype(dtype))
 
 
 def _checked(a: dict[str, np.ndarray], inputs: list[str], name: str) -> Probe:

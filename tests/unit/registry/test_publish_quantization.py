@@ -26,7 +26,8 @@ def logits(agreeing: int) -> np.ndarray:
 def choose(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, agreeing: dict[str, int],
            conv: bool = True) -> tuple[str, str, np.ndarray, list[str]]:
     """``_quantize`` with each method's model agreeing on ``agreeing[method]`` rows: the
-    method kept, the edge file's content, the logits returned, the methods tried."""
+    method kept, the edge file's content, the logits returned, the methods tried (each with
+    its agreement recorded)."""
     tried: list[str] = []
 
     def quantize(fp32: Path, int8: Path, q: object, calibration: object = None) -> None:
@@ -41,9 +42,10 @@ def choose(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, agreeing: dict[str, 
                         lambda session, inputs, role: logits(agreeing[session]))
     fp32 = tmp_path / "edge-fp32.onnx"
     fp32.write_text("fp32")
-    q, final, session, out = pipeline._quantize(fp32, tmp_path, Inputs([], "calibration"),
-                                                REFERENCE, ["x"])
+    q, final, session, out, scores = pipeline._quantize(
+        fp32, tmp_path, Inputs([], "calibration"), REFERENCE, ["x"])
     assert final == tmp_path / pipeline.EDGE_FILE and session == q.method
+    assert scores == {method: agreeing[method] / ROWS for method in tried}
     return q.method, final.read_text(), out, tried
 
 
