@@ -66,13 +66,15 @@ def wave_policy(settings: RegistrySettings, shares: str, given: dict[str, Any]) 
               "JPEG/PNG or pixels; OPTIONS like scale=255,mean=0.1307,std=0.3081 (per "
               "channel: 0.485/0.456/0.406), resize=N (shorter side, then a centre crop), "
               "layout=NCHW|NHWC, max_pixels=N. Use --image '' for the defaults.")
+@click.option("--create", is_flag=True, help="Make the registry home if it is not one yet "
+              "(as `registry init`); without it, a folder with no registry is refused.")
 @json_flag
 @pass_ctx
 def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | None,
                 min_fidelity: float | None, tolerance: float | None, confidence: float | None,
                 force: bool, skip_existing: bool, tokenizer: Path | None, labels: str | None,
                 calibration: Path | None, max_length: int, declared: tuple[str, ...],
-                image: str | None, as_json: bool, **wave_flags: Any) -> None:
+                image: str | None, create: bool, as_json: bool, **wave_flags: Any) -> None:
     """Build a release from PATH and record it as the next version of NAME.
 
     PATH is a release folder with a tiered.json (center TorchScript, edge TorchScript or fp32
@@ -85,6 +87,8 @@ def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | N
     from registry.publish.source import load_source
 
     check_name(name)
+    ctx.create = create
+    ctx.check_home()  # a wrong folder is refused before minutes of export and calibration
     settings = ctx.settings
     given = {key: value for key, value in wave_flags.items() if value is not None}
     if given and waves is None:
