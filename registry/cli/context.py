@@ -135,8 +135,8 @@ def run(cli: click.Group, argv: list[str] | None) -> None:
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except RegistryError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)  # one line
+    except RegistryError as exc:  # one line, whatever the message quotes
+        err.print(f"[red]error:[/] {escape(' '.join(str(exc).split()))}", soft_wrap=True)
         sys.exit(exc.exit_code)
     except StoreError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)  # one line
