@@ -31,7 +31,8 @@ def fill_stores(root: Path, release: Path, model: str = "tiny", *flags: str | Pa
 def publish(home: Path, release: Path, model: str, actor: str = "bench@reliability") -> None:
     """``registry publish`` of ``release`` as ``model`` into the registry at ``home``."""
     subprocess.run([str(BIN / "registry"), "--home", str(home), "publish", str(release),
-                    "--name", model, "--create"], check=True, capture_output=True, timeout=PUBLISH_TIMEOUT_S,
+                    "--name", model, "--create"], check=True, capture_output=True,
+                   timeout=PUBLISH_TIMEOUT_S,
                    env={"PATH": str(BIN), "REGISTRY_ACTOR": actor, "HOME": str(home)})
 
 

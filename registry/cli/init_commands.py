@@ -29,7 +29,7 @@ def init_cmd(ctx: Context, as_json: bool) -> None:
     data = {"created": made, "database": str(settings.database), "signing_key": str(key)}
     emit(as_json, data, lambda: out.print(
         f"made {', '.join(made)} in {settings.home}" if made else
-        f"{settings.home} is a registry already: nothing to make"))
+        f"{settings.home} is a registry already: nothing to make", soft_wrap=True))
 
 
 # registered on the ``registry`` group by registry.cli.main

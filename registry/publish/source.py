@@ -137,7 +137,8 @@ def _folder(root: Path) -> ReleaseSource:
     if not 1 <= spec.max_length <= 4096:
         raise InvalidRelease(f"{spec_path}: max_length must be between 1 and 4096")
     if spec.request is not None and len(spec.request) != 1:
-        raise InvalidRelease(f"{spec_path}: request must declare exactly one input")
+        raise InvalidRelease(f"{spec_path}: request must declare exactly one input (one "
+                             f"request input per release is the limit)")
     request = spec.request[0] if spec.request else None
     tokenizer_name = spec.tokenizer
     if isinstance(request, TextInput) and request.tokenizer and tokenizer_name is None:
@@ -202,7 +203,12 @@ def _labelled(path: Path, kind: str, labels: list[str] | None, root: Path,
     ids: list[int] = []
     files: list[Path] = []
     what = "text" if kind == "text" else "image"
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidRelease(f"{path}: a {kind} calibration split is UTF-8 JSON Lines "
+                             f"({type(exc).__name__})") from exc
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
