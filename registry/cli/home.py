@@ -50,14 +50,13 @@ class Home:
                 f"registry, or run from the clone root) or create one (`registry init`)")
 
 
-def locate(configured: Path, flag: bool, cwd: Path | None = None,
-           environ: dict[str, str] | None = None) -> Home:
-    """The home a command uses: ``configured`` (the settings' home) when given by ``flag``
-    or ``REGISTRY_HOME``, else a running stack's found from ``cwd`` up, else ``configured``."""
+def locate(configured: Path, flag: bool, given: bool, cwd: Path | None = None) -> Home:
+    """The home a command uses: ``configured`` (the settings' home) when ``given`` (by
+    ``flag``, else by ``REGISTRY_HOME``), else a running stack's found from ``cwd`` up, else
+    ``configured``."""
     cwd = cwd or Path.cwd()
-    env = os.environ if environ is None else environ
     path = Path(os.path.abspath(cwd / configured))  # as the settings make it: symlinks kept
-    if flag or env.get("REGISTRY_HOME"):
+    if flag or given:
         return Home(path, "--home" if flag else "REGISTRY_HOME", _stack_of(path.resolve()))
     found = _running_stack(cwd)
     if found is not None:

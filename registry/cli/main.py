@@ -37,7 +37,8 @@ def cli(ctx: click.Context, home: Path | None, actor: str | None,
         settings = RegistrySettings(**overrides)
     except ValidationError as exc:
         raise click.UsageError(f"invalid settings: {exc}") from exc
-    ctx.obj = Context(settings, locate(settings.home, flag=home is not None))
+    ctx.obj = Context(settings, locate(settings.home, flag=home is not None,
+                                           given="home" in settings.model_fields_set))
 
 
 @cli.result_callback()

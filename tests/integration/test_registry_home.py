@@ -93,8 +93,8 @@ def test_a_running_stacks_registry_is_found_from_the_clone_root_and_below(
     home = stack_clone(clone, os.getpid())
     for folder in (clone, clone / "examples" / "deep"):
         folder.mkdir(parents=True, exist_ok=True)
-        found = locate(Path(os.path.abspath(folder / "var/registry")), flag=False, cwd=folder,
-                       environ={})
+        found = locate(Path(os.path.abspath(folder / "var/registry")), flag=False, given=False,
+                       cwd=folder)
         assert found.path == home
         assert found.describe() == (f"registry home: {home} (the running stack's, "
                                     f"{clone / 'var/stack/stack.json'})")
@@ -103,18 +103,18 @@ def test_a_running_stacks_registry_is_found_from_the_clone_root_and_below(
 def test_a_stopped_stacks_state_is_not_followed(tmp_path: Path) -> None:
     clone = tmp_path / "clone"
     stack_clone(clone, dead_pid())
-    found = locate(clone / "var/registry", flag=False, cwd=clone, environ={})
+    found = locate(clone / "var/registry", flag=False, given=False, cwd=clone)
     assert found.stack is None and found.origin == "the default ./var/registry"
 
 
 def test_outside_the_clone_registry_home_names_the_stacks_registry(tmp_path: Path) -> None:
     clone = tmp_path / "clone"
     home = stack_clone(clone, os.getpid())
-    found = locate(home, flag=False, cwd=tmp_path, environ={"REGISTRY_HOME": str(home)})
+    found = locate(home, flag=False, given=True, cwd=tmp_path)
     assert found.describe() == (f"registry home: {home} (REGISTRY_HOME; the running stack's, "
                                 f"{clone / 'var/stack/stack.json'})")
-    elsewhere = locate(tmp_path / "other", flag=False, cwd=tmp_path,
-                       environ={"REGISTRY_HOME": str(tmp_path / "other")})
+    elsewhere = locate(tmp_path / "other", flag=False, given=True,
+                       cwd=tmp_path)
     assert elsewhere.describe() == f"registry home: {tmp_path / 'other'} (REGISTRY_HOME)"
 
 
@@ -122,5 +122,5 @@ def test_the_stack_is_not_looked_for_above_the_clone_root(tmp_path: Path) -> Non
     stack_clone(tmp_path, os.getpid())  # a stack in the folder above
     inner = tmp_path / "other-clone"
     (inner / ".git").mkdir(parents=True)
-    found = locate(inner / "var/registry", flag=False, cwd=inner, environ={})
+    found = locate(inner / "var/registry", flag=False, given=False, cwd=inner)
     assert found.stack is None and found.path == inner / "var/registry"
