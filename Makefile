@@ -20,10 +20,10 @@ up: $(STAMP)
 sites: $(STAMP)
 	$(BIN)/tiered sites
 
-## demo: build the demo release (cached after the first ~8 min) and publish it to ./var/registry
+## demo: build the demo release (cached after the first ~8 min) and publish it to ./var/registry (made if missing)
 demo: $(STAMP)
 	$(BIN)/python -m examples.sentiment.build --out $(DEMO)
-	$(BIN)/registry publish $(DEMO) --name sentiment --skip-existing
+	$(BIN)/registry publish $(DEMO) --name sentiment --skip-existing --create
 	$(BIN)/registry list
 
 ## serve: run registry serve, the center and an edge; sync installs the demo release (Ctrl-C stops)

@@ -158,7 +158,7 @@ def measure(root: Path) -> list[Row]:
     releases = variants(root / "releases")
     cli = Cli(root / "registry")
     shutil.rmtree(cli.home, ignore_errors=True)
-    cli("publish", releases["identical"][0], "--name", MODEL)  # version 1, the base
+    cli("publish", releases["identical"][0], "--name", MODEL, "--create")  # version 1, the base
     registry: RegistryProcess = start_registry(cli.home, root, TOKEN)
     rows: list[Row] = []
     try:

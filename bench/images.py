@@ -91,7 +91,7 @@ def published(work: Path, folder: Path = RELEASE) -> Path:
     build(folder)
     home = work / "registry"
     started = time.perf_counter()
-    registry(home, "publish", str(folder), "--name", DIGITS)
+    registry(home, "publish", str(folder), "--name", DIGITS, "--create")
     console.log(f"published {DIGITS} into a temporary registry in "
                 f"{time.perf_counter() - started:.1f} s")
     return home

@@ -23,7 +23,7 @@ def fill_stores(root: Path, release: Path, model: str = "tiny", *flags: str | Pa
     """Publish ``release`` (with ``registry publish``'s ``flags``) to a registry under ``root``
     and pull it into both tiers' stores."""
     home = root / "registry"
-    _registry(home, "publish", release, "--name", model, *flags)
+    _registry(home, "publish", release, "--name", model, "--create", *flags)
     for tier in ("center", "edge"):
         _registry(home, "pull", model, "--tier", tier, "--store", root / tier)
 
@@ -31,7 +31,8 @@ def fill_stores(root: Path, release: Path, model: str = "tiny", *flags: str | Pa
 def publish(home: Path, release: Path, model: str, actor: str = "bench@reliability") -> None:
     """``registry publish`` of ``release`` as ``model`` into the registry at ``home``."""
     subprocess.run([str(BIN / "registry"), "--home", str(home), "publish", str(release),
-                    "--name", model], check=True, capture_output=True, timeout=PUBLISH_TIMEOUT_S,
+                    "--name", model, "--create"], check=True, capture_output=True,
+                   timeout=PUBLISH_TIMEOUT_S,
                    env={"PATH": str(BIN), "REGISTRY_ACTOR": actor, "HOME": str(home)})
 
 

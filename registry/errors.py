@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class RegistryError(Exception):
     """Base class: a failure the user can act on. ``exit_code`` is the CLI's exit status."""
@@ -64,3 +66,14 @@ class NotPrimary(RegistryError):
     (``registry.ha.changes``)."""
 
     exit_code = 6
+
+
+
+def brief(exc: BaseException, limit: int = 300) -> str:
+    """An exception raised by a library (torch, onnx, numpy) as one short line for a refusal
+    that quotes it: torch's carry a trace and code excerpts, their last ``XError: ...`` line
+    says what went wrong; others, their first line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    said = [line for line in lines if re.match(r"^[\w.]+(Error|Exception): ", line)]
+    text = said[-1] if said else lines[0] if lines else type(exc).__name__
+    return text if len(text) <= limit else text[:limit - 1] + "…"

@@ -28,7 +28,10 @@ class RegistrySettings(ConsulSettings):
                                       use_attribute_docstrings=True)
 
     home: Path = Path("./var/registry")
-    """Folder holding ``registry.sqlite3`` and the content-addressed blob store (``blobs/``)."""
+    """Folder holding ``registry.sqlite3`` and the content-addressed blob store (``blobs/``);
+    made by ``registry init`` (or ``publish --create``, ``serve``), never by another command.
+    Unset: the registry of a stack running in this clone (``var/stack/stack.json``), else
+    ``./var/registry``."""
 
     host: str = "127.0.0.1"
     """Interface ``registry serve`` listens on (0.0.0.0 in containers)."""

@@ -101,12 +101,18 @@ class Result:
 @dataclass
 class RegistryCli:
     """Runs the installed ``registry`` console script against one REGISTRY_HOME (``extra``:
-    more settings for every command)."""
+    more settings for every command). The home is made (as ``registry init`` makes it) before
+    the first command that needs one, unless ``create`` is off: the commands refuse a folder
+    that is not a registry."""
 
     home: Path
     extra: dict[str, str] = field(default_factory=dict)
+    create: bool = True
 
     def __call__(self, *args: str | Path, check: bool = True, timeout: float = 120) -> Result:
+        if self.create and args and str(args[0]) not in ("init", "restore", "serve") and \
+                not (self.home / "registry.sqlite3").exists():
+            connect(self.home / "registry.sqlite3").conn.close()
         proc = subprocess.run([str(REGISTRY), *map(str, args)], capture_output=True, text=True,
                               timeout=timeout, env=self.env())
         result = Result(proc.returncode, proc.stdout, proc.stderr)

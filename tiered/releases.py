@@ -125,7 +125,7 @@ def build_argv(module: str, out: Path) -> list[str]:
 
 def publish_argv(s: TieredSettings, folder: Path, model: str | None = None) -> list[str]:
     return registry_cli(s.registry_home, "publish", str(folder), "--name", model or s.model,
-                        "--skip-existing")
+                        "--skip-existing", "--create")  # the stack's home, made on purpose
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,7 @@ def provision(out: Path, home: Path, nodes: dict[str, tuple[str, str]] | None = 
     env = {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/bin", "HOME": str(out),
            "REGISTRY_TOKEN_FILE": str(out / "registry-token"),
            "REGISTRY_SIGNING_KEY": str(out / "signing.key")}
+    _run(registry_cli(home, "init"), env=env)  # the registry's home, made here on purpose
     for node_id, (tier, region) in (nodes or NODES).items():
         bundle = out / f"{node_id}.bundle"
         _run(registry_cli(home, "node", "provision", node_id, "--tier", tier, "--region",

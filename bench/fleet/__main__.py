@@ -206,7 +206,7 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, str], list[SizeResult],
         info["release"] = what
         template = work / "template"
         console.log(f"publishing v1 ({what})")
-        Cli(template).run("publish", str(first), "--name", MODEL, timeout=600)
+        Cli(template).run("publish", str(first), "--name", MODEL, "--create", timeout=600)
         for n in args.nodes:
             results.append(run_size(n, options, template, second, work))
     return info, results, what

@@ -74,7 +74,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             first, _, what = releases(work)
             info["release"] = what
             template = work / "template"
-            Cli(template).run("publish", str(first), "--name", MODEL, timeout=600)
+            Cli(template).run("publish", str(first), "--name", MODEL, "--create", timeout=600)
             for on in (True, False):
                 console.log(f"registry serve, {args.registry_nodes:,} nodes, node series {on}")
                 rows.append(through_registry(args.registry_nodes, on, template, work))

@@ -68,6 +68,7 @@ def backup_cmd(ctx: Context, dest: Path, as_json: bool) -> None:
     apart."""
     from registry.ha.backup import backup
 
+    ctx.use_home()
     result = backup(ctx.settings, dest)
     m = result.manifest
     head = m["audit_head"]["seq"] if m["audit_head"] else 0

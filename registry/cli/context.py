@@ -14,6 +14,7 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
+from registry.cli.home import Home
 from registry.errors import NotPrimary, RegistryError
 from registry.ha import changes
 from registry.releases.catalog import Catalog
@@ -30,17 +31,37 @@ err = Console(stderr=True, highlight=False)
 
 
 class Context:
-    """What a command is handed (``pass_ctx``): the settings, and the catalog, opened when a
-    command first asks for it."""
+    """What a command is handed (``pass_ctx``): the settings, the home they name (and how it
+    was chosen), and the catalog, opened when a command first asks for it. ``create``: a
+    command that makes its home on purpose (``init``, ``publish --create``, ``serve``)."""
 
-    def __init__(self, settings: RegistrySettings) -> None:
-        self.settings = settings
+    def __init__(self, settings: RegistrySettings, home: Home | None = None) -> None:
+        self.home = home or Home(settings.home, "settings")
+        self.settings = settings.model_copy(update={"home": self.home.path})
         self._catalog: Catalog | None = None
         self.opened_at = 0
+        self.create = False
+        self.home_used = False
+
+    def check_home(self) -> Home:
+        """The home, refused (one line, before anything is written) when it holds no registry
+        unless the command creates it."""
+        if not self.create:
+            self.home.require()
+        return self.home
+
+    def use_home(self) -> Home:
+        """The home, checked, and said once on stderr (``registry home: …``)."""
+        self.check_home()
+        if not self.home_used:
+            err.print(escape(self.home.describe()), soft_wrap=True)
+            self.home_used = True
+        return self.home
 
     @property
     def catalog(self) -> Catalog:
         if self._catalog is None:
+            self.use_home()
             self._catalog = Catalog(connect(self.settings.database), self.settings.actor,
                                     anchor.for_settings(self.settings))
             self.opened_at = changes.position(self._catalog.db.conn)
@@ -81,7 +102,12 @@ json_flag = click.option("--json", "as_json", is_flag=True, help="Machine-readab
 
 
 def emit(as_json: bool, data: Any, human: Callable[[], None]) -> None:
+    """``data`` as JSON (an object gets ``"home"`` when the command used one), or ``human()``."""
     if as_json:
+        click_ctx = click.get_current_context(silent=True)
+        ctx = click_ctx.find_object(Context) if click_ctx else None
+        if isinstance(data, dict) and ctx is not None and ctx.home_used:
+            data = {**data, "home": str(ctx.home.path)}
         click.echo(json.dumps(data, indent=2, default=str))
     else:
         human()
@@ -101,12 +127,17 @@ def run(cli: click.Group, argv: list[str] | None) -> None:
     except click.exceptions.Abort:
         err.print("aborted")
         sys.exit(130)
+    except click.UsageError as exc:  # one line, as every refusal (click's takes three)
+        message = " ".join(exc.format_message().split())
+        hint = f" (`{exc.ctx.command_path} -h` for help)" if exc.ctx else ""
+        err.print(f"[red]error:[/] {escape(message)}{escape(hint)}", soft_wrap=True)
+        sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
-    except RegistryError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}")
+    except RegistryError as exc:  # one line, whatever the message quotes
+        err.print(f"[red]error:[/] {escape(' '.join(str(exc).split()))}", soft_wrap=True)
         sys.exit(exc.exit_code)
     except StoreError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}")
+        err.print(f"[red]error:[/] {escape(str(exc))}", soft_wrap=True)  # one line
         sys.exit(5)

@@ -3,6 +3,7 @@ model store."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +21,7 @@ from registry.settings import RegistrySettings
 from registry.store.blobs import BlobStore
 from serving.config.flags import options as settings_options
 from serving.protocol.v2 import NUMERIC
-from serving.release.manifest import RequestInput, TensorSpec, TextInput
+from serving.release.manifest import RequestInput, TensorInput, TensorSpec, TextInput
 from serving.release.store import ModelStore
 
 WAVE_FLAGS = ("wave_pace", "wave_growth", "wave_bake_s", "wave_install_timeout_s",
@@ -60,11 +61,12 @@ def wave_policy(settings: RegistrySettings, shares: str, given: dict[str, Any]) 
               help="Single TorchScript file only: labelled JSON Lines split to calibrate on.")
 @click.option("--max-length", type=click.IntRange(1, 4096), default=128, show_default=True,
               help="Single TorchScript file only: tokens kept per input.")
-@click.option("--input", "declared", multiple=True, metavar="NAME:DATATYPE:SHAPE",
+@click.option("--input", "declared", multiple=True, metavar="NAME:DATATYPE:SHAPE[:MIN,MAX]",
               help="Single TorchScript file only: a model input its signature does not "
               "describe, e.g. image:FP32:-1,1,28,28 or features:FP32:-1,13 (-1: any size); "
               "repeat for each input, in forward's order. Without --image it is passed "
-              "through as a tensor.")
+              "through as a tensor; MIN,MAX (features:FP32:-1,30:-5,5) is the range its "
+              "values must lie in (requests outside it are refused).")
 @click.option("--image", "image", default=None, metavar="OPTIONS",
               help="Single TorchScript file only: the --input is an image clients send as "
               "JPEG/PNG or pixels; OPTIONS like scale=255,mean=0.1307,std=0.3081 (per "
@@ -73,14 +75,16 @@ def wave_policy(settings: RegistrySettings, shares: str, given: dict[str, Any]) 
 @click.option("--pair", is_flag=True, help="Single TorchScript file only: a text model "
               "taking sentence pairs; clients send text and text_pair, encoded as the "
               "tokenizer encodes pairs (implied by calibration rows with text_pair).")
+@click.option("--create", is_flag=True, help="Make the registry home if it is not one yet "
+              "(as `registry init`); without it, a folder with no registry is refused.")
 @json_flag
 @pass_ctx
 def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | None,
                 min_fidelity: float | None, tolerance: float | None, confidence: float | None,
                 force: bool, skip_existing: bool, edge: Path | None, tokenizer: Path | None,
                 labels: str | None, calibration: Path | None, max_length: int,
-                declared: tuple[str, ...], image: str | None, pair: bool, as_json: bool,
-                **wave_flags: Any) -> None:
+                declared: tuple[str, ...], image: str | None, pair: bool, create: bool,
+                as_json: bool, **wave_flags: Any) -> None:
     """Build a release from PATH and record it as the next version of NAME.
 
     PATH is a release folder with a tiered.json (center TorchScript, edge TorchScript or fp32
@@ -94,6 +98,8 @@ def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | N
     from registry.publish.source import PAIR, load_source
 
     check_name(name)
+    ctx.create = create
+    ctx.check_home()  # a wrong folder is refused before minutes of export and calibration
     settings = ctx.settings
     given = {key: value for key, value in wave_flags.items() if value is not None}
     if given and waves is None:
@@ -105,7 +111,8 @@ def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | N
     if image is not None and (inputs is None or len(inputs) != 1):
         raise click.UsageError("--image describes the one --input of an image model")
     request: RequestInput | None = (image_input(inputs[0], image_options(image))
-                                    if inputs and image is not None else None)
+                                    if inputs and image is not None
+                                    else ranged_input(declared, image is not None))
     if pair:
         if request is not None:
             raise click.UsageError("--pair is for text models; --image declares an image")
@@ -131,20 +138,43 @@ def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | N
 
 
 def parse_input(text: str) -> TensorSpec:
-    """``NAME:DATATYPE:SHAPE`` (``image:FP32:-1,1,28,28``) as a model input."""
+    """``NAME:DATATYPE:SHAPE[:MIN,MAX]`` (``image:FP32:-1,1,28,28``) as a model input (the
+    range, if any, is the request input's: ``ranged_input``)."""
     parts = text.split(":")
     try:
-        name, datatype, shape = parts
+        name, datatype, shape = parts if len(parts) == 3 else parts[:3] if len(parts) == 4 \
+            else ("", "", "x")
         dims = [int(d) for d in shape.split(",")]
     except ValueError:
-        raise click.BadParameter(f"{text!r}: expected NAME:DATATYPE:SHAPE, e.g. "
-                                 f"image:FP32:-1,1,28,28", param_hint="--input") from None
+        raise click.BadParameter(f"{text!r}: expected NAME:DATATYPE:SHAPE[:MIN,MAX], e.g. "
+                                 f"image:FP32:-1,1,28,28 or features:FP32:-1,30:-5,5",
+                                 param_hint="--input") from None
     if datatype not in NUMERIC or not name.isidentifier() or not 1 <= len(dims) <= 8 or \
             any(d == 0 or d < -1 for d in dims) or dims[0] != -1:
         raise click.BadParameter(f"{text!r}: a Python identifier, a numeric V2 datatype "
                                  f"({', '.join(NUMERIC)}) and a shape whose first dimension "
                                  f"is -1 (the rows)", param_hint="--input")
     return TensorSpec(name, datatype, dims)
+
+
+def ranged_input(declared: tuple[str, ...], image: bool) -> TensorInput | None:
+    """The tensor request input of an ``--input`` that carries a value range (``:MIN,MAX``):
+    requests with values outside it are refused (400), as the manifest's range is checked."""
+    ranged = [text for text in declared if text.count(":") == 3]
+    if not ranged:
+        return None
+    if image or len(declared) != 1:
+        raise click.BadParameter("a value range (:MIN,MAX) is for the one --input of a tensor "
+                                 "model (one request input per release)", param_hint="--input")
+    text = ranged[0]
+    try:
+        low, high = (float(v) for v in text.rsplit(":", 1)[1].split(","))
+    except ValueError:
+        low = high = math.nan
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise click.BadParameter(f"{text!r}: the range is MIN,MAX, two finite numbers with MIN "
+                                 f"< MAX, e.g. features:FP32:-1,30:-5,5", param_hint="--input")
+    return TensorInput(text.split(":", 1)[0], minimum=low, maximum=high)
 
 
 def image_options(text: str) -> dict[str, str]:

@@ -89,6 +89,7 @@ def serve_cmd(ctx: Context, host: str | None, grpc_port: int | None,
         raise click.UsageError("--ha finds the primary in Consul; --follow names one: not both")
     if (settings.tls_cert is None) != (settings.tls_key is None):
         raise click.UsageError("TLS needs both --tls-cert and --tls-key")
+    ctx.create = True  # a server's home is made on purpose: a new volume starts empty
     ctx.catalog  # noqa: B018 - creates and migrates the database before serving
     run(settings)
 

@@ -21,7 +21,7 @@ from onnxruntime.quantization import (
     quantize_static,
 )
 
-from registry.errors import InvalidRelease
+from registry.errors import InvalidRelease, brief
 from serving.release.manifest import Quantization, TensorSpec
 
 OPSET = 17
@@ -55,7 +55,7 @@ def export_onnx(module: torch.jit.ScriptModule, path: Path,
                               input_names=names, output_names=["logits"],
                               dynamic_axes={**dynamic, "logits": {0: "batch"}})
     except Exception as exc:
-        raise InvalidRelease(f"could not export the edge model to ONNX: {exc}") from exc
+        raise InvalidRelease(f"could not export the edge model to ONNX: {brief(exc)}") from exc
 
 
 QUANTIZATION = Quantization(per_channel=True, reduce_range=True)
@@ -93,7 +93,8 @@ def quantize_int8(fp32: Path, int8: Path, q: Quantization = QUANTIZATION,
             quantize_dynamic(str(fp32), str(int8), per_channel=q.per_channel,
                              reduce_range=q.reduce_range, weight_type=QuantType.QInt8)
     except Exception as exc:
-        raise InvalidRelease(f"could not quantize the edge model ({q.method}): {exc}") from exc
+        raise InvalidRelease(f"could not quantize the edge model ({q.method}): {brief(exc)}") \
+            from exc
     finally:
         logging.disable(logging.NOTSET)
 

@@ -27,7 +27,7 @@ from registry.publish.export import (
     precision,
     quantize_int8,
 )
-from registry.publish.signature import TOKENIZER_FILE, Signature, resolve
+from registry.publish.signature import TOKENIZER_FILE, Signature, calibration_rows, resolve
 from registry.publish.source import ReleaseSource
 from registry.publish.validate import (
     Inputs,
@@ -166,7 +166,7 @@ def _build(source: ReleaseSource, work: Path, timed: Step) -> _Built:
         center_module = load_torchscript(source.center, "center")
         signature = resolve(source, forward_names(center_module), "center")
         names = [i.name for i in signature.inputs]
-        rows = (signature.codec.items(source.calibration.items) if source.calibration
+        rows = (calibration_rows(signature, source.calibration.items) if source.calibration
                 else None)
         inputs = batched(signature.codec, rows)
         center_logits = run_torchscript(center_module, inputs, "center")

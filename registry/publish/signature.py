@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
-from registry.errors import InvalidRelease
+from registry.errors import InvalidRelease, brief
 from registry.publish.source import PAIR, TEXT_INPUTS, ReleaseSource
 from serving import inputs
+from serving.errors import BadRequest
 from serving.inputs.base import Bounds, Codec
 from serving.release.manifest import ImageInput, RequestInput, TensorInput, TensorSpec, TextInput
 
@@ -90,9 +92,22 @@ def _derived(source: ReleaseSource, declared: list[TensorSpec]) -> RequestInput:
         return TextInput(tokenizer=TOKENIZER_FILE if source.tokenizer else None,
                          max_length=source.max_length)
     if len(declared) != 1:
-        raise InvalidRelease(f"a model with inputs {[i.name for i in declared]} needs its "
-                             f"request input declared (\"request\" in tiered.json)")
+        raise InvalidRelease(f"a model with inputs {[i.name for i in declared]} cannot be "
+                             f"served as tensors: a release takes one request input, and a "
+                             f"tensor one feeds a model with one input (a text model takes "
+                             f"input_ids, attention_mask[, token_type_ids]; an image model "
+                             f"one image)")
     return TensorInput(declared[0].name)
+
+
+def calibration_rows(signature: Signature, items: list[Any]) -> list[Any]:
+    """The calibration split's items as the model's rows, decoded by the request input's codec
+    as requests are: a row the tiers would refuse (shape, datatype, range) is refused here."""
+    try:
+        return signature.codec.items(items)
+    except (BadRequest, ValueError, TypeError, IndexError) as exc:
+        raise InvalidRelease(f"the calibration split does not fit the release's request "
+                             f"input: {brief(exc)}") from exc
 
 
 def image_input(spec: TensorSpec, options: dict[str, str]) -> ImageInput:
@@ -106,13 +121,17 @@ def image_input(spec: TensorSpec, options: dict[str, str]) -> ImageInput:
     fields: dict[str, object] = {"name": spec.name, "height": h, "width": w, "channels": c,
                                  "layout": layout}
     for key, value in options.items():
-        if key in ("mean", "std"):
-            fields[key] = [float(v) for v in value.split("/")]
-        elif key in ("scale",):
-            fields[key] = float(value)
-        elif key in ("resize", "max_pixels"):
-            fields[key] = int(value)
-        elif key != "layout":
+        try:
+            if key in ("mean", "std"):
+                fields[key] = [float(v) for v in value.split("/")]
+            elif key in ("scale",):
+                fields[key] = float(value)
+            elif key in ("resize", "max_pixels"):
+                fields[key] = int(value)
+        except ValueError:
+            raise InvalidRelease(f"--image: {key}={value!r} is not a number (lists: "
+                                 f"0.485/0.456/0.406)") from None
+        if key not in ("mean", "std", "scale", "resize", "max_pixels", "layout"):
             raise InvalidRelease(f"--image: unknown option {key!r} (resize, scale, mean, std, "
                                  f"layout, max_pixels)")
     try:

@@ -126,7 +126,8 @@ def load_source(path: Path, *, tokenizer: Path | None = None, labels: list[str] 
                            calibration=None, digest="", inputs=inputs, request=request)
     if calibration is not None and source.kind == "text" and tokenizer is None:
         raise InvalidRelease("--calibration needs --tokenizer to turn its texts into inputs")
-    labelled, files = (_labelled(calibration, source.kind, labels, calibration.parent)
+    labelled, files = (_labelled(calibration, source.kind, labels, calibration.parent,
+                                 _tensor_name(inputs, request))
                        if calibration else (None, []))
     digest = _digest([p for p in (path, edge, tokenizer, calibration) if p is not None] + files,
                      _declared(inputs, request))
@@ -152,7 +153,8 @@ def _folder(root: Path) -> ReleaseSource:
     if not 1 <= spec.max_length <= 4096:
         raise InvalidRelease(f"{spec_path}: max_length must be between 1 and 4096")
     if spec.request is not None and len(spec.request) != 1:
-        raise InvalidRelease(f"{spec_path}: request must declare exactly one input")
+        raise InvalidRelease(f"{spec_path}: request must declare exactly one input (one "
+                             f"request input per release is the limit)")
     request = spec.request[0] if spec.request else None
     tokenizer_name = spec.tokenizer
     if isinstance(request, TextInput) and request.tokenizer and tokenizer_name is None:
@@ -168,7 +170,8 @@ def _folder(root: Path) -> ReleaseSource:
         calibration=None, digest="", inputs=spec.inputs, request=request)
     if "calibration" in files and source.kind == "text" and "tokenizer" not in files:
         raise InvalidRelease(f"{spec_path}: a calibration split needs a tokenizer")
-    labelled, extra = (_labelled(files["calibration"], source.kind, spec.labels, root)
+    labelled, extra = (_labelled(files["calibration"], source.kind, spec.labels, root,
+                                 _tensor_name(spec.inputs, request))
                        if "calibration" in files else (None, []))
     return ReleaseSource(
         center=source.center, edge=source.edge, edge_format=source.edge_format,
@@ -199,16 +202,29 @@ def _inside(root: Path, name: str) -> Path:
     return candidate
 
 
-def _labelled(path: Path, kind: str, labels: list[str] | None,
-              root: Path) -> tuple[Labelled, list[Path]]:
+def _tensor_name(inputs: list[TensorSpec] | None, request: RequestInput | None) -> str | None:
+    """The input a tensor calibration split's array must be named after (None: not known
+    yet; the signature check refuses a release whose request input is unclear)."""
+    if isinstance(request, TensorInput):
+        return request.name
+    return inputs[0].name if inputs and len(inputs) == 1 else None
+
+
+def _labelled(path: Path, kind: str, labels: list[str] | None, root: Path,
+              name: str | None = None) -> tuple[Labelled, list[Path]]:
     """The labelled split and the files it names (images), by the request input's kind."""
     if kind == "tensor":
-        return _arrays(path, labels), []
+        return _arrays(path, labels, name), []
     items: list[Any] = []
     ids: list[int] = []
     files: list[Path] = []
     what = "text" if kind == "text" else "image"
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidRelease(f"{path}: a {kind} calibration split is UTF-8 JSON Lines "
+                             f"({type(exc).__name__})") from exc
+    for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -235,8 +251,9 @@ def _text(row: dict[str, Any]) -> str | tuple[str, str]:
     return (str(row["text"]), str(row[PAIR])) if PAIR in row else str(row["text"])
 
 
-def _arrays(path: Path, labels: list[str] | None) -> Labelled:
-    """An ``.npz`` with the input's rows (its one other array) and ``labels``."""
+def _arrays(path: Path, labels: list[str] | None, name: str | None = None) -> Labelled:
+    """An ``.npz`` with the input's rows (its one other array, named as the input) and
+    ``labels``."""
     try:
         with zipfile.ZipFile(path) as archive:
             if sum(m.file_size for m in archive.infolist()) > MAX_NPZ_BYTES:
@@ -249,6 +266,10 @@ def _arrays(path: Path, labels: list[str] | None) -> Labelled:
     if "labels" not in arrays or len(features) != 1:
         raise InvalidRelease(f"{path}: expected two arrays, the input's rows and 'labels' "
                              f"(found {sorted(arrays)})")
+    if name is not None and features[0] != name:
+        raise InvalidRelease(f"{path}: its rows are in array {features[0]!r}, but the "
+                             f"release's input is {name!r}: save them under that name "
+                             f"(np.savez(..., {name}=rows, labels=labels))")
     rows, raw = arrays[features[0]], arrays["labels"]
     if len(rows) != len(raw) or not MIN_ROWS <= len(rows) <= MAX_CALIBRATION_ROWS:
         raise InvalidRelease(f"{path}: {len(rows)} rows and {len(raw)} labels (at least "

@@ -15,7 +15,7 @@ import numpy as np
 import onnxruntime as ort
 import torch
 
-from registry.errors import InvalidRelease
+from registry.errors import InvalidRelease, brief
 from serving.errors import ModelFailed
 from serving.inputs.base import Codec
 from serving.model import runner, torchscript
@@ -71,11 +71,22 @@ def run_torchscript(module: torch.jit.ScriptModule, inputs: Inputs, role: str) -
     try:
         return runner.run_torchscript(module, inputs, role)
     except ModelFailed as exc:
-        raise InvalidRelease(str(exc)) from exc
+        raise InvalidRelease(brief(exc)) from exc
+    except Exception as exc:  # the user's model refusing the declared inputs (shape, dtype)
+        raise InvalidRelease(_failed(role, inputs, exc)) from exc
 
 
 def run_onnx(session: ort.InferenceSession, inputs: Inputs, role: str) -> np.ndarray:
     try:
         return runner.run_onnx(session, inputs, role)
     except ModelFailed as exc:
-        raise InvalidRelease(str(exc)) from exc
+        raise InvalidRelease(brief(exc)) from exc
+    except Exception as exc:  # onnxruntime's InvalidArgument, Fail...: the model's inputs
+        raise InvalidRelease(_failed(role, inputs, exc)) from exc
+
+
+def _failed(role: str, inputs: Inputs, exc: Exception) -> str:
+    shapes = {name: list(array.shape) for name, array in inputs.batches[0].items()} \
+        if inputs.batches else {}
+    return (f"the {role} model fails on {inputs.kind} inputs {shapes} built from the declared "
+            f"inputs (--input, or \"inputs\" in tiered.json): {brief(exc)}")

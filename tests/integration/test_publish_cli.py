@@ -230,11 +230,13 @@ def test_canary_promote_and_rollback(registry_cli: RegistryCli, tiny_release: Pa
     registry_cli("publish", tiny_release, "--name", "s", "--canary", "edge-a,edge-b")
     [model] = registry_cli("list", "--json").json()
     assert (model["production"], model["canary"]) == (1, 2)
-    assert registry_cli("promote", "s", "--json").json() == {"model": "s", "production": 2}
+    home = str(registry_cli.home)
+    assert registry_cli("promote", "s", "--json").json() == {"model": "s", "production": 2,
+                                                             "home": home}
     [model] = registry_cli("list", "--json").json()
     assert (model["production"], model["canary"]) == (2, None)
     assert registry_cli("rollback", "s", "--json").json() == {"model": "s", "from": 2,
-                                                              "production": 1}
+                                                              "production": 1, "home": home}
     again = registry_cli("rollback", "s", check=False)
     assert again.code == 1 and "first version" in again.stderr
     registry_cli("rollback", "s", "--to", "2")

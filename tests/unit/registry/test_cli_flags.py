@@ -11,7 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from registry.cli import main as rcli
+from registry.cli.home import Home
 from registry.settings import RegistrySettings
+from registry.store.db import connect
 from serving.config.flags import options
 
 FLAGS = [([], "--home", "home"), ([], "--actor", "actor"), ([], "--signing-key", "signing_key"),
@@ -58,11 +60,13 @@ def test_env_sets_a_value_and_the_flag_wins(tmp_path: Path,
     seen: list[RegistrySettings] = []
 
     class Recording(rcli.Context):
-        def __init__(self, settings: RegistrySettings) -> None:
-            super().__init__(settings)
-            seen.append(settings)
+        def __init__(self, settings: RegistrySettings, home: Home | None = None) -> None:
+            super().__init__(settings, home)
+            seen.append(self.settings)
 
     monkeypatch.setattr(rcli, "Context", Recording)
+    for made in ("from-env", "flag"):  # registries both: a folder that is not one is refused
+        connect(tmp_path / made / "registry.sqlite3").conn.close()
     env = {"REGISTRY_ACTOR": "alice@ci", "REGISTRY_HOME": str(tmp_path / "from-env")}
     result = CliRunner().invoke(rcli.cli, ["list", "--json"], env=env)
     assert result.exit_code == 0, result.output
