@@ -1,6 +1,6 @@
 """The ``registry`` command: the group, its global flags, and the commands of each module
-(``release_commands``, ``rollout_commands``, ``fleet_commands``, ``key_commands``,
-``audit_commands``, ``serve_commands``) registered on it."""
+(``release_commands``, ``rollout_commands``, ``retire_commands``, ``fleet_commands``,
+``key_commands``, ``audit_commands``, ``serve_commands``) registered on it."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from registry.cli import (
     fleet_commands,
     key_commands,
     release_commands,
+    retire_commands,
     rollout_commands,
     serve_commands,
 )
@@ -43,8 +44,8 @@ def _after(ctx: Context, *_: Any, **__: Any) -> None:
     ctx.replicated()
 
 
-for module in (release_commands, key_commands, rollout_commands, audit_commands, fleet_commands,
-               serve_commands):
+for module in (release_commands, key_commands, rollout_commands, retire_commands, audit_commands,
+               fleet_commands, serve_commands):
     for command in module.COMMANDS:
         cli.add_command(command)
 
