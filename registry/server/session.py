@@ -159,5 +159,8 @@ class Session:
     trust_sent: tuple[int, str, str] = (0, "", "")  # timestamp version, snapshot, targets sha
     error: str | None = None  # a protocol violation: the stream ends INVALID_ARGUMENT
 
+    def __post_init__(self) -> None:
+        self.holds |= self.active.keys()  # what it serves, it holds
+
     def close(self) -> None:
         self.outbox.put_nowait(None)
