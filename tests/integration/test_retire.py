@@ -14,6 +14,7 @@ The tests share one fleet and run in file order.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import queue
 import threading
@@ -89,8 +90,9 @@ def serving(server: Server, model: str) -> bool:
 def fleet(tmp_path_factory: pytest.TempPathFactory, tiny_release: Path) -> Iterator[Fleet]:
     root = tmp_path_factory.mktemp("retire")
     cli = RegistryCli(root / "registry")
-    cli("publish", tiny_release, "--name", KEEP)
-    cli("publish", tiny_release, "--name", GONE)
+    with futures.ThreadPoolExecutor(2) as publishers:  # two publishers at once: time
+        list(publishers.map(lambda name: cli("publish", tiny_release, "--name", name),
+                            (KEEP, GONE)))
     registry = start_registry(cli.home, root, TOKEN, env=ENV)
     servers: list[Server] = []
     fleet: Fleet | None = None
@@ -238,9 +240,10 @@ class StandIn(pb_grpc.SyncServicer):
                 continue
 
     def _read(self, messages: Any) -> None:
-        for message in messages:
-            if message.WhichOneof("kind") == "ack":
-                self.acks.put(message.ack)
+        with contextlib.suppress(grpc.RpcError):  # the stream ends with the test
+            for message in messages:
+                if message.WhichOneof("kind") == "ack":
+                    self.acks.put(message.ack)
 
     def answer(self, message: pb.Retire) -> pb.Ack:
         self.outbox.put(pb.ServerMessage(retire=message))
