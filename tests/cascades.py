@@ -20,13 +20,10 @@ from tests.kinds import torchscript_file
 class Mlp(nn.Module):
     """Raw features in (standardised inside), ``hidden`` wide layers (none: logistic)."""
 
-    mean: Tensor
-    std: Tensor
-
     def __init__(self, mean: Tensor, std: Tensor, hidden: list[int], classes: int) -> None:
         super().__init__()
-        self.register_buffer("mean", mean)
-        self.register_buffer("std", std)
+        # buffers assigned, not annotated: TorchScript cannot read a postponed annotation
+        self.mean, self.std = nn.Buffer(mean), nn.Buffer(std)
         widths = [mean.shape[0], *hidden]
         layers: list[nn.Module] = []
         for a, b in itertools.pairwise(widths):

@@ -1,6 +1,6 @@
 """The ``registry`` command: the group, its global flags, and the commands of each module
-(``init_commands``, ``release_commands``, ``rollout_commands``, ``fleet_commands``,
-``key_commands``, ``audit_commands``, ``serve_commands``) registered on it."""
+(``init_commands``, ``release_commands``, ``rollout_commands``, ``retire_commands``,
+``fleet_commands``, ``key_commands``, ``audit_commands``, ``serve_commands``) registered on it."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from registry.cli import (
     init_commands,
     key_commands,
     release_commands,
+    retire_commands,
     rollout_commands,
     serve_commands,
 )
@@ -47,8 +48,8 @@ def _after(ctx: Context, *_: Any, **__: Any) -> None:
     ctx.replicated()
 
 
-for module in (init_commands, release_commands, key_commands, rollout_commands, audit_commands,
-               fleet_commands, serve_commands):
+for module in (init_commands, release_commands, key_commands, rollout_commands,
+               retire_commands, audit_commands, fleet_commands, serve_commands):
     for command in module.COMMANDS:
         cli.add_command(command)
 

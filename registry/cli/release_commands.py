@@ -12,7 +12,7 @@ from typing import Any
 import click
 import msgspec
 
-from registry.cli import tables
+from registry.cli import retire_commands, tables
 from registry.cli.context import Context, emit, err, json_flag, out, pass_ctx, split_ref
 from registry.publish.pull import pull
 from registry.releases import waves
@@ -210,8 +210,12 @@ def show_cmd(ctx: Context, ref: str, as_json: bool) -> None:
     name, version = split_ref(ref)
     if version is None:
         rows = ctx.catalog.versions(name)
-        emit(as_json, [tables.version_dict(r) for r in rows],
-             lambda: tables.versions_table(out, name, rows))
+
+        def human() -> None:
+            tables.versions_table(out, name, rows)
+            retire_commands.say_retired(out, ctx, name)  # a retired model says so
+
+        emit(as_json, [tables.version_dict(r) for r in rows], human)
     else:
         row = ctx.catalog.resolve(name, version)
         emit(as_json, tables.version_dict(row, full=True), lambda: tables.version_detail(out, row))

@@ -214,7 +214,8 @@ def models_table(console: Console, models: list[dict[str, Any]]) -> None:
         table.add_column(col, overflow="fold")
     for m in models:
         table.add_row(m["name"], str(m["versions"]), str(m["latest"]),
-                      str(m["production"] or "-"), str(m["canary"] or "-"), m["created_at"])
+                      str(m["production"] or ("retired" if m.get("retired") else "-")),
+                      str(m["canary"] or "-"), m["created_at"])
     console.print(table)
 
 

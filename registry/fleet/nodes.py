@@ -28,7 +28,7 @@ from registry.store.db import transaction
 from registry.trust.anchor import Anchor, audited
 
 log = logging.getLogger(__name__)
-STATES = ("DOWNLOADING", "ACTIVE", "FAILED", "REFUSED")
+STATES = ("DOWNLOADING", "ACTIVE", "FAILED", "REFUSED", "RETIRED")
 CASCADE = ("capacity_rows_s", "threshold", "budget_rows_s", "shed_rate", "degraded_rate",
            "audit_rows", "audit_agreement", "audit_expected", "audit_interval", "drift",
            "estimated_accuracy", "accuracy_interval", "confidence_psi", "confidence_drift")
@@ -257,6 +257,10 @@ def ack(node: RolloutNode, model: str, version: int, state: str, reason: str,
             conn.execute("UPDATE node_models SET version = ?, state = ?, reason = NULL, "
                          "updated_at = ? WHERE node_id = ? AND model = ?",
                          [version, state, at, node.node_id, model])
+        elif state == "RETIRED":  # unloaded and removed from its store: it serves none
+            conn.execute("UPDATE node_models SET version = NULL, state = ?, reason = ?, "
+                         "updated_at = ? WHERE node_id = ? AND model = ?",
+                         [state, reason or None, at, node.node_id, model])
         else:  # still serving whatever it served; the reason names the version in flight
             detail = f"version {version}" + (f": {reason}" if reason else "")
             conn.execute("UPDATE node_models SET state = ?, reason = ?, updated_at = ? "

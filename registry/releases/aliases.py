@@ -8,7 +8,7 @@ import json
 import sqlite3
 
 from registry.errors import RegistryError
-from registry.releases import waves
+from registry.releases import retire, waves
 from registry.releases.names import ALL_NODES, CANARY, PRODUCTION
 from registry.releases.reads import CatalogReads
 from registry.store import chain
@@ -41,6 +41,7 @@ def promote(conn: sqlite3.Connection, catalog: CatalogReads, actor: str, model: 
                   f"version {target} promoted by {actor}")
     chain.append(conn, actor=actor, action="promote", model=model, version=target,
                  payload={"from": previous, "to": target})
+    retire.unretire(conn, actor, model, target, "promote")  # promoting brings it back
     point(conn, model, PRODUCTION, target, ALL_NODES)
     conn.execute("DELETE FROM aliases WHERE model = ? AND alias = ?", [model, CANARY])
     return target

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sqlite_utils
 
-from registry.releases import aliases, new_version, signatures, waves
+from registry.releases import aliases, new_version, retire, signatures, waves
 from registry.releases.plan import Plan, RolloutNode, Target, read_plan
 from registry.releases.reads import CatalogReads
 from registry.trust import tuf
@@ -69,6 +69,12 @@ class Catalog(CatalogReads):
         """Move ``production`` to VERSION (default: the canary version); clears the canary."""
         with audited(self.db, self.anchor) as conn:
             return aliases.promote(conn, self, self.actor, model, version)
+
+    def retire(self, model: str, reason: str | None = None) -> tuple[retire.Retirement, bool]:
+        """Take ``model`` off every node (``registry.releases.retire``): audited, its history
+        kept. Returns the retirement and whether this call made it."""
+        with audited(self.db, self.anchor) as conn:
+            return retire.retire(conn, self.actor, model, reason)
 
     def rollback(self, model: str, to: int | None = None) -> tuple[int, int]:
         """Point ``production`` back to TO (default: the newest version below the current)."""

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from registry.errors import RegistryError
-from registry.releases import waves
+from registry.releases import retire, waves
 from registry.releases.aliases import point
 from registry.releases.names import ALL_NODES, CANARY, PRODUCTION, check_name
 from registry.releases.reads import CatalogReads
@@ -119,8 +119,9 @@ def _store_signature(conn: sqlite3.Connection, final: Manifest, body: bytes,
 
 def _send_out(conn: sqlite3.Connection, catalog: CatalogReads, actor: str, final: Manifest,
               alias: str, targets: list[str], rollout: waves.WavePolicy | None) -> None:
-    """End the model's unfinished wave rollout, then start this version's waves or point its
-    alias at it."""
+    """Bring a retired model back, end its unfinished wave rollout, then start this version's
+    waves or point its alias at it."""
+    retire.unretire(conn, actor, final.name, final.version, "publish")
     waves.end(conn, final.name, actor, "superseded", f"version {final.version} was published")
     if rollout is not None:
         waves.start(conn, final.name, final.version, catalog.alias(final.name, PRODUCTION),

@@ -63,18 +63,24 @@ class ModelPlan:
 
 @dataclass(frozen=True)
 class Plan:
-    """Every model's ``ModelPlan``, read once: what each of many nodes should run."""
+    """Every model's ``ModelPlan``, read once: what each of many nodes should run; and the
+    retired models, which no node should run (model -> its newest version)."""
 
     models: list[ModelPlan]
+    retired: dict[str, int] = field(default_factory=dict)
 
     def desired(self, node: RolloutNode) -> list[Target]:
         return [t for m in self.models if (t := m.desired(node)) is not None]
 
 
 def read_plan(catalog: CatalogReads) -> Plan:
-    """What every node should run, per model."""
-    models = [row["name"] for row in catalog.db.query("SELECT name FROM models")]
-    return Plan([_model_plan(catalog, model) for model in models])
+    """What every node should run, per model; a retired model is no node's to run."""
+    models = [row["name"] for row in catalog.db.query(
+        "SELECT name FROM models WHERE name NOT IN (SELECT model FROM retirements)")]
+    retired = {row[0]: int(row[1]) for row in catalog.db.execute(
+        "SELECT r.model, MAX(v.version) FROM retirements r JOIN versions v ON v.model = "
+        "r.model GROUP BY r.model")}
+    return Plan([_model_plan(catalog, model) for model in models], retired)
 
 
 def _model_plan(catalog: CatalogReads, model: str) -> ModelPlan:

@@ -42,7 +42,8 @@ class CatalogReads:
                    (SELECT version FROM aliases a WHERE a.model = m.name
                     AND a.alias = 'production') AS production,
                    (SELECT version FROM aliases a WHERE a.model = m.name
-                    AND a.alias = 'canary') AS canary
+                    AND a.alias = 'canary') AS canary,
+                   (SELECT retired_at FROM retirements r WHERE r.model = m.name) AS retired
             FROM models m LEFT JOIN versions v ON v.model = m.name
             GROUP BY m.name ORDER BY m.name"""))
 

@@ -61,6 +61,8 @@ class Intake:
         versions = {session.sent[model]} if model in session.sent else set()
         if model in session.active and model in self.known:
             versions.add(session.active[model])
+        if model in session.retiring:  # its RETIRED ack
+            versions.add(session.retiring[model])
         return versions
 
     def _drop(self, session: Session, kind: str, reason: str, model: str) -> None:

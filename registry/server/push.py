@@ -1,5 +1,6 @@
 """Which releases each connected node's stream is sent: once per version, each with a directive
-signed for that node, and only once its targets metadata holds enough publisher signatures."""
+signed for that node, and only once its targets metadata holds enough publisher signatures; and
+which retired models it is told to unload (those it holds, once per stream)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from registry.releases.plan import Target
 from registry.server.metrics import SyncMetrics
 from registry.store.chain import Head
 from sync.gen import sync_pb2 as pb
-from sync.wire import directive
+from sync.wire import directive, retire
 
 if TYPE_CHECKING:
     from registry.server.metadata import TrustMetadata
@@ -27,15 +28,17 @@ class Pusher:
 
     async def push(self, session: Session) -> None:
         """Queue every release whose desired version changed for this node since last time."""
-        (targets,), head = await self.db.run(self.db.desired, [session.node])
-        self._queue(session, targets, head)
+        desired = await self.db.run(self.db.desired, [session.node])
+        self._queue(session, desired.targets[0], desired.head)
+        self._retire(session, desired.retired, desired.head)
 
     async def push_all(self) -> None:
         """After a change: every node's desired releases in one database call, then queued."""
         sessions = list(self.sessions.values())
-        desired, head = await self.db.run(self.db.desired, [s.node for s in sessions])
-        for session, targets in zip(sessions, desired, strict=True):
-            self._queue(session, targets, head)
+        desired = await self.db.run(self.db.desired, [s.node for s in sessions])
+        for session, targets in zip(sessions, desired.targets, strict=True):
+            self._queue(session, targets, desired.head)
+            self._retire(session, desired.retired, desired.head)
 
     def _queue(self, session: Session, targets: list[Target], head: Head | None) -> None:
         published = self.metadata.published
@@ -51,6 +54,8 @@ class Pusher:
                                 t.version)
                 continue
             session.sent[t.model] = t.version
+            session.holds.add(t.model)
+            session.retiring.pop(t.model, None)
             if session.active.pop(t.model, None) == t.version:
                 continue  # it already serves that version
             release = pb.Release(model=t.model, version=t.version, alias=t.alias,
@@ -66,3 +71,21 @@ class Pusher:
             self.metrics.pushes.inc()
             log.info("pushing %s version %s (%s) to %s", t.model, t.version, t.alias,
                      session.node.node_id)
+
+    def _retire(self, session: Session, retired: dict[str, int], head: Head | None) -> None:
+        """Tell the node to unload each retired model it holds, with a retire directive signed
+        for it (``sync.wire.retire``): once per model and stream."""
+        if head is None:  # there is always one: a retirement was audited
+            return
+        for model in sorted(session.holds & retired.keys()):
+            version = session.sent.pop(model, None) or session.active.pop(model, None) or \
+                retired[model]
+            session.holds.discard(model)
+            session.retiring[model] = version
+            session.seqs[model] = head.seq
+            data, signature = retire.sign(self.metadata.signer, retire.RetireDirective(
+                session.node.node_id, model, head.seq, head.hash))
+            session.outbox.put_nowait(pb.ServerMessage(retire=pb.Retire(
+                model=model, version=version, directive=data, directive_signature=signature)))
+            log.info("telling %s to retire %s (it holds version %s)", session.node.node_id,
+                     model, version)

@@ -88,7 +88,8 @@ class SyncService(pb_grpc.SyncServicer):
                 if is_valid_name(h.model)]
         session = Session(RolloutNode(token.node_id, token.tier, token.region), context.peer(),
                           {h.model: h.active for h in held if h.active}, token.generation,
-                          root_version=max(0, hello.root_version))
+                          root_version=max(0, hello.root_version),
+                          holds={h.model for h in held})
         superseded = self.sessions.get(session.node.node_id)
         if superseded is not None:  # a reconnect before the old stream timed out, or a clash
             log.warning("node %s connected again from %s; closing its stream from %s (two "

@@ -32,6 +32,13 @@ WAVES_ACTOR = "registry:waves"  # who the audit log names for what a wave rollou
 MAX_PENDING = 200_000  # node writes kept while the database cannot take them
 
 
+@dataclass(frozen=True)
+class Desired:
+    targets: list[list[Target]]  # per node asked about
+    retired: dict[str, int]  # model -> its newest version: no node is to run it
+    head: Head | None
+
+
 class Database:
     """The registry database on one thread: sqlite3 connections belong to the thread that
     opened them, and a write waiting for a publisher's lock must not stall the event loop."""
@@ -56,12 +63,13 @@ class Database:
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
-    def desired(self, nodes: list[RolloutNode]) -> tuple[list[list[Target]], Head | None]:
-        """Every node's desired releases and the audit chain's head, from one snapshot (a
-        read transaction): the head signed into each directive is the one they came from."""
+    def desired(self, nodes: list[RolloutNode]) -> Desired:
+        """Every node's desired releases, the retired models and the audit chain's head, from
+        one snapshot (a read transaction): the head signed into each directive is the one
+        they came from."""
         with read(self.catalog.db) as conn:
             plan = self.catalog.plan()
-            return [plan.desired(n) for n in nodes], chain.head(conn)
+            return Desired([plan.desired(n) for n in nodes], plan.retired, chain.head(conn))
 
     def steer(self, at: float) -> list[str]:
         """One step of the wave rollouts (``registry.releases.waves``): what happened, for the
@@ -144,10 +152,15 @@ class Session:
     sent: dict[str, int] = field(default_factory=dict)  # model -> version pushed or held
     budgets: dict[str, Budget] = field(default_factory=dict)  # model -> last budget pushed
     seqs: dict[str, int] = field(default_factory=dict)  # model -> seq of the last directive
+    holds: set[str] = field(default_factory=set)  # models it holds (hello) or was sent here
+    retiring: dict[str, int] = field(default_factory=dict)  # model -> version told to retire
     pushed: asyncio.Event = field(default_factory=asyncio.Event)  # set after the first push
     root_version: int = 0  # the newest TUF root the node trusts (hello, then what was sent)
     trust_sent: tuple[int, str, str] = (0, "", "")  # timestamp version, snapshot, targets sha
     error: str | None = None  # a protocol violation: the stream ends INVALID_ARGUMENT
+
+    def __post_init__(self) -> None:
+        self.holds |= self.active.keys()  # what it serves, it holds
 
     def close(self) -> None:
         self.outbox.put_nowait(None)

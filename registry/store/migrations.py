@@ -161,8 +161,10 @@ REPLICATED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                "created_at", "updated_at"), ("id",)),
     "trust_metadata": (("role", "version", "data", "complete", "created_at"),
                        ("role", "version")),
+    "retirements": (("model", "version", "seq", "actor", "reason", "retired_at"), ("model",)),
 }
-LATER = {"waves", "trust_metadata"}  # replicated tables made after migration 8, with their triggers
+# replicated tables made after migration 8, with their triggers
+LATER = {"waves", "trust_metadata", "retirements"}
 NOT_PRIMARY = "tiered: this registry is not the primary"
 # Unix time in SQL (SQLite 3.40 has no unixepoch('subsec')): milliseconds.
 NOW_S = "((julianday('now') - 2440587.5) * 86400.0)"
@@ -293,3 +295,14 @@ DROP TABLE waves;
 ALTER TABLE waves_held RENAME TO waves;
 CREATE INDEX waves_model ON waves (model, id);
 """ + _capture_sql("waves")))
+
+MIGRATIONS.append((13, "retired models: taken off every node, their history kept", """
+CREATE TABLE retirements (
+    model TEXT PRIMARY KEY REFERENCES models(name),
+    version INTEGER,
+    seq INTEGER NOT NULL,
+    actor TEXT NOT NULL,
+    reason TEXT,
+    retired_at TEXT NOT NULL
+);
+""" + _capture_sql("retirements")))

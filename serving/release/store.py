@@ -12,7 +12,8 @@ whose signature is missing or does not verify; every manifest read or installed 
 valid model and only plain file names (no paths, no hidden files).
 
 ``InstalledReleases`` reads and verifies what a store folder holds (what serving and the
-downloads need); ``ModelStore`` is that plus the writes: install, activate (CURRENT), prune.
+downloads need); ``ModelStore`` is that plus the writes: install, activate (CURRENT), prune,
+remove (a retired model).
 """
 
 from __future__ import annotations
@@ -262,6 +263,24 @@ class ModelStore(InstalledReleases):
         if not (self.version_dir(model, version) / MANIFEST).is_file():
             raise StoreError(f"{model} version {version} is not in the store")
         write_durably(self.model_dir(model) / CURRENT, f"{version}\n".encode())
+
+    def remove(self, model: str) -> list[int]:
+        """Take a model out of the store (a retire): its folder renamed aside under a hidden
+        name first, the store folder fsynced (at once and durably there is no CURRENT: a
+        restart loads nothing of it), then deleted. Returns the versions it held."""
+        folder = self.model_dir(model)
+        if not folder.is_dir():
+            return []
+        versions = self.versions(model)
+        aside = Path(tempfile.mkdtemp(dir=self.root, prefix=f".retired-{model}-"))
+        os.replace(folder, aside)
+        fd = os.open(self.root, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        shutil.rmtree(aside, ignore_errors=True)
+        return versions
 
     def prune(self, model: str, keep: set[int]) -> list[int]:
         """Delete the model's version folders not in ``keep`` (never CURRENT); return them."""

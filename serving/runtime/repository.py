@@ -146,6 +146,7 @@ class Repository:
         self._resident: dict[str, dict[int, Resident]] = {}
         self._default: dict[str, int] = {}
         self._failed: dict[str, tuple[tuple[int, ...], str]] = {}  # model -> (stamp, reason)
+        self._retired: set[str] = set()  # taken off this node by the registry (404 says so)
         self._lock = asyncio.Lock()
         self._listeners: list[VersionListener] = []
 
@@ -161,6 +162,8 @@ class Repository:
 
     def get(self, model: str, version: str | None = None) -> Resident:
         if model not in self._resident:
+            if model in self._retired:
+                raise ModelNotFound(f"model {model!r} was retired by the registry: unknown here")
             if model in self._failed:
                 raise NotReady(f"model {model!r} is not served: {self._failed[model][1]}")
             if is_valid_name(model) and self.store.current(model) is not None:
@@ -234,6 +237,7 @@ class Repository:
             previous = self._default.get(model)
             self._default[model] = target
             self._failed.pop(model, None)
+            self._retired.discard(model)
             for listener in self._listeners:
                 listener.activated(resident.manifest)
             if version is not None:
@@ -243,6 +247,25 @@ class Repository:
                                        "previous": previous}})
             await self._evict(model)
             return True
+
+    async def retire(self, model: str) -> list[int]:
+        """Take ``model`` off this node (the registry's signed retire): no new request reaches
+        it, its store folder goes (no CURRENT: a restart loads nothing of it), then each
+        resident version's batcher drains what is queued and the version is dropped. Every
+        other model serves on. Returns the versions that were resident."""
+        async with self._lock:  # after any activation in flight, none can start under it
+            versions = self._resident.pop(model, {})
+            self._default.pop(model, None)
+            self._failed.pop(model, None)
+            self._retired.add(model)
+            await asyncio.to_thread(self.store.remove, model)
+        for resident in versions.values():
+            await resident.batcher.stop()  # drains what is queued first
+            for listener in self._listeners:
+                listener.dropped(resident.manifest)
+        if versions:
+            await asyncio.to_thread(memory.trim)
+        return sorted(versions)
 
     def default_version(self, model: str) -> int | None:
         return self._default.get(model)

@@ -14,11 +14,13 @@ class AckState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ACTIVE: _ClassVar[AckState]
     FAILED: _ClassVar[AckState]
     REFUSED: _ClassVar[AckState]
+    RETIRED: _ClassVar[AckState]
 ACK_STATE_UNSPECIFIED: AckState
 DOWNLOADING: AckState
 ACTIVE: AckState
 FAILED: AckState
 REFUSED: AckState
+RETIRED: AckState
 
 class FollowerMessage(_message.Message):
     __slots__ = ("hello", "applied")
@@ -310,6 +312,18 @@ class Release(_message.Message):
     directive_signature: bytes
     def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., alias: _Optional[str] = ..., manifest: _Optional[bytes] = ..., manifest_sha256: _Optional[str] = ..., signature: _Optional[bytes] = ..., signing_key_id: _Optional[str] = ..., directive: _Optional[bytes] = ..., directive_signature: _Optional[bytes] = ...) -> None: ...
 
+class Retire(_message.Message):
+    __slots__ = ("model", "version", "directive", "directive_signature")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DIRECTIVE_FIELD_NUMBER: _ClassVar[int]
+    DIRECTIVE_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: int
+    directive: bytes
+    directive_signature: bytes
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[int] = ..., directive: _Optional[bytes] = ..., directive_signature: _Optional[bytes] = ...) -> None: ...
+
 class Witness(_message.Message):
     __slots__ = ("statement", "signature")
     STATEMENT_FIELD_NUMBER: _ClassVar[int]
@@ -341,18 +355,20 @@ class Budget(_message.Message):
     def __init__(self, model: _Optional[str] = ..., controlled: _Optional[bool] = ..., rows_per_s: _Optional[float] = ..., capacity_rows_s: _Optional[float] = ..., share: _Optional[float] = ...) -> None: ...
 
 class ServerMessage(_message.Message):
-    __slots__ = ("welcome", "release", "budget", "trust", "witness")
+    __slots__ = ("welcome", "release", "budget", "trust", "witness", "retire")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
     TRUST_FIELD_NUMBER: _ClassVar[int]
     WITNESS_FIELD_NUMBER: _ClassVar[int]
+    RETIRE_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     release: Release
     budget: Budget
     trust: Trust
     witness: Witness
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., trust: _Optional[_Union[Trust, _Mapping]] = ..., witness: _Optional[_Union[Witness, _Mapping]] = ...) -> None: ...
+    retire: Retire
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., budget: _Optional[_Union[Budget, _Mapping]] = ..., trust: _Optional[_Union[Trust, _Mapping]] = ..., witness: _Optional[_Union[Witness, _Mapping]] = ..., retire: _Optional[_Union[Retire, _Mapping]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("sha256", "offset")

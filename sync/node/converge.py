@@ -105,6 +105,12 @@ class Converger:
         await tasks.stop(*self._workers.values())
         self._workers.clear()
 
+    async def drop(self, model: str) -> None:
+        """Stop converging on ``model`` (it was retired): its worker cancelled, what it was
+        to install forgotten."""
+        await tasks.stop(self._workers.pop(model, None))
+        self._wanted.pop(model, None)
+
     async def desire(self, release: pb.Release) -> None:
         if hashlib.sha256(release.manifest).hexdigest() != release.manifest_sha256:
             log.error("release %s v%s: manifest does not match its sha256; ignored",

@@ -2,9 +2,9 @@
 
 One Sync stream to the registry: hello (what the store holds, what is served), then releases
 pushed by the registry, which ``sync.node.converge`` checks and applies (acks go back up the
-stream), escalation budgets for the edge's controller, and quality reports sent every interval
-(``sync.node.reports``). A lost stream is re-opened with exponential backoff and jitter; meanwhile
-the node serves its store.
+stream), retires (``sync.node.retiring``), escalation budgets for the edge's controller, and
+quality reports sent every interval (``sync.node.reports``). A lost stream is re-opened with
+exponential backoff and jitter; meanwhile the node serves its store.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from serving.telemetry.metrics import Metrics
 from serving.telemetry.quality import QualityWindow
 from sync.gen import sync_pb2 as pb
 from sync.gen import sync_pb2_grpc as pb_grpc
+from sync.node import retiring
 from sync.node.converge import Converger, platform_message
 from sync.node.download import Downloader
 from sync.node.reports import send_reports
@@ -152,6 +153,8 @@ class Subscriber:
                     await self.trust.update(message.trust)
                 elif kind == "witness":
                     await asyncio.to_thread(self.witnesses.offer, message.witness)
+                elif kind == "retire":
+                    await retiring.obey(self.releases, message.retire)
         finally:
             await tasks.stop(reporter, watcher)
 

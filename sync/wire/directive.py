@@ -145,11 +145,16 @@ class Directives:
 
     def accept(self, directive: Directive) -> None:
         """Remember it (atomically on disk: a restart keeps the floor)."""
-        last = self.accepted.get(directive.model)
-        if last is not None and last.seq >= directive.seq:
+        self.remember(directive.model, Accepted(directive.seq, directive.version,
+                                                directive.manifest_sha256))
+
+    def remember(self, model: str, accepted: Accepted) -> None:
+        """Keep ``accepted`` as the model's newest directive unless one as new is kept (a
+        retire is remembered as version 0: ``sync.wire.retire``)."""
+        last = self.accepted.get(model)
+        if last is not None and last.seq >= accepted.seq:
             return
-        self.accepted[directive.model] = Accepted(directive.seq, directive.version,
-                                                  directive.manifest_sha256)
+        self.accepted[model] = accepted
         body = {m: asdict(a) for m, a in sorted(self.accepted.items())}
         self.path.parent.mkdir(parents=True, exist_ok=True)
         write_durably(self.path, json.dumps(body, indent=2).encode() + b"\n")
