@@ -40,7 +40,9 @@ class FleetModels:
 def read(home: Path) -> FleetModels:
     catalog = Catalog(connect(registry_database(home)), "tiered")
     rows = NodeBook(catalog.db).status(catalog)
-    return FleetModels({(r["node"], r["model"]): r for r in rows}, catalog.plan(),
+    # a model a node unloaded on ``registry retire`` (state RETIRED) is no longer on it
+    return FleetModels({(r["node"], r["model"]): r for r in rows if r["state"] != "RETIRED"},
+                       catalog.plan(),
                        [m["name"] for m in catalog.models()])
 
 
