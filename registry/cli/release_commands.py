@@ -69,13 +69,17 @@ def wave_policy(settings: RegistrySettings, shares: str, given: dict[str, Any]) 
 @click.option("--pair", is_flag=True, help="Single TorchScript file only: a text model "
               "taking sentence pairs; clients send text and text_pair, encoded as the "
               "tokenizer encodes pairs (implied by calibration rows with text_pair).")
+@click.option("--output", "output", default=None, metavar="NAME_OR_INDEX",
+              help="Single TorchScript file only: the element of the tuple or dict the model "
+              "returns that holds the logits (default: the first; a dict's 'logits').")
 @json_flag
 @pass_ctx
 def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | None,
                 min_fidelity: float | None, tolerance: float | None, confidence: float | None,
                 force: bool, skip_existing: bool, tokenizer: Path | None, labels: str | None,
                 calibration: Path | None, max_length: int, declared: tuple[str, ...],
-                image: str | None, pair: bool, as_json: bool, **wave_flags: Any) -> None:
+                image: str | None, pair: bool, output: str | None, as_json: bool,
+                **wave_flags: Any) -> None:
     """Build a release from PATH and record it as the next version of NAME.
 
     PATH is a release folder with a tiered.json (center TorchScript, edge TorchScript or fp32
@@ -107,7 +111,7 @@ def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | N
     source = load_source(path, tokenizer=tokenizer,
                          labels=labels.split(",") if labels else None,
                          calibration=calibration, max_length=max_length, inputs=inputs,
-                         request=request)
+                         request=request, output=output_choice(output))
     # torch and onnxruntime load here only: list/show/audit, and a refused PATH, stay fast
     from registry.publish.pipeline import PublishOptions, publish
 
@@ -138,6 +142,11 @@ def parse_input(text: str) -> TensorSpec:
                                  f"({', '.join(NUMERIC)}) and a shape whose first dimension "
                                  f"is -1 (the rows)", param_hint="--input")
     return TensorSpec(name, datatype, dims)
+
+
+def output_choice(text: str | None) -> str | int | None:
+    """``--output``: digits are an index, anything else a name."""
+    return int(text) if text is not None and text.isascii() and text.isdecimal() else text
 
 
 def image_options(text: str) -> dict[str, str]:

@@ -168,12 +168,16 @@ class InputReference(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     std: list[float]  # floored (``serving.inputs.drift.STD_FLOOR``): never 0
     rows: int
     outliers: float  # share of the calibration rows with a statistic beyond 4 std of its mean
-SCHEMA = 3
+SCHEMA = 4
 """The newest manifest schema this code reads: 1, a text model with ``input_ids`` and
 ``attention_mask``; 2, ``request`` declares the inputs' kinds (text, image, tensor) and the
-edge may be statically quantized; 3, a text input may take sentence pairs (``pair``). A node
-refuses a release of a newer schema by name."""
-KINDS_SCHEMA = 2  # what a release needs unless it takes sentence pairs
+edge may be statically quantized; 3, a text input may take sentence pairs (``pair``); 4, the
+center's logits are an element of what it returns (``logits``). A node refuses a release of a
+newer schema by name. Publish writes the oldest schema a release needs, so that the nodes that
+can serve it read it."""
+KINDS_SCHEMA = 2  # what a release needs unless it takes sentence pairs or names its logits
+PAIRS_SCHEMA = 3  # the first schema with a text input's ``pair``
+LOGITS_SCHEMA = 4  # the first schema with ``logits``
 
 
 class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -200,6 +204,10 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # the calibration rows' input statistics (None: published without calibration rows, or
     # before they were recorded: no input drift is measured)
     input_reference: InputReference | None = None
+    # where the center's logits are in what its TorchScript module returns: the index of a
+    # tuple's element or the key of a dict's (schema 3); None: the module returns the logits
+    # tensor itself. The edge's ONNX always has the one output, the logits.
+    logits: str | int | None = None
 
     def request_inputs(self) -> list[RequestInput]:
         """The request inputs, schema 1's derived from its preprocessing."""
@@ -236,15 +244,17 @@ def encode(manifest: Manifest) -> bytes:
     """The manifest's JSON; a schema-1 release leaves ``request`` out, so nodes that predate it
     keep reading the releases they can serve, and a release without an input reference leaves
     ``input_reference`` out (its bytes, and so its signature, stay what they were), and so does
-    a single-text input its ``pair``."""
+    a single-text input its ``pair``, and a release whose center returns its logits as a
+    tensor its ``logits``."""
     data = msgspec.to_builtins(manifest)
     if not data["request"]:
         del data["request"]
     for request in data.get("request", []):  # single texts: as written before pairs existed
         if request.get("kind") == "text" and request.get("pair") is None:
             del request["pair"]
-    if data["input_reference"] is None:
-        del data["input_reference"]
+    for optional in ("input_reference", "logits"):
+        if data[optional] is None:
+            del data[optional]
     return msgspec.json.format(msgspec.json.encode(data), indent=2) + b"\n"
 
 
