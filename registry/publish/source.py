@@ -171,7 +171,7 @@ def _folder(root: Path) -> ReleaseSource:
         tokenizer=source.tokenizer, max_length=max_length, labels=spec.labels,
         calibration=labelled, digest=_digest([spec_path, *files.values(), *extra]),
         inputs=spec.inputs, request=request, output=spec.output,
-        output_option=f'{spec_path}: "output"')
+        output_option=f'{SPEC_FILE} "output":')
 
 
 def _inside(root: Path, name: str) -> Path:
