@@ -110,7 +110,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 def test_the_export_is_stored_unchanged_and_its_manifest_says_the_logits_come_first(
         served: Served) -> None:
     manifest = served.manifest
-    assert manifest["logits"] == 0 and manifest["schema"] == 3  # nodes before 3 refuse it
+    assert manifest["logits"] == 0 and manifest["schema"] == 4  # nodes before 4 refuse it
     assert manifest["center"]["sha256"] == hashlib.sha256(served.model.read_bytes()).hexdigest()
     assert manifest["labels"] == ["0", "1", "2"]
     assert [i["name"] for i in manifest["inputs"]] == ["input_ids", "attention_mask",
@@ -151,7 +151,7 @@ def test_a_module_whose_logits_are_not_first_publishes_with_output(
     model, tokenizer = variant(tmp_path / "export", wrapper)
     cli = RegistryCli(tmp_path / "registry")
     manifest = publish(cli, model, tokenizer, *flags)["manifest"]
-    assert manifest["logits"] == element and manifest["schema"] == 3
+    assert manifest["logits"] == element and manifest["schema"] == 4
     expected = own_logits(model, tokenizer, TEXTS, element)
     for tier in ("center", "edge"):
         cli("pull", "hf", "--tier", tier, "--store", tmp_path / tier)

@@ -135,7 +135,7 @@ def test_the_center_takes_the_element_its_manifest_records(tmp_path: Path) -> No
         unaware.predict(feeds)
 
 
-def test_a_release_without_the_field_keeps_its_bytes_and_one_with_it_needs_schema_3() -> None:
+def test_a_release_without_the_field_keeps_its_bytes_and_one_with_it_needs_schema_4() -> None:
     old = manifest()
     data = encode(old)
     assert b'"logits"' not in data and decode(data) == old
@@ -148,7 +148,7 @@ def test_a_release_without_the_field_keeps_its_bytes_and_one_with_it_needs_schem
         new = msgspec.structs.replace(old, schema=LOGITS_SCHEMA, logits=which)
         assert f'"logits": {msgspec.json.encode(which).decode()}'.encode() in encode(new)
         assert decode(encode(new)).logits == which
-    assert SCHEMA == LOGITS_SCHEMA == 3
+    assert SCHEMA == LOGITS_SCHEMA == 4
     newer = msgspec.json.encode({**msgspec.to_builtins(old), "schema": SCHEMA + 1})
     with pytest.raises(NewerSchema, match=f"schema {SCHEMA + 1}: this node reads up to "
                                           f"schema {SCHEMA}"):
