@@ -24,7 +24,8 @@ def build_service(settings: CenterSettings, metrics: Metrics | None = None) -> C
 
     def load(manifest: Manifest, folder: Path) -> TorchScriptRuntime:
         return TorchScriptRuntime(folder / manifest.center.file, device, settings.precision,
-                                  settings.threads, [i.name for i in manifest.inputs])
+                                  settings.threads, [i.name for i in manifest.inputs],
+                                  manifest.logits)
 
     store = ModelStore(settings.store, node_trust(settings.store, settings.release_key,
                                                     "center"))

@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from serving.inputs.base import Feeds
-from serving.model import torchscript
+from serving.model import outputs, torchscript
+from serving.model.outputs import Selector
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -23,9 +24,12 @@ def pick_device(setting: str) -> torch.device:
 
 class TorchScriptRuntime:
     def __init__(self, path: Path, device: torch.device, precision: str, threads: int,
-                 inputs: list[str]) -> None:
-        """``inputs``: the model's input names in ``forward``'s order (the manifest's)."""
+                 inputs: list[str], logits: Selector | None = None) -> None:
+        """``inputs``: the model's input names in ``forward``'s order (the manifest's);
+        ``logits``: where the logits are in what the module returns (the manifest's: an index
+        or key of a tuple or dict; None, the module returns them)."""
         self.inputs = inputs
+        self.logits = logits
         if threads:
             torch.set_num_threads(threads)
         self.device = device
@@ -39,7 +43,7 @@ class TorchScriptRuntime:
     def predict(self, feeds: Feeds) -> np.ndarray:
         args = [self._tensor(feeds[name]) for name in self.inputs]
         with torch.inference_mode():
-            logits = self.module(*args)
+            logits = outputs.select(self.module(*args), self.logits)
         return np.asarray(logits.float().cpu().numpy())
 
     def _tensor(self, values: np.ndarray) -> torch.Tensor:

@@ -77,6 +77,9 @@ def wave_policy(settings: RegistrySettings, shares: str, given: dict[str, Any]) 
               "tokenizer encodes pairs (implied by calibration rows with text_pair).")
 @click.option("--create", is_flag=True, help="Make the registry home if it is not one yet "
               "(as `registry init`); without it, a folder with no registry is refused.")
+@click.option("--output", "output", default=None, metavar="NAME_OR_INDEX",
+              help="Single TorchScript file only: the element of the tuple or dict the model "
+              "returns that holds the logits (default: the first; a dict's 'logits').")
 @json_flag
 @pass_ctx
 def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | None,
@@ -84,7 +87,7 @@ def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | N
                 force: bool, skip_existing: bool, edge: Path | None, tokenizer: Path | None,
                 labels: str | None, calibration: Path | None, max_length: int,
                 declared: tuple[str, ...], image: str | None, pair: bool, create: bool,
-                as_json: bool, **wave_flags: Any) -> None:
+                output: str | None, as_json: bool, **wave_flags: Any) -> None:
     """Build a release from PATH and record it as the next version of NAME.
 
     PATH is a release folder with a tiered.json (center TorchScript, edge TorchScript or fp32
@@ -120,7 +123,7 @@ def publish_cmd(ctx: Context, path: Path, name: str, canary: str, waves: str | N
     source = load_source(path, tokenizer=tokenizer,
                          labels=labels.split(",") if labels else None,
                          calibration=calibration, max_length=max_length, inputs=inputs,
-                         request=request, edge=edge)
+                         request=request, edge=edge, output=output_choice(output))
     # torch and onnxruntime load here only: list/show/audit, and a refused PATH, stay fast
     from registry.publish.pipeline import PublishOptions, publish
 
@@ -175,6 +178,11 @@ def ranged_input(declared: tuple[str, ...], image: bool) -> TensorInput | None:
         raise click.BadParameter(f"{text!r}: the range is MIN,MAX, two finite numbers with MIN "
                                  f"< MAX, e.g. features:FP32:-1,30:-5,5", param_hint="--input")
     return TensorInput(text.split(":", 1)[0], minimum=low, maximum=high)
+
+
+def output_choice(text: str | None) -> str | int | None:
+    """``--output``: digits are an index, anything else a name."""
+    return int(text) if text is not None and text.isascii() and text.isdecimal() else text
 
 
 def image_options(text: str) -> dict[str, str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.utils
 import torch
 from onnxruntime.quantization import (
     CalibrationDataReader,
@@ -22,6 +23,7 @@ from onnxruntime.quantization import (
 )
 
 from registry.errors import InvalidRelease, brief
+from serving.model.outputs import Selected, Selector
 from serving.release.manifest import Quantization, TensorSpec
 
 OPSET = 17
@@ -31,10 +33,12 @@ Feeds = dict[str, np.ndarray]
 
 
 def export_onnx(module: torch.jit.ScriptModule, path: Path,
-                inputs: list[TensorSpec] | None = None, example: Feeds | None = None) -> None:
+                inputs: list[TensorSpec] | None = None, example: Feeds | None = None,
+                output: Selector | None = None) -> None:
     """ONNX with the model's inputs (``inputs``' names, a dynamic axis for every -1) and one
     output, ``logits``, dynamic in its batch; traced on ``example``. Without them: a text
-    model's ``input_ids`` and ``attention_mask``, dynamic in batch and sequence.
+    model's ``input_ids`` and ``attention_mask``, dynamic in batch and sequence. A module
+    that returns a tuple or a dict is exported answering only its element ``output``.
 
     TorchScript modules cannot go through the dynamo exporter, so this uses the TorchScript-based
     exporter, which torch marks deprecated but still ships; its notice is silenced here.
@@ -51,11 +55,48 @@ def export_onnx(module: torch.jit.ScriptModule, path: Path,
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.onnx.export(module, args, str(path), dynamo=False, opset_version=OPSET,
+            # the exporter refuses a script module called inside a plain one: trace it first
+            exported = (module if output is None
+                        else torch.jit.trace(Selected(module, output), args))
+            torch.onnx.export(exported, args, str(path), dynamo=False, opset_version=OPSET,
                               input_names=names, output_names=["logits"],
                               dynamic_axes={**dynamic, "logits": {0: "batch"}})
     except Exception as exc:
         raise InvalidRelease(f"could not export the edge model to ONNX: {brief(exc)}") from exc
+
+
+def one_output(path: Path, work: Path, which: Selector | None,
+               option: str) -> tuple[Path, str | None]:
+    """The fp32 ONNX edge at ``path`` with only its logits output (the one named or indexed by
+    ``which``, else ``logits`` or the first), extracted into ``work``, and that output's name;
+    ``path`` itself and None when it has one output."""
+    try:
+        graph = onnx.load(str(path), load_external_data=False).graph
+    except Exception as exc:
+        raise InvalidRelease(f"{path}: the edge model is not a loadable ONNX file") from exc
+    names = [o.name for o in graph.output]
+    if len(names) == 1:
+        return path, None
+    returns = f"the edge model returns {len(names)} outputs ({', '.join(names)})"
+    if isinstance(which, int) and which >= len(names):
+        raise InvalidRelease(f"{returns}; {option} {which} is out of range")
+    if isinstance(which, str) and which not in names:
+        raise InvalidRelease(f"{returns}; {option} {which} is not one of them")
+    chosen = (names[which] if isinstance(which, int)
+              else which or ("logits" if "logits" in names else names[0]))
+    single = work / "edge-fp32.onnx"
+    try:
+        onnx.utils.extract_model(str(path), str(single), [i.name for i in graph.input
+                                                          if i.name not in _weights(graph)],
+                                 [chosen])
+    except Exception as exc:
+        raise InvalidRelease(f"{path}: could not keep only output {chosen!r}: {exc}") from exc
+    return single, chosen
+
+
+def _weights(graph: onnx.GraphProto) -> set[str]:
+    """Initializers, which older exporters also list among the graph's inputs."""
+    return {w.name for w in graph.initializer}
 
 
 QUANTIZATION = Quantization(per_channel=True, reduce_range=True)

@@ -24,6 +24,7 @@ from registry.publish.export import (
     STATIC,
     convolutional,
     export_onnx,
+    one_output,
     precision,
     quantize_int8,
 )
@@ -35,6 +36,7 @@ from registry.publish.validate import (
     forward_names,
     load_torchscript,
     onnx_session,
+    output_of,
     run_onnx,
     run_torchscript,
 )
@@ -47,10 +49,12 @@ from registry.store.chunkstore import ChunkStore
 from registry.store.clock import now
 from registry.trust import keys, tuf
 from serving.inputs import drift
+from serving.model.outputs import Selector
 from serving.release import compact, hardware, probe
 from serving.release.manifest import (
     KINDS_SCHEMA,
-    SCHEMA,
+    LOGITS_SCHEMA,
+    PAIRS_SCHEMA,
     Artifact,
     Calibration,
     Cost,
@@ -111,6 +115,7 @@ class _Built:
     probe_agreement: float  # INT8 vs fp32 edge on the probe, on this CPU
     probe_rows: int
     reference: InputReference | None  # the calibration rows' input statistics (none: none)
+    center_output: Selector | None  # where the center's logits are in what it returns
 
 
 def publish(settings: RegistrySettings, catalog: Catalog, source: ReleaseSource,
@@ -169,13 +174,20 @@ def _build(source: ReleaseSource, work: Path, timed: Step) -> _Built:
         rows = (calibration_rows(signature, source.calibration.items) if source.calibration
                 else None)
         inputs = batched(signature.codec, rows)
-        center_logits = run_torchscript(center_module, inputs, "center")
+        center_output = output_of(center_module, inputs, source.output, "center",
+                                  source.output_option)
+        center_logits = run_torchscript(center_module, inputs, "center", center_output)
+        edge_output: Selector | None
         if source.edge_format == "onnx":
-            edge_fp32 = source.edge
+            edge_fp32, edge_output = one_output(source.edge, work, source.output,
+                                                source.output_option)
             edge_fp32_logits = run_onnx(onnx_session(edge_fp32, "edge", names), inputs, "edge")
         else:
             edge_module = load_torchscript(source.edge, "edge", names)
-            edge_fp32_logits = run_torchscript(edge_module, inputs, "edge")
+            edge_output = output_of(edge_module, inputs, source.output, "edge",
+                                    source.output_option)
+            edge_fp32_logits = run_torchscript(edge_module, inputs, "edge", edge_output)
+        _check_output_used(source, center_output, edge_output)
         if edge_fp32_logits.shape[1] != center_logits.shape[1]:
             raise InvalidRelease(f"the edge model outputs {edge_fp32_logits.shape[1]} classes, "
                                  f"the center model {center_logits.shape[1]}")
@@ -183,7 +195,7 @@ def _build(source: ReleaseSource, work: Path, timed: Step) -> _Built:
         with timed("export edge to ONNX"):
             edge_fp32 = work / "edge-fp32.onnx"
             example = signature.codec.collate(signature.codec.sample(2, seed=1))
-            export_onnx(edge_module, edge_fp32, signature.inputs, example)
+            export_onnx(edge_module, edge_fp32, signature.inputs, example, edge_output)
     with timed("quantize edge to INT8"):
         quantization, edge_int8, int8_session, edge_int8_logits, candidates = _quantize(
             edge_fp32, work, inputs, edge_fp32_logits, names)
@@ -196,14 +208,23 @@ def _build(source: ReleaseSource, work: Path, timed: Step) -> _Built:
                                     probe.MIN_ROWS)
         fp32_session = onnx_session(edge_fp32, "edge", names)
         edge_ref = probe.run(lambda b: run_onnx(fp32_session, _one(b), "edge"), feeds)
-        center_ref = probe.run(lambda b: run_torchscript(center_module, _one(b), "center"),
-                               feeds)
+        center_ref = probe.run(
+            lambda b: run_torchscript(center_module, _one(b), "center", center_output), feeds)
         int8_probe = probe.run(lambda b: run_onnx(int8_session, _one(b), "edge INT8"), feeds)
         probe.save(work / PROBE_FILE, stored, edge_ref, center_ref)
     return _Built(signature, quantization, candidates, costs, inputs, center_logits,
                   edge_fp32_logits, edge_int8_logits, edge_fp32.stat().st_size, edge_int8,
                   work / PROBE_FILE, agreement(int8_probe, edge_ref), len(edge_ref),
-                  drift.reference(signature.codec, rows) if rows else None)
+                  drift.reference(signature.codec, rows) if rows else None, center_output)
+
+
+def _check_output_used(source: ReleaseSource, center: Selector | None,
+                       edge: Selector | None) -> None:
+    """An ``output`` the user gave must pick an element of some model's output: when every
+    model returns a single tensor, it is a mistake (a wrong file, or a wrong flag)."""
+    if source.output is not None and center is None and edge is None:
+        raise InvalidRelease(f"the center model returns a tensor; {source.output_option} "
+                             f"{source.output} picks nothing (leave it out)")
 
 
 def _quantize(edge_fp32: Path, work: Path, inputs: Inputs, reference: np.ndarray,
@@ -272,12 +293,15 @@ def _store(blobs: BlobStore, source: ReleaseSource, built: _Built,
 def _manifest(name: str, source: ReleaseSource, labels: list[str],
               artifacts: dict[str, Artifact], calibration: Calibration, fidelity: Fidelity,
               publisher: str, built: _Built) -> Manifest:
-    """A schema-1 manifest for a text model with ids and mask and dynamic INT8 (every node
-    serves it, those that predate input kinds too), schema 3 for sentence pairs (nodes that
-    predate them refuse it by name), schema 2 for anything else."""
+    """A schema-1 manifest for a text model with ids and mask, dynamic INT8 and a center that
+    returns its logits (every node serves it, those that predate input kinds too); else the
+    oldest schema the release needs, so that every node that can serve it reads it (and the
+    others refuse it by name): 4 for a center whose logits are an element of what it returns,
+    3 for sentence pairs, 2 for anything else."""
     signature, quantization = built.signature, built.quantization
     text = signature.request if isinstance(signature.request, TextInput) else None
-    legacy = signature.legacy and quantization.method == "dynamic"
+    logits = built.center_output
+    legacy = signature.legacy and quantization.method == "dynamic" and logits is None
     return Manifest(
         name=name, version=0, labels=labels, inputs=signature.inputs,
         outputs=[TensorSpec("logits", "FP32", [-1, len(labels)])],
@@ -287,6 +311,7 @@ def _manifest(name: str, source: ReleaseSource, labels: list[str],
         center=artifacts["center"], edge=artifacts["edge"], tokenizer=artifacts.get("tokenizer"),
         calibration=calibration, fidelity=fidelity, publisher=publisher, published_at=now(),
         source_sha256=source.digest, probe=artifacts["probe"], quantization=quantization,
-        schema=1 if legacy else SCHEMA if text and text.pair else KINDS_SCHEMA,
-        request=[] if legacy else [signature.request],
-        input_reference=built.reference, cost=built.cost)
+        schema=1 if legacy else max(KINDS_SCHEMA, PAIRS_SCHEMA if text and text.pair else 0,
+                                    LOGITS_SCHEMA if logits is not None else 0),
+        request=[] if legacy else [signature.request], input_reference=built.reference,
+        cost=built.cost, logits=logits)

@@ -21,9 +21,11 @@ variable dimension) and what clients send for them (``request``: one input of ki
 Lines ``{"text": ..., "label": ...}`` for text (``{"text": ..., "text_pair": ..., "label":
 ...}`` for sentence pairs), ``{"image": "relative/path.png", "label": ...}``
 for images, an ``.npz`` holding the input's array (named as the input) and ``labels`` for
-tensors; a label is a name or an index. A single TorchScript file is its own center and,
+tensors; a label is a name or an index. A model that returns a tuple or a dict (a Hugging
+Face export returns ``(logits,)``) is read from its first element (a dict's ``logits``);
+``"output"`` names another, by index or key. A single TorchScript file is its own center and,
 quantized, its own edge, unless ``--edge`` names a smaller edge model beside it;
-``--input``/``--image`` declare what its signature does not say.
+``--input``/``--image``/``--output`` declare what its signature does not say.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class SourceSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     calibration: str | None = None
     inputs: list[TensorSpec] | None = None  # the model's inputs; None: from its signature
     request: list[RequestInput] | None = None  # what clients send; None: text, or a tensor
+    # which element of a tuple or dict output is the logits (index or key); None: the first
+    output: str | int | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,8 @@ class ReleaseSource:
     digest: str  # sha256 over the source files: same inputs -> same digest
     inputs: list[TensorSpec] | None = None  # declared model inputs (None: from the signature)
     request: RequestInput | None = None  # declared request input (None: derived)
+    output: str | int | None = None  # the logits' element of a tuple or dict output
+    output_option: str = "--output"  # how the user gave ``output``, for errors
 
     @property
     def cascade(self) -> bool:
@@ -103,7 +109,8 @@ def kind_of(request: RequestInput) -> str:
 def load_source(path: Path, *, tokenizer: Path | None = None, labels: list[str] | None = None,
                 calibration: Path | None = None, max_length: int = 128,
                 inputs: list[TensorSpec] | None = None,
-                request: RequestInput | None = None, edge: Path | None = None) -> ReleaseSource:
+                request: RequestInput | None = None, edge: Path | None = None,
+                output: str | int | None = None) -> ReleaseSource:
     """Read and check PATH; the keyword options only apply to a single TorchScript file (and
     to ``edge``, a smaller edge model beside it: TorchScript or fp32 ONNX)."""
     if not path.exists():
@@ -130,11 +137,11 @@ def load_source(path: Path, *, tokenizer: Path | None = None, labels: list[str] 
                                  _tensor_name(inputs, request))
                        if calibration else (None, []))
     digest = _digest([p for p in (path, edge, tokenizer, calibration) if p is not None] + files,
-                     _declared(inputs, request))
+                     _declared(inputs, request, output))
     return ReleaseSource(center=path, edge=edge_file, edge_format=edge_format,
                          tokenizer=tokenizer,
                          max_length=max_length, labels=labels, calibration=labelled,
-                         digest=digest, inputs=inputs, request=request)
+                         digest=digest, inputs=inputs, request=request, output=output)
 
 
 def _folder(root: Path) -> ReleaseSource:
@@ -152,6 +159,8 @@ def _folder(root: Path) -> ReleaseSource:
         raise InvalidRelease(f"{spec_path}: labels must be at least two distinct names")
     if not 1 <= spec.max_length <= 4096:
         raise InvalidRelease(f"{spec_path}: max_length must be between 1 and 4096")
+    if isinstance(spec.output, int) and spec.output < 0:
+        raise InvalidRelease(f"{spec_path}: output must be an index from 0 or a name")
     if spec.request is not None and len(spec.request) != 1:
         raise InvalidRelease(f"{spec_path}: request must declare exactly one input (one "
                              f"request input per release is the limit)")
@@ -177,7 +186,8 @@ def _folder(root: Path) -> ReleaseSource:
         center=source.center, edge=source.edge, edge_format=source.edge_format,
         tokenizer=source.tokenizer, max_length=max_length, labels=spec.labels,
         calibration=labelled, digest=_digest([spec_path, *files.values(), *extra]),
-        inputs=spec.inputs, request=request)
+        inputs=spec.inputs, request=request, output=spec.output,
+        output_option=f'{SPEC_FILE} "output":')
 
 
 def _inside(root: Path, name: str) -> Path:
@@ -292,8 +302,12 @@ def _label_index(label: object, labels: list[str] | None) -> int:
     raise ValueError(f"unknown label {label!r}")
 
 
-def _declared(inputs: list[TensorSpec] | None, request: RequestInput | None) -> bytes:
-    return msgspec.json.encode([inputs, request]) if inputs or request else b""
+def _declared(inputs: list[TensorSpec] | None, request: RequestInput | None,
+              output: str | int | None = None) -> bytes:
+    """The options a single file is published with, for its digest (none: what it was before
+    each option existed, so that ``--skip-existing`` still knows older releases)."""
+    declared = [inputs, request] + ([output] if output is not None else [])
+    return msgspec.json.encode(declared) if inputs or request or output is not None else b""
 
 
 def _digest(files: list[Path], declared: bytes = b"") -> str:

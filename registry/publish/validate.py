@@ -1,7 +1,8 @@
 """Load the release's models and run them on calibration (or generated) inputs.
 
 Checks what would otherwise break a tier at serving time: a file that is not TorchScript/ONNX,
-an edge whose inputs are not the center's, outputs of the wrong shape, NaN or infinite outputs,
+an edge whose inputs are not the center's, a tuple or dict output without the element named
+as the logits (``serving.model.outputs``), outputs of the wrong shape, NaN or infinite outputs,
 center and edge disagreeing on the number of labels (the signature itself:
 ``registry.publish.signature``).
 """
@@ -19,12 +20,13 @@ from registry.errors import InvalidRelease, brief
 from serving.errors import ModelFailed
 from serving.inputs.base import Codec
 from serving.model import runner, torchscript
+from serving.model.outputs import Selector
 from serving.model.runner import BATCH, Inputs, forward_names, text_inputs
 
 # the batches, the runs and the checks of their outputs are serving.model.runner's (the
 # benchmarks run models with it too); this adds the release's own checks and InvalidRelease
 __all__ = ["Inputs", "batched", "forward_names", "load_torchscript", "onnx_session",
-           "run_onnx", "run_torchscript", "text_inputs"]
+           "output_of", "run_onnx", "run_torchscript", "text_inputs"]
 
 GENERATED_ROWS = 256
 
@@ -67,9 +69,20 @@ def onnx_session(path: Path, role: str, names: list[str]) -> ort.InferenceSessio
     return session
 
 
-def run_torchscript(module: torch.jit.ScriptModule, inputs: Inputs, role: str) -> np.ndarray:
+def output_of(module: torch.jit.ScriptModule, inputs: Inputs, which: Selector | None,
+              role: str, option: str) -> Selector | None:
+    """Where the module's logits are in what it returns (None: it returns them); ``which``
+    as the user gave it (``option`` says how, for the error)."""
     try:
-        return runner.run_torchscript(module, inputs, role)
+        return runner.output_of(module, inputs, which, role, option)
+    except ModelFailed as exc:
+        raise InvalidRelease(str(exc)) from exc
+
+
+def run_torchscript(module: torch.jit.ScriptModule, inputs: Inputs, role: str,
+                    output: Selector | None = None) -> np.ndarray:
+    try:
+        return runner.run_torchscript(module, inputs, role, output)
     except ModelFailed as exc:
         raise InvalidRelease(brief(exc)) from exc
     except Exception as exc:  # the user's model refusing the declared inputs (shape, dtype)

@@ -1,6 +1,7 @@
 """A classifier run over a fixed set of rows, outside any server: the rows in batches of
 ``BATCH`` (each the model's feeds by input name: tokenized texts, images, features), a
-TorchScript module or an ONNX session run over each batch, and the logits checked
+TorchScript module or an ONNX session run over each batch (the logits taken from what the
+module returns: ``serving.model.outputs``), and the logits checked
 (``[rows, labels >= 2]``, finite) and joined. ``registry publish``
 validates a release's models with it (``registry.publish.validate``); the benchmarks measure models
 with it, on the batches publish uses.
@@ -18,6 +19,8 @@ import onnxruntime as ort
 import torch
 
 from serving.errors import ModelFailed
+from serving.model import outputs
+from serving.model.outputs import Selector
 from serving.model.text import encode, load_tokenizer
 
 BATCH = 32
@@ -55,16 +58,25 @@ def onnx_session(path: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
-def run_torchscript(module: torch.jit.ScriptModule, inputs: Inputs, role: str) -> np.ndarray:
+def output_of(module: torch.jit.ScriptModule, inputs: Inputs, which: Selector | None,
+              role: str, option: str = "--output") -> Selector | None:
+    """Where ``module``'s logits are in what it returns (``serving.model.outputs.resolve``),
+    from a call on the first batch: None for a tensor, else the index or key to take."""
+    names = forward_names(module)
+    with torch.inference_mode():
+        out = module(*[torch.from_numpy(inputs.batches[0][name]) for name in names])
+    return outputs.resolve(out, which, role, option)
+
+
+def run_torchscript(module: torch.jit.ScriptModule, inputs: Inputs, role: str,
+                    output: Selector | None = None) -> np.ndarray:
+    """The logits on every batch: what the module returns, or its element ``output``."""
     names = forward_names(module)
 
     def run(batch: Feeds) -> np.ndarray:
         with torch.inference_mode():
             out = module(*[torch.from_numpy(batch[name]) for name in names])
-        if not isinstance(out, torch.Tensor):
-            raise ModelFailed(f"the {role} model returns {type(out).__name__}, expected a "
-                              f"logits tensor")
-        return out.float().numpy()
+        return outputs.select(out, output, role).float().numpy()
 
     return _collect((run(b) for b in inputs.batches), inputs, role)
 

@@ -190,12 +190,16 @@ class InputReference(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     std: list[float]  # floored (``serving.inputs.drift.STD_FLOOR``): never 0
     rows: int
     outliers: float  # share of the calibration rows with a statistic beyond 4 std of its mean
-SCHEMA = 3
+SCHEMA = 4
 """The newest manifest schema this code reads: 1, a text model with ``input_ids`` and
 ``attention_mask``; 2, ``request`` declares the inputs' kinds (text, image, tensor) and the
-edge may be statically quantized; 3, a text input may take sentence pairs (``pair``). A node
-refuses a release of a newer schema by name."""
-KINDS_SCHEMA = 2  # what a release needs unless it takes sentence pairs
+edge may be statically quantized; 3, a text input may take sentence pairs (``pair``); 4, the
+center's logits are an element of what it returns (``logits``). A node refuses a release of a
+newer schema by name. Publish writes the oldest schema a release needs, so that the nodes that
+can serve it read it."""
+KINDS_SCHEMA = 2  # what a release needs unless it takes sentence pairs or names its logits
+PAIRS_SCHEMA = 3  # the first schema with a text input's ``pair``
+LOGITS_SCHEMA = 4  # the first schema with ``logits``
 
 
 class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -223,6 +227,10 @@ class Manifest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # before they were recorded: no input drift is measured)
     input_reference: InputReference | None = None
     cost: Cost | None = None  # each tier's cost per row at publish (None: not measured)
+    # where the center's logits are in what its TorchScript module returns: the index of a
+    # tuple's element or the key of a dict's (schema 4); None: the module returns the logits
+    # tensor itself. The edge's ONNX always has the one output, the logits.
+    logits: str | int | None = None
 
     def request_inputs(self) -> list[RequestInput]:
         """The request inputs, schema 1's derived from its preprocessing."""
@@ -259,18 +267,18 @@ def encode(manifest: Manifest) -> bytes:
     """The manifest's JSON; a schema-1 release leaves ``request`` out, so nodes that predate it
     keep reading the releases they can serve, and a release without an input reference leaves
     ``input_reference`` out (its bytes, and so its signature, stay what they were); so do a
-    single-text input its ``pair``, a release without a measured cost (``cost``) and one
-    without INT8 candidates (``fidelity.candidates``)."""
+    single-text input its ``pair``, a release without a measured cost (``cost``) or INT8
+    candidates (``fidelity.candidates``), and one whose center returns its logits as a tensor
+    its ``logits``."""
     data = msgspec.to_builtins(manifest)
     if not data["request"]:
         del data["request"]
     for request in data.get("request", []):  # single texts: as written before pairs existed
         if request.get("kind") == "text" and request.get("pair") is None:
             del request["pair"]
-    if data["input_reference"] is None:
-        del data["input_reference"]
-    if data["cost"] is None:
-        del data["cost"]
+    for optional in ("input_reference", "logits", "cost"):
+        if data[optional] is None:
+            del data[optional]
     if data["fidelity"]["candidates"] is None:
         del data["fidelity"]["candidates"]
     return msgspec.json.format(msgspec.json.encode(data), indent=2) + b"\n"

@@ -85,7 +85,7 @@ def test_a_torchscript_model_s_logits_are_joined_across_batches() -> None:
     (NaNOutputs(), "the edge model returned NaN or infinite outputs on calibration inputs"),
     (OneColumn(), f"the edge model returned shape [{BATCH}, 1] for {BATCH} rows; "
                   f"expected [{BATCH}, labels>=2]"),
-    (Pair(), "the edge model returns tuple, expected a logits tensor"),
+    (Pair(), "the edge model returns a tuple of 2 tensors, expected a logits tensor"),
 ])
 def test_outputs_no_classifier_may_give_are_refused(module: nn.Module, message: str) -> None:
     with pytest.raises(ModelFailed) as refused:
