@@ -42,6 +42,7 @@ class Context:
         self.opened_at = 0
         self.create = False
         self.home_used = False
+        self.home_said = False
 
     def check_home(self) -> Home:
         """The home, refused (one line, before anything is written) when it holds no registry
@@ -51,12 +52,17 @@ class Context:
         return self.home
 
     def use_home(self) -> Home:
-        """The home, checked, and said once on stderr (``registry home: …``)."""
+        """The home, checked; the command says it once it has done its work (``say_home``)."""
         self.check_home()
-        if not self.home_used:
-            err.print(escape(self.home.describe()), soft_wrap=True)
-            self.home_used = True
+        self.home_used = True
         return self.home
+
+    def say_home(self) -> None:
+        """``registry home: …`` on stderr, once, when the command used one: after its output
+        on success (a refusal stays one line), or as a long-running command starts."""
+        if self.home_used and not self.home_said:
+            err.print(escape(self.home.describe()), soft_wrap=True)
+            self.home_said = True
 
     @property
     def catalog(self) -> Catalog:

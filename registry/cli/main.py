@@ -45,6 +45,7 @@ def cli(ctx: click.Context, home: Path | None, actor: str | None,
 @cli.result_callback()
 @pass_ctx
 def _after(ctx: Context, *_: Any, **__: Any) -> None:
+    ctx.say_home()
     ctx.replicated()
 
 

@@ -91,6 +91,7 @@ def serve_cmd(ctx: Context, host: str | None, grpc_port: int | None,
         raise click.UsageError("TLS needs both --tls-cert and --tls-key")
     ctx.create = True  # a server's home is made on purpose: a new volume starts empty
     ctx.catalog  # noqa: B018 - creates and migrates the database before serving
+    ctx.say_home()
     run(settings)
 
 

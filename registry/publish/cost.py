@@ -18,6 +18,7 @@ import onnxruntime as ort
 import torch
 
 from registry.publish.validate import Inputs, run_onnx, run_torchscript
+from serving.model.outputs import Selector
 from serving.model.runner import BATCH, Feeds
 from serving.release import hardware
 from serving.release.manifest import Cost
@@ -27,11 +28,13 @@ BATCHES = 3  # a sample of the split: a large center takes ~10 ms a row on two c
 
 
 def measure(center: torch.jit.ScriptModule, edge: ort.InferenceSession,
-            inputs: Inputs, repeats: int = REPEATS) -> Cost:
-    """Each tier's milliseconds per row on the first ``BATCHES`` batches of ``inputs``."""
+            inputs: Inputs, repeats: int = REPEATS, output: Selector | None = None) -> Cost:
+    """Each tier's milliseconds per row on the first ``BATCHES`` batches of ``inputs``;
+    ``output``: where the center's logits are in what it returns (a tuple's, a dict's)."""
     batches = inputs.batches[:BATCHES]
     rows = sum(len(next(iter(b.values()))) for b in batches)
-    center_ms = _median(lambda b: run_torchscript(center, Inputs([b], inputs.kind), "center"),
+    center_ms = _median(lambda b: run_torchscript(center, Inputs([b], inputs.kind), "center",
+                                                         output),
                         batches, repeats)
     edge_ms = _median(lambda b: run_onnx(edge, Inputs([b], inputs.kind), "edge INT8"),
                       batches, repeats)

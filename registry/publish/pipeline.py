@@ -200,7 +200,7 @@ def _build(source: ReleaseSource, work: Path, timed: Step) -> _Built:
         quantization, edge_int8, int8_session, edge_int8_logits, candidates = _quantize(
             edge_fp32, work, inputs, edge_fp32_logits, names)
     with timed("measure cost per row"):
-        costs = cost.measure(center_module, int8_session, inputs)
+        costs = cost.measure(center_module, int8_session, inputs, output=center_output)
     with timed("build probe"):
         probe_rows = (rows or signature.codec.sample(probe.ROWS))[:probe.ROWS]
         stored, feeds = compact.fit(signature.codec.collate(probe_rows),

@@ -76,7 +76,9 @@ def output_of(module: torch.jit.ScriptModule, inputs: Inputs, which: Selector | 
     try:
         return runner.output_of(module, inputs, which, role, option)
     except ModelFailed as exc:
-        raise InvalidRelease(str(exc)) from exc
+        raise InvalidRelease(brief(exc)) from exc
+    except Exception as exc:  # the first call: the user's model refusing the declared inputs
+        raise InvalidRelease(_failed(role, inputs, exc)) from exc
 
 
 def run_torchscript(module: torch.jit.ScriptModule, inputs: Inputs, role: str,
