@@ -38,10 +38,11 @@ def tokenizer(texts: list[str], path: Path) -> Tokenizer:
 def bert(layers: int, hidden: int, labels: int, vocab: int) -> torch.nn.Module:
     from transformers import BertConfig, BertForSequenceClassification
 
-    config = BertConfig(  # type: ignore[call-arg]  # transformers' kwargs are untypedvocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-                        num_attention_heads=2, intermediate_size=2 * hidden,
-                        max_position_embeddings=MAX_LENGTH, num_labels=labels,
-                        torchscript=True, return_dict=False)
+    # transformers types its config's keyword arguments only in part
+    config = BertConfig(vocab_size=vocab, hidden_size=hidden,  # type: ignore[call-arg]
+                        num_hidden_layers=layers, num_attention_heads=2,
+                        intermediate_size=2 * hidden, max_position_embeddings=MAX_LENGTH,
+                        num_labels=labels, torchscript=True, return_dict=False)
     return BertForSequenceClassification(config)
 
 
@@ -63,8 +64,7 @@ def train_pair(center: torch.nn.Module, edge: torch.nn.Module, inputs: list[torc
                labels: torch.Tensor, epochs: tuple[int, int], seed: int) -> None:
     fit(center, inputs, labels, epochs=epochs[0], lr=2e-3, seed=seed,
         forward=lambda *x: center(*x)[0])
-    small = [x[:len(labels) // 3] for x in inputs]
-    fit(edge, small, labels[:len(labels) // 3], epochs=epochs[1], lr=2e-3, seed=seed,
+    fit(edge, inputs, labels, epochs=epochs[1], lr=2e-3, seed=seed,
         forward=lambda *x: edge(*x)[0])
 
 
@@ -79,7 +79,7 @@ def build(out: Path, seed: int = 0) -> list[str]:
     torch.manual_seed(seed)
     center = bert(2, 64, len(data.PARTIES), tok.get_vocab_size())
     edge = bert(1, 32, len(data.PARTIES), tok.get_vocab_size())
-    train_pair(center, edge, inputs, y, (6, 2), seed)
+    train_pair(center, edge, inputs, y, (6, 6), seed)
     export(center, inputs, out / "center.pt")
     export(edge, inputs, out / "edge.pt")
     with (out / "calibration.jsonl").open("w") as f:

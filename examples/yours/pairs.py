@@ -49,7 +49,7 @@ def build(out: Path, seed: int = 0) -> list[str]:
     torch.manual_seed(seed)
     center = debates.bert(2, 64, len(LABELS), tok.get_vocab_size())
     edge = debates.bert(1, 32, len(LABELS), tok.get_vocab_size())
-    debates.train_pair(center, edge, inputs, y, (3, 1), seed)
+    debates.train_pair(center, edge, inputs, y, (3, 3), seed)
     debates.export(center, inputs, out / "center.pt")
     debates.export(edge, inputs, out / "edge.pt")
     with (out / "calibration.jsonl").open("w") as f:

@@ -36,18 +36,29 @@ class Block(torch.nn.Module):
         return torch.relu(x + self.bn2(self.conv2(y)))
 
 
+class Classifier(torch.nn.Module):
+    """``forward(image)``: the input's name is what clients send (``--input image:...``)."""
+
+    def __init__(self, body: torch.nn.Module) -> None:
+        super().__init__()
+        self.body = body
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return self.body(image)
+
+
 def resnet(classes: int) -> torch.nn.Module:
-    return torch.nn.Sequential(
+    return Classifier(torch.nn.Sequential(
         torch.nn.Conv2d(3, 16, 3, stride=2, padding=1), torch.nn.BatchNorm2d(16),
         torch.nn.ReLU(), Block(16), torch.nn.Conv2d(16, 32, 3, stride=2, padding=1),
         torch.nn.ReLU(), Block(32), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
-        torch.nn.Linear(32, classes))
+        torch.nn.Linear(32, classes)))
 
 
 def small_cnn(classes: int) -> torch.nn.Module:
-    return torch.nn.Sequential(
+    return Classifier(torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 5, stride=4, padding=2), torch.nn.ReLU(),
-        torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten(), torch.nn.Linear(8 * 16, classes))
+        torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten(), torch.nn.Linear(8 * 16, classes)))
 
 
 def quadrant_patches(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -81,8 +92,8 @@ def build(out: Path, seed: int = 0) -> list[str]:
     x, y = tensors(pixels[:TRAIN_ROWS]), torch.from_numpy(labels[:TRAIN_ROWS])
     torch.manual_seed(seed)
     center, edge = resnet(len(LABELS)), small_cnn(len(LABELS))
-    fit(center, [x], y, epochs=6, seed=seed)
-    fit(edge, [x[:400]], y[:400], epochs=4, lr=3e-3, seed=seed)
+    fit(center, [x], y, epochs=10, seed=seed)
+    fit(edge, [x], y, epochs=10, lr=3e-3, seed=seed)
     torchscript.save(torchscript.script(center), out / "center.pt")
     torchscript.save(torchscript.script(edge), out / "edge.pt")
     with (out / "calibration.jsonl").open("w") as f:
