@@ -41,11 +41,12 @@ def doc_steps() -> list[str]:
     return [line.split("  #", 1)[0].strip() for line in joined.splitlines() if line.strip()]
 
 
-def run(command: str, cwd: Path, env: dict[str, str], timeout: float = 600) -> str:
+def run(command: str, cwd: Path, env: dict[str, str],
+        timeout: float = 600) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
     assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
-    return done.stdout + done.stderr
+    return done
 
 
 def request(model: str, folder: Path, rows: int) -> tuple[list[Any], list[str]]:
@@ -115,9 +116,13 @@ def test_user_models_publish_into_the_running_stack_as_docs_models_md_says(
                 break
         else:
             raise AssertionError(f"tiered up ended: {(tmp_path / 'up.log').read_text()[-3000:]}")
-        outputs = [run(step, clone, env) for step in doc_steps()]
-        published = [o for o in outputs if "registry home:" in o]
-        assert published and all(str(clone / "var" / "registry") in o for o in published)
+        said = [run(step, clone, env).stderr for step in doc_steps()]
+        homes = [line for text in said for line in text.splitlines()
+                 if line.startswith("registry home:")]
+        # each publish said where it wrote: the running stack's registry, found from its root
+        assert len(homes) == 4 and all(h.startswith(
+            f"registry home: {clone / 'var' / 'registry'} (the running stack's") for h in homes), \
+            said
         # from another folder, the stack's registry named: a fifth model, same files
         elsewhere = tmp_path / "elsewhere"
         elsewhere.mkdir()
@@ -145,8 +150,8 @@ def test_user_models_publish_into_the_running_stack_as_docs_models_md_says(
                 out = {name: [v.decode() for v in result.as_numpy(name)]
                        for name in ("label", "tier")}
                 accuracy = np.mean([a == b for a, b in zip(out["label"], labels, strict=True)])
-                show = json.loads(run(f"registry show {model}@latest --json", clone, env)
-                                  .split("\n", 1)[-1])
+                show = json.loads(run(f"registry show {model}@production --json", clone,
+                                      env).stdout)
                 calibration = show["manifest"]["calibration"]
                 # a cascade: the calibrated threshold escalates some rows, not all of them
                 assert 0 < calibration["escalation_rate"] < 1, (model, calibration)
