@@ -167,7 +167,8 @@ def test_budgets_follow_a_change_of_capacity_and_policy_changes_are_audited(
         wait_for(lambda: budgets(fleet) == [0.0, 0.0], 30, "no budget under a static policy")
         shown = fleet.cli("cascade", "tiny", "--mode", "auto", "--measured", "--json").json()
         assert shown == {"model": "tiny", "mode": "auto", "capacity_rows_s": None,
-                         "split": "traffic", "max_capacity_rows_s": None}
+                         "split": "traffic", "max_capacity_rows_s": None,
+                         "home": str(fleet.cli.home)}
         wait_for(lambda: near(CAPACITY)(fleet), 30, "budgets back to the center's capacity")
     records = [r for r in fleet.cli("audit", "--model", "tiny", "--json").json()
                if r["action"] == "cascade-policy"]
