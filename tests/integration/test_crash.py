@@ -84,6 +84,7 @@ def test_sigkill_during_publish_leaves_the_registry_consistent(
 
 def test_concurrent_publishers_get_consecutive_versions(
         registry_cli: RegistryCli, tiny_release: Path) -> None:
+    registry_cli("init")  # the home, made on purpose: publish refuses a folder that is none
     procs = [subprocess.Popen([str(REGISTRY), "publish", str(tiny_release), "--name", "s",
                                "--json"], env=registry_cli.env(), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]
