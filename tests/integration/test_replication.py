@@ -80,7 +80,11 @@ def test_a_standby_copies_releases_blobs_and_the_audit_chain_and_refuses_writes(
                                                                     ("sentiment", 2)])
         wait_for("the whole chain", lambda: chain(standby_cli.home) == chain(primary_cli.home))
         listed = standby_cli("show", "sentiment@2", "--json").json()
-        assert listed == primary_cli("show", "sentiment@2", "--json").json()
+        original = primary_cli("show", "sentiment@2", "--json").json()
+        # the same release; each answer names the home it read
+        assert (listed.pop("home"), original.pop("home")) == (str(standby_cli.home),
+                                                             str(primary_cli.home))
+        assert listed == original
         assert standby_cli("audit", "--verify", "--json").json()["ok"]
         with sqlite3.connect(primary_cli.home / "registry.sqlite3") as conn:
             blobs = [str(r[0]) for r in conn.execute("SELECT sha256 FROM blobs")]
