@@ -758,7 +758,7 @@ def running(root: Path, release: Path, release_b: Path, prefix: str = "10.77",
                   registry_extra={"REGISTRY_CHUNK_BYTES": str(CHUNK),
                                   "REGISTRY_REPORT_INTERVAL_S": "1"})
     run = Run(sites, release, release_b)
-    run.registry("publish", release, "--name", MODEL)
+    run.registry("publish", release, "--name", MODEL, "--create")  # the home, made here
     sites.network.create()
     try:
         sites.up(timeout=240)
