@@ -5,7 +5,6 @@ photos (china, flower); the data files are read as scikit-learn ships them."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import itertools
 import json
 from pathlib import Path
@@ -14,6 +13,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from examples.sentiment.data import package_file
+from examples.yours import data
 from tests.kinds import torchscript_file
 
 
@@ -49,7 +50,8 @@ def digits(out: Path) -> tuple[Path, Path, Path]:
     digits as 64 features, trained on the even rows, calibrated on the odd ones."""
     import gzip
 
-    raw = gzip.decompress(_sklearn_file("data/digits.csv.gz").read_bytes()).decode()
+    raw = gzip.decompress(package_file("scikit-learn", "sklearn/datasets/data/digits.csv.gz")
+                          .read_bytes()).decode()
     table = np.loadtxt(raw.splitlines(), delimiter=",")
     x, y = table[:, :-1].astype(np.float32), table[:, -1].astype(np.int64)
     train = torch.from_numpy(x[::2]), torch.from_numpy(y[::2])
@@ -61,13 +63,6 @@ def digits(out: Path) -> tuple[Path, Path, Path]:
     np.savez(out / "calibration.npz", features=x[1::2], labels=y[1::2])
     return (torchscript_file(center, out / "center.pt"), torchscript_file(edge, out / "edge.pt"),
             out / "calibration.npz")
-
-
-def _sklearn_file(name: str) -> Path:
-    """A file of scikit-learn's ``datasets`` folder, read as it ships (the wheel's loaders need
-    scipy, which this environment does not install)."""
-    dist = importlib.metadata.distribution("scikit-learn")
-    return Path(str(dist.locate_file(f"sklearn/datasets/{name}")))
 
 
 class Patches(nn.Module):
@@ -90,8 +85,7 @@ def photo_patches(out: Path, rows: int = 256) -> tuple[Path, Path]:
     photo a patch is from) and the ``calibration.jsonl`` of its PNG patches."""
     from PIL import Image
 
-    photos = [np.asarray(Image.open(_sklearn_file(f"images/{name}.jpg")).convert("RGB"))
-              for name in ("china", "flower")]
+    photos = [data.photo(name) for name in data.PHOTOS]  # china, flower
     rng = np.random.default_rng(0)
     labels = np.arange(rows) % 2
     patches = np.stack([_patch(photos[label], rng) for label in labels])

@@ -45,19 +45,3 @@ def photo(name: str) -> NDArray[np.uint8]:
     with Image.open(io.BytesIO(path.read_bytes())) as image:
         return np.asarray(image.convert("RGB"))
 
-
-def patches(count: int, side: int = 64,
-            seed: int = 0) -> tuple[NDArray[np.uint8], NDArray[np.int64]]:
-    """``count`` random ``side``-square RGB patches [N, side, side, 3], each from one of the two
-    photos (its label), half of them mirrored."""
-    rng = np.random.default_rng(seed)
-    images = [photo(name) for name in PHOTOS]
-    out = np.empty((count, side, side, 3), np.uint8)
-    labels = rng.integers(0, len(images), count)
-    for i, k in enumerate(labels):
-        image = images[k]
-        y = int(rng.integers(0, image.shape[0] - side))
-        x = int(rng.integers(0, image.shape[1] - side))
-        patch = image[y:y + side, x:x + side]
-        out[i] = patch[:, ::-1] if rng.random() < 0.5 else patch
-    return out, labels.astype(np.int64)
